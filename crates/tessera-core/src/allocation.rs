@@ -1,0 +1,239 @@
+//! The allocation annotation: the contract between the scheduler and the node agent.
+//!
+//! The scheduler writes one [`Allocation`] per pod into the pod annotation
+//! [`ANNOTATION`] before it binds the pod; the node agent reads it back when the
+//! kubelet calls `Allocate` and hands the container exactly those GPUs. Both sides
+//! use this module, so neither links the other.
+//!
+//! The value is JSON. It carries an HMAC-SHA256 signature over its canonical
+//! payload, keyed by a secret that only the scheduler and the node agents hold
+//! (a Kubernetes Secret mounted into both). A pod that writes the annotation
+//! itself cannot produce a valid signature, and a decision copied from another
+//! pod names the wrong pod UID: the agent refuses both.
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+use crate::request::Isolation;
+
+/// The pod annotation that holds the scheduler's decision.
+pub const ANNOTATION: &str = "tessera.io/allocation";
+/// Current version of the annotation format.
+pub const VERSION: u32 = 1;
+
+/// One pod's placement as written by the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Allocation {
+    /// Format version, [`VERSION`].
+    pub version: u32,
+    /// UID of the pod the decision is for (guards against a copied annotation).
+    pub pod_uid: String,
+    /// `namespace/name` of the pod, for humans and logs.
+    pub pod: String,
+    /// Node the pod was placed on.
+    pub node: String,
+    /// Policy that made the decision.
+    pub policy: String,
+    /// How the GPUs are shared.
+    pub isolation: Isolation,
+    /// The GPUs (or GPU shares, or MIG instances) given to the pod.
+    pub gpus: Vec<AllocatedGpu>,
+    /// Base64 HMAC-SHA256 of the canonical payload (everything but this field).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub signature: String,
+}
+
+/// One GPU (or share of one, or MIG slice of one) in an [`Allocation`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllocatedGpu {
+    /// Index of the GPU on its node (NVML index).
+    pub index: u32,
+    /// UUID of the physical GPU (`GPU-…`), when the inventory knows it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uuid: String,
+    /// GPU memory granted, in MiB.
+    pub memory_mib: u64,
+    /// Compute granted, in per-mille of the GPU (1000 = all of it).
+    pub cores_milli: u32,
+    /// The MIG instance, when the grant is a MIG slice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigGrant>,
+}
+
+/// A MIG GPU instance: its profile and where it sits on the GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigGrant {
+    /// Profile name, e.g. `1g.10gb`.
+    pub profile: String,
+    /// First memory slice of the placement.
+    pub start: u8,
+    /// Memory slices of the placement.
+    pub size: u8,
+    /// UUID of the MIG device (`MIG-…`) when it exists already.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uuid: String,
+}
+
+/// Why an annotation value was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AllocationError {
+    #[error("allocation annotation is not valid JSON for this format: {0}")]
+    Malformed(String),
+    #[error("allocation annotation has version {found}, this build understands {VERSION}")]
+    Version { found: u32 },
+    #[error("allocation annotation is not signed by the scheduler")]
+    Unsigned,
+    #[error("allocation annotation signature does not match: it was not written by the scheduler")]
+    BadSignature,
+    #[error("allocation annotation is for pod UID {found}, not {expected}")]
+    WrongPod { expected: String, found: String },
+    #[error("allocation annotation is for node {found}, not {expected}")]
+    WrongNode { expected: String, found: String },
+    #[error("allocation annotation grants no GPU")]
+    Empty,
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+impl Allocation {
+    /// The bytes the signature covers: the JSON of the allocation without its signature.
+    fn canonical_payload(&self) -> Vec<u8> {
+        let mut unsigned = self.clone();
+        unsigned.signature.clear();
+        // Serialising a plain struct of strings and integers cannot fail.
+        serde_json::to_vec(&unsigned).unwrap_or_default()
+    }
+
+    fn mac(&self, key: &[u8]) -> HmacSha256 {
+        // HMAC accepts keys of any length; `new_from_slice` only fails for fixed-size MACs.
+        let mut mac = HmacSha256::new_from_slice(key)
+            .unwrap_or_else(|_| unreachable!("HMAC-SHA256 takes keys of any length"));
+        mac.update(&self.canonical_payload());
+        mac
+    }
+
+    /// Signs the allocation with `key` and returns the annotation value.
+    pub fn encode_signed(&self, key: &[u8]) -> String {
+        let mut signed = self.clone();
+        signed.signature =
+            base64::engine::general_purpose::STANDARD.encode(self.mac(key).finalize().into_bytes());
+        serde_json::to_string(&signed).unwrap_or_default()
+    }
+
+    /// Parses an annotation value without checking who wrote it (for display only).
+    pub fn decode_unverified(value: &str) -> Result<Allocation, AllocationError> {
+        let allocation: Allocation =
+            serde_json::from_str(value).map_err(|e| AllocationError::Malformed(e.to_string()))?;
+        if allocation.version != VERSION {
+            return Err(AllocationError::Version {
+                found: allocation.version,
+            });
+        }
+        Ok(allocation)
+    }
+
+    /// Parses an annotation value and checks that the scheduler wrote it for this pod on this node.
+    pub fn decode_verified(
+        value: &str,
+        key: &[u8],
+        pod_uid: &str,
+        node: &str,
+    ) -> Result<Allocation, AllocationError> {
+        let allocation = Self::decode_unverified(value)?;
+        if allocation.signature.is_empty() {
+            return Err(AllocationError::Unsigned);
+        }
+        let given = base64::engine::general_purpose::STANDARD
+            .decode(&allocation.signature)
+            .map_err(|_| AllocationError::BadSignature)?;
+        allocation
+            .mac(key)
+            .verify_slice(&given)
+            .map_err(|_| AllocationError::BadSignature)?;
+        if allocation.pod_uid != pod_uid {
+            return Err(AllocationError::WrongPod {
+                expected: pod_uid.to_string(),
+                found: allocation.pod_uid,
+            });
+        }
+        if allocation.node != node {
+            return Err(AllocationError::WrongNode {
+                expected: node.to_string(),
+                found: allocation.node,
+            });
+        }
+        if allocation.gpus.is_empty() {
+            return Err(AllocationError::Empty);
+        }
+        Ok(allocation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Allocation {
+        Allocation {
+            version: VERSION,
+            pod_uid: "uid-1".into(),
+            pod: "ml/train-0".into(),
+            node: "gpu-node-1".into(),
+            policy: "tessera".into(),
+            isolation: Isolation::Mps,
+            gpus: vec![AllocatedGpu {
+                index: 3,
+                uuid: "GPU-aaaa".into(),
+                memory_mib: 16_000,
+                cores_milli: 400,
+                mig: None,
+            }],
+            signature: String::new(),
+        }
+    }
+
+    #[test]
+    fn signed_round_trip() {
+        let value = sample().encode_signed(b"secret");
+        let back = Allocation::decode_verified(&value, b"secret", "uid-1", "gpu-node-1").unwrap();
+        assert_eq!(back.gpus, sample().gpus);
+        assert!(!back.signature.is_empty());
+    }
+
+    #[test]
+    fn forged_or_foreign_decisions_are_refused() {
+        let value = sample().encode_signed(b"secret");
+        assert_eq!(
+            Allocation::decode_verified(&value, b"other-key", "uid-1", "gpu-node-1"),
+            Err(AllocationError::BadSignature)
+        );
+        assert!(matches!(
+            Allocation::decode_verified(&value, b"secret", "uid-2", "gpu-node-1"),
+            Err(AllocationError::WrongPod { .. })
+        ));
+        assert!(matches!(
+            Allocation::decode_verified(&value, b"secret", "uid-1", "gpu-node-2"),
+            Err(AllocationError::WrongNode { .. })
+        ));
+        // A user edits the grant but keeps the old signature.
+        let tampered = value.replace("\"coresMilli\":400", "\"coresMilli\":1000");
+        assert_eq!(
+            Allocation::decode_verified(&tampered, b"secret", "uid-1", "gpu-node-1"),
+            Err(AllocationError::BadSignature)
+        );
+        let unsigned = serde_json::to_string(&sample()).unwrap();
+        assert_eq!(
+            Allocation::decode_verified(&unsigned, b"secret", "uid-1", "gpu-node-1"),
+            Err(AllocationError::Unsigned)
+        );
+        assert!(matches!(
+            Allocation::decode_verified("{not json", b"secret", "uid-1", "gpu-node-1"),
+            Err(AllocationError::Malformed(_))
+        ));
+    }
+}

@@ -1,0 +1,468 @@
+//! The filter: can this node take this request at all, and with which GPUs?
+//!
+//! Every policy shares this one filter, so a node is never rejected for
+//! different reasons by different policies. The answer is either a [`Fit`] (the
+//! GPUs that could each take the per-GPU ask) or the first [`Reason`] it fails.
+//! Policies then pick among the usable GPUs; [`grants`] turns the pick into
+//! ledger grants.
+
+use smallvec::SmallVec;
+
+use crate::explain::Reason;
+use crate::ledger::{GpuUse, NodeUse};
+use crate::model::{Catalog, Health, MigGeometry, Node};
+use crate::placement::{GpuGrant, MigSlot};
+use crate::request::{GpuAsk, Request, Wish};
+
+/// GPU positions on a node (indices into `Node::gpus`).
+pub type GpuSet = SmallVec<[u8; 8]>;
+
+/// A node that can take the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fit {
+    /// GPUs that can each take the per-GPU ask (all of one architecture when the pod wants that).
+    pub usable: GpuSet,
+    /// How many of them the pod needs.
+    pub need: u32,
+}
+
+/// The node, its use and the catalog, borrowed together.
+#[derive(Clone, Copy)]
+pub struct NodeView<'a> {
+    pub node: &'a Node,
+    pub used: &'a NodeUse,
+    pub catalog: &'a Catalog,
+}
+
+/// The first free MIG placement of profile `pi` on a GPU, if any.
+pub fn mig_slot(gu: &GpuUse, geo: &MigGeometry, pi: usize) -> Option<MigSlot> {
+    let p = geo.profiles.get(pi)?;
+    if gu.mig_instances[pi] >= p.max_instances
+        || gu.mig_compute_slices + p.compute_slices > geo.compute_slices
+    {
+        return None;
+    }
+    p.starts.iter().find_map(|&start| {
+        let slot = MigSlot {
+            profile: pi as u8,
+            start,
+            size: p.memory_slices,
+            compute: p.compute_slices,
+        };
+        (gu.mig_memory_slices & slot.mask() == 0).then_some(slot)
+    })
+}
+
+/// Checks one node. CPU-only requests only check CPU and memory.
+pub fn check(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
+    check_host(view, req)?;
+    check_gpus(view, req)
+}
+
+/// CPU and memory.
+pub fn check_host(view: NodeView<'_>, req: &Request) -> Result<(), Reason> {
+    if req.cpu_milli > view.used.free_cpu_milli {
+        return Err(Reason::Cpu {
+            want_milli: req.cpu_milli,
+        });
+    }
+    if req.memory_mib > view.used.free_memory_mib {
+        return Err(Reason::Memory {
+            want_mib: req.memory_mib,
+        });
+    }
+    Ok(())
+}
+
+/// Everything about GPUs, without CPU and memory.
+pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
+    let NodeView {
+        node,
+        used,
+        catalog,
+    } = view;
+    let need = req.gpu.gpu_count();
+    if need == 0 {
+        return Ok(Fit {
+            usable: GpuSet::new(),
+            need: 0,
+        });
+    }
+    let models = req.constraints.model_set;
+    if !node.gpus.iter().any(|g| models.contains(g.model)) {
+        return Err(Reason::ModelNotAllowed);
+    }
+    if (node.gpus.len() as u32) < need {
+        return Err(Reason::TooFewGpus { want: need });
+    }
+    if node.gpus.iter().all(|g| g.health != Health::Healthy) {
+        return Err(Reason::Unhealthy);
+    }
+    let pinned = &req.constraints.pinned_uuids;
+    let mut usable = GpuSet::new();
+    // Counts of GPUs that failed only on memory, only on compute: which reason to give.
+    let (mut short_memory, mut short_cores, mut any_mig, mut mode_ok) = (0u32, 0u32, false, 0u32);
+    for (i, (gpu, gu)) in node.gpus.iter().zip(&used.gpus).enumerate() {
+        if gpu.health != Health::Healthy || !models.contains(gpu.model) {
+            continue;
+        }
+        if !pinned.is_empty() && !pinned.iter().any(|p| *p == gpu.uuid) {
+            continue;
+        }
+        let spec = catalog.spec(gpu.model);
+        let ok = match &req.gpu {
+            GpuAsk::None => false,
+            GpuAsk::Whole { .. } => {
+                if !gpu.mig_enabled {
+                    mode_ok += 1;
+                }
+                !gpu.mig_enabled && gu.is_idle()
+            }
+            GpuAsk::Shared {
+                memory,
+                cores_milli,
+                ..
+            } => {
+                if gpu.mig_enabled || gu.exclusive {
+                    false
+                } else {
+                    mode_ok += 1;
+                    let mem_ok = gu.free_memory_mib >= memory.resolve(spec.memory_mib);
+                    let cores_ok = gu.free_cores_milli >= *cores_milli;
+                    if !mem_ok {
+                        short_memory += 1;
+                    }
+                    if mem_ok && !cores_ok {
+                        short_cores += 1;
+                    }
+                    mem_ok && cores_ok
+                }
+            }
+            GpuAsk::Mig { profile } => match (&spec.mig, gpu.mig_enabled) {
+                (Some(geo), true) => match geo.profile(profile) {
+                    Some((pi, _)) => {
+                        any_mig = true;
+                        mig_slot(gu, geo, pi).is_some()
+                    }
+                    None => false,
+                },
+                _ => false,
+            },
+        };
+        if ok {
+            usable.push(i as u8);
+        }
+    }
+    if !pinned.is_empty() && (usable.len() as u32) < need {
+        return Err(Reason::PinnedGpusUnavailable);
+    }
+    if (usable.len() as u32) < need {
+        return Err(match &req.gpu {
+            GpuAsk::Whole { count } => Reason::NotEnoughIdleGpus { want: *count },
+            GpuAsk::Shared {
+                count,
+                memory,
+                cores_milli,
+            } => {
+                if *count == 1 && mode_ok > 0 && short_memory == mode_ok {
+                    let spec = node
+                        .primary_model()
+                        .map(|m| catalog.spec(m).memory_mib)
+                        .unwrap_or(0);
+                    Reason::NoGpuWithMemory {
+                        want_mib: memory.resolve(spec),
+                    }
+                } else if *count == 1
+                    && mode_ok > 0
+                    && short_cores + short_memory == mode_ok
+                    && short_cores > 0
+                {
+                    Reason::NoGpuWithCores {
+                        want_milli: *cores_milli,
+                    }
+                } else {
+                    Reason::NotEnoughSharedGpus { want: *count }
+                }
+            }
+            GpuAsk::Mig { profile } if any_mig => Reason::NoMigSlot {
+                profile: profile.clone(),
+            },
+            GpuAsk::Mig { profile } => Reason::NoMigGpu {
+                profile: profile.clone(),
+            },
+            GpuAsk::None => Reason::TooFewGpus { want: need },
+        });
+    }
+    if req.constraints.single_architecture && need > 1 {
+        usable = largest_architecture_group(node, catalog, &usable, need)
+            .ok_or(Reason::MixedArchitecture)?;
+    }
+    if req.constraints.nvlink == Wish::Required
+        && need > 1
+        && nvlink_set(node, &usable, need).is_none()
+    {
+        return Err(Reason::NoNvlinkSet { want: need });
+    }
+    Ok(Fit { usable, need })
+}
+
+fn largest_architecture_group(
+    node: &Node,
+    catalog: &Catalog,
+    usable: &GpuSet,
+    need: u32,
+) -> Option<GpuSet> {
+    let arch = |i: u8| catalog.spec(node.gpus[i as usize].model).architecture;
+    let first = arch(*usable.first()?);
+    if usable.iter().all(|&i| arch(i) == first) {
+        return Some(usable.clone());
+    }
+    let mut best: Option<GpuSet> = None;
+    for &i in usable {
+        let group: GpuSet = usable
+            .iter()
+            .copied()
+            .filter(|&j| arch(j) == arch(i))
+            .collect();
+        if group.len() as u32 >= need && best.as_ref().is_none_or(|b| group.len() > b.len()) {
+            best = Some(group);
+        }
+    }
+    best
+}
+
+/// A set of `need` GPUs from `usable` that are pairwise NVLink-connected, if one exists.
+pub fn nvlink_set(node: &Node, usable: &GpuSet, need: u32) -> Option<GpuSet> {
+    fn extend(node: &Node, usable: &GpuSet, from: usize, chosen: &mut GpuSet, need: usize) -> bool {
+        if chosen.len() == need {
+            return true;
+        }
+        for k in from..usable.len() {
+            let g = usable[k];
+            if chosen
+                .iter()
+                .all(|&c| node.link(c as usize, g as usize).is_nvlink())
+            {
+                chosen.push(g);
+                if extend(node, usable, k + 1, chosen, need) {
+                    return true;
+                }
+                chosen.pop();
+            }
+        }
+        false
+    }
+    let mut chosen = GpuSet::new();
+    extend(node, usable, 0, &mut chosen, need as usize).then_some(chosen)
+}
+
+/// Quality of a GPU set's interconnect: the sum of pairwise link ranks, plus a bonus
+/// when all GPUs share a NUMA node. Higher is better; a single GPU scores 0.
+pub fn topology_quality(node: &Node, set: &[u8]) -> u32 {
+    let mut sum = 0;
+    for (a, &x) in set.iter().enumerate() {
+        for &y in &set[a + 1..] {
+            sum += node.link(x as usize, y as usize).rank();
+        }
+    }
+    let numa = set.first().and_then(|&g| node.gpus[g as usize].numa);
+    if set.len() > 1 && numa.is_some() && set.iter().all(|&g| node.gpus[g as usize].numa == numa) {
+        sum += 50;
+    }
+    sum
+}
+
+/// The best-connected `need` GPUs of `usable` (exhaustive for up to 16 candidates, greedy above).
+pub fn best_connected(node: &Node, usable: &GpuSet, need: u32, nvlink: Wish) -> GpuSet {
+    let need = need as usize;
+    if need <= 1 || usable.len() <= need {
+        return usable
+            .iter()
+            .copied()
+            .take(need.max(1).min(usable.len()))
+            .collect();
+    }
+    if nvlink == Wish::Required
+        && let Some(set) = nvlink_set(node, usable, need as u32)
+        && set.len() == need
+        && usable.len() > 16
+    {
+        return set;
+    }
+    if usable.len() <= 16 {
+        let n = usable.len();
+        let mut best: Option<(bool, u32, GpuSet)> = None;
+        // Enumerate k-subsets by bitmask in increasing order (earlier GPUs win ties).
+        for mask in 0u32..(1 << n) {
+            if mask.count_ones() as usize != need {
+                continue;
+            }
+            let set: GpuSet = (0..n)
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| usable[i])
+                .collect();
+            let all_nv = set.iter().enumerate().all(|(a, &x)| {
+                set[a + 1..]
+                    .iter()
+                    .all(|&y| node.link(x as usize, y as usize).is_nvlink())
+            });
+            if nvlink == Wish::Required && !all_nv {
+                continue;
+            }
+            let q = topology_quality(node, &set);
+            let better = match &best {
+                None => true,
+                Some((bnv, bq, _)) => (all_nv, q) > (*bnv, *bq),
+            };
+            if better {
+                best = Some((all_nv, q, set));
+            }
+        }
+        if let Some((_, _, set)) = best {
+            return set;
+        }
+    }
+    // Greedy: start from each GPU, add the one that raises quality most.
+    let mut best: Option<(u32, GpuSet)> = None;
+    for &seed in usable.iter() {
+        let mut set: GpuSet = [seed].into_iter().collect();
+        while set.len() < need {
+            let next = usable
+                .iter()
+                .copied()
+                .filter(|g| !set.contains(g))
+                .max_by_key(|&g| {
+                    let mut s = set.clone();
+                    s.push(g);
+                    topology_quality(node, &s)
+                });
+            match next {
+                Some(g) => set.push(g),
+                None => break,
+            }
+        }
+        let q = topology_quality(node, &set);
+        if best.as_ref().is_none_or(|(bq, _)| q > *bq) {
+            best = Some((q, set));
+        }
+    }
+    best.map(|(_, s)| s).unwrap_or_default()
+}
+
+/// Grants for the chosen GPUs.
+pub fn grants(view: NodeView<'_>, req: &Request, chosen: &[u8]) -> SmallVec<[GpuGrant; 8]> {
+    chosen
+        .iter()
+        .filter_map(|&g| {
+            let gpu = &view.node.gpus[g as usize];
+            let spec = view.catalog.spec(gpu.model);
+            match &req.gpu {
+                GpuAsk::None => None,
+                GpuAsk::Whole { .. } => Some(GpuGrant::whole(g, spec.memory_mib)),
+                GpuAsk::Shared {
+                    memory,
+                    cores_milli,
+                    ..
+                } => Some(GpuGrant::shared(
+                    g,
+                    memory.resolve(spec.memory_mib),
+                    *cores_milli,
+                )),
+                GpuAsk::Mig { profile } => {
+                    let geo = spec.mig.as_ref()?;
+                    let (pi, p) = geo.profile(profile)?;
+                    let slot = mig_slot(&view.used.gpus[g as usize], geo, pi)?;
+                    Some(GpuGrant {
+                        gpu: g,
+                        memory_mib: p.memory_mib,
+                        cores_milli: 0,
+                        exclusive: false,
+                        mig: Some(slot),
+                    })
+                }
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Ledger;
+    use crate::model::NodeId;
+    use crate::model::demo::demo_cluster;
+
+    fn view<'a>(c: &'a crate::model::Cluster, l: &'a Ledger, name: &str) -> NodeView<'a> {
+        let id = c.node_id(name).unwrap();
+        NodeView {
+            node: c.node(id),
+            used: l.node(id),
+            catalog: &c.catalog,
+        }
+    }
+
+    #[test]
+    fn reasons_for_gpu_asks() {
+        let c = demo_cluster();
+        let l = Ledger::new(&c);
+        // t4-1 has 2 GPUs: 4 whole GPUs cannot fit.
+        assert_eq!(
+            check(view(&c, &l, "t4-1"), &Request::whole(4, 0, 0)),
+            Err(Reason::TooFewGpus { want: 4 })
+        );
+        // A T4 has 15,360 MiB: a 20,000 MiB share fits no single GPU.
+        let mut r = Request::share_milli(100, 0, 0);
+        r.gpu = GpuAsk::Shared {
+            count: 1,
+            memory: crate::request::GpuMemory::Mib(20_000),
+            cores_milli: 100,
+        };
+        assert_eq!(
+            check(view(&c, &l, "t4-1"), &r),
+            Err(Reason::NoGpuWithMemory { want_mib: 20_000 })
+        );
+        // dgx-a100-2 has GPUs 0 and 1 in MIG mode; whole GPUs use the other six.
+        let fit = check(view(&c, &l, "dgx-a100-2"), &Request::whole(6, 0, 0)).unwrap();
+        assert_eq!(fit.usable.as_slice(), &[2, 3, 4, 5, 6, 7]);
+        assert!(check(view(&c, &l, "dgx-a100-2"), &Request::whole(7, 0, 0)).is_err());
+        let mig = Request {
+            gpu: GpuAsk::Mig {
+                profile: "3g.40gb".into(),
+            },
+            ..Request::default()
+        };
+        assert_eq!(
+            check(view(&c, &l, "dgx-a100-2"), &mig)
+                .unwrap()
+                .usable
+                .as_slice(),
+            &[0, 1]
+        );
+        assert_eq!(
+            check(view(&c, &l, "dgx-a100-1"), &mig),
+            Err(Reason::NoMigGpu {
+                profile: "3g.40gb".into()
+            })
+        );
+        let _ = NodeId(0);
+    }
+
+    #[test]
+    fn nvlink_required_and_topology_pick() {
+        let c = demo_cluster();
+        let l = Ledger::new(&c);
+        let mut r = Request::whole(2, 0, 0);
+        r.constraints.nvlink = Wish::Required;
+        // PCIe-only L4 box: no NVLink pair.
+        assert_eq!(
+            check(view(&c, &l, "l4-1"), &r),
+            Err(Reason::NoNvlinkSet { want: 2 })
+        );
+        assert!(check(view(&c, &l, "dgx-h100-1"), &r).is_ok());
+        // On the L4 box, the best pair shares a PCIe switch: (0,1) or (2,3), not (1,2).
+        let v = view(&c, &l, "l4-1");
+        let fit = check(v, &Request::whole(2, 0, 0)).unwrap();
+        let pick = best_connected(v.node, &fit.usable, 2, Wish::Off);
+        assert_eq!(pick.as_slice(), &[0, 1]);
+    }
+}

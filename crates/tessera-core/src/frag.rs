@@ -1,0 +1,269 @@
+//! GPU fragmentation as the FGD paper defines it (USENIX ATC'23, and its artifact's
+//! `pkg/utils/frag.go`), measured against a target workload of "typical pods".
+//!
+//! For a node and one typical pod, the fragment is the idle GPU (in milli-GPU)
+//! that this pod could not use there: all of it when the pod cannot run on the
+//! node at all (CPU-only pod, model not allowed, not enough GPUs or CPU), and
+//! otherwise only the GPUs whose free share is smaller than the pod's per-GPU
+//! ask. A node's fragmentation is the expectation over the workload.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ModelId, ModelSet};
+use crate::request::{GpuAsk, Request};
+
+/// One pod shape of the target workload.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TypicalPod {
+    pub cpu_milli: u64,
+    /// GPUs per pod (0 for CPU-only).
+    pub gpus: u32,
+    /// Milli-GPU asked of each GPU (1000 for whole GPUs).
+    pub milli: u32,
+    /// Allowed models.
+    #[serde(skip, default = "all")]
+    pub models: ModelSet,
+    /// Probability of the shape; the workload's weights sum to 1.
+    pub weight: f64,
+}
+
+fn all() -> ModelSet {
+    ModelSet::ALL
+}
+
+/// The distribution of pod shapes fragmentation is measured against.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct TargetWorkload {
+    pub pods: Vec<TypicalPod>,
+}
+
+/// The 35 most frequent (CPU, GPUs, milli-GPU) shapes of the openb `default` trace,
+/// which cover 95.3 % of its 8,152 pods, with their pod counts.
+const OPENB_DEFAULT_TOP: [(u64, u32, u32, u32); 35] = [
+    (3152, 1, 810, 1047),
+    (11300, 1, 1000, 874),
+    (11400, 1, 1000, 599),
+    (3152, 1, 1000, 470),
+    (11908, 1, 470, 388),
+    (12500, 0, 0, 366),
+    (8000, 1, 470, 360),
+    (12000, 1, 1000, 326),
+    (32000, 0, 0, 290),
+    (18708, 1, 1000, 255),
+    (11908, 1, 650, 237),
+    (4000, 1, 320, 232),
+    (9810, 1, 1000, 195),
+    (8000, 0, 0, 185),
+    (8000, 1, 1000, 164),
+    (4000, 1, 1000, 159),
+    (15700, 1, 1000, 158),
+    (11908, 1, 1000, 153),
+    (16000, 1, 1000, 150),
+    (4000, 1, 230, 122),
+    (6000, 1, 460, 120),
+    (15400, 0, 0, 120),
+    (16500, 0, 0, 95),
+    (14200, 1, 1000, 93),
+    (24200, 1, 1000, 84),
+    (3152, 1, 590, 75),
+    (8000, 1, 320, 72),
+    (4152, 1, 550, 72),
+    (11900, 1, 1000, 55),
+    (4000, 1, 160, 54),
+    (4152, 1, 370, 45),
+    (4000, 1, 220, 43),
+    (8200, 1, 1000, 41),
+    (15200, 1, 1000, 36),
+    (4152, 1, 810, 31),
+];
+
+impl TargetWorkload {
+    /// The built-in workload: the openb `default` trace's typical pods.
+    pub fn builtin() -> TargetWorkload {
+        let total: u32 = OPENB_DEFAULT_TOP.iter().map(|r| r.3).sum();
+        TargetWorkload {
+            pods: OPENB_DEFAULT_TOP
+                .iter()
+                .map(|&(cpu_milli, gpus, milli, n)| TypicalPod {
+                    cpu_milli,
+                    gpus,
+                    milli,
+                    models: ModelSet::ALL,
+                    weight: f64::from(n) / f64::from(total),
+                })
+                .collect(),
+        }
+    }
+
+    /// FGD's typical pods: the most frequent shapes (CPU, GPU count, milli per GPU,
+    /// model constraint) until they cover `coverage` (0–1) of the pods, renormalised.
+    /// Ties in frequency keep first-seen order, so the result is deterministic.
+    pub fn from_requests<'a>(
+        reqs: impl IntoIterator<Item = &'a Request>,
+        coverage: f64,
+    ) -> TargetWorkload {
+        let mut counts: Vec<(TypicalPod, u64, usize)> = Vec::new();
+        let mut index: rustc_hash::FxHashMap<(u64, u32, u32, u64), usize> = Default::default();
+        let mut total = 0u64;
+        for r in reqs {
+            let pod = typical_of(r);
+            total += 1;
+            let key = (pod.cpu_milli, pod.gpus, pod.milli, pod.models.0);
+            match index.get(&key) {
+                Some(&i) => counts[i].1 += 1,
+                None => {
+                    index.insert(key, counts.len());
+                    counts.push((pod, 1, counts.len()));
+                }
+            }
+        }
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+        let mut kept = Vec::new();
+        let mut acc = 0u64;
+        for (pod, n, _) in counts {
+            kept.push((pod, n));
+            acc += n;
+            if total > 0 && acc as f64 / total as f64 >= coverage {
+                break;
+            }
+        }
+        let sum: u64 = kept.iter().map(|(_, n)| n).sum();
+        TargetWorkload {
+            pods: kept
+                .into_iter()
+                .map(|(mut p, n)| {
+                    p.weight = n as f64 / sum.max(1) as f64;
+                    p
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The typical-pod shape of a request.
+pub fn typical_of(r: &Request) -> TypicalPod {
+    TypicalPod {
+        cpu_milli: r.cpu_milli,
+        gpus: r.gpu.gpu_count(),
+        milli: match r.gpu {
+            GpuAsk::Mig { .. } => 0,
+            _ => r.gpu.milli_per_gpu(),
+        },
+        models: r.constraints.model_set,
+        weight: 0.0,
+    }
+}
+
+/// A node's GPU state as fragmentation sees it: free milli per GPU, free CPU and model.
+#[derive(Debug, Clone, Copy)]
+pub struct FragNode<'a> {
+    pub free_milli: &'a [u32],
+    pub free_cpu_milli: u64,
+    pub model: Option<ModelId>,
+}
+
+/// Fragment of one node for one typical pod, in milli-GPU.
+pub fn pod_frag(n: &FragNode<'_>, pod: &TypicalPod) -> u64 {
+    let idle: u64 = n.free_milli.iter().map(|&l| u64::from(l)).sum();
+    if pod.gpus == 0 {
+        return idle;
+    }
+    if let Some(m) = n.model
+        && !pod.models.contains(m)
+    {
+        return idle;
+    }
+    let (fit_count, short): (u32, u64) = n.free_milli.iter().fold((0, 0), |(c, s), &l| {
+        if l >= pod.milli {
+            (c + 1, s)
+        } else {
+            (c, s + u64::from(l))
+        }
+    });
+    if fit_count >= pod.gpus && n.free_cpu_milli >= pod.cpu_milli {
+        short
+    } else {
+        idle
+    }
+}
+
+/// Expected fragment of one node over the workload, in milli-GPU.
+pub fn node_frag(n: &FragNode<'_>, wl: &TargetWorkload) -> f64 {
+    wl.pods
+        .iter()
+        .map(|p| p.weight * pod_frag(n, p) as f64)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(gpus: u32, milli: u32, cpu: u64) -> TypicalPod {
+        TypicalPod {
+            cpu_milli: cpu,
+            gpus,
+            milli,
+            models: ModelSet::ALL,
+            weight: 1.0,
+        }
+    }
+
+    /// The three cases of the paper, on a node with free GPUs [1000, 500, 200].
+    #[test]
+    fn fragment_cases() {
+        let n = FragNode {
+            free_milli: &[1000, 500, 200],
+            free_cpu_milli: 8000,
+            model: None,
+        };
+        // CPU-only pod: all 1700 idle milli are fragment.
+        assert_eq!(pod_frag(&n, &pod(0, 0, 1000)), 1700);
+        // A 600-milli pod fits on GPU 0; GPUs 1 and 2 (500 + 200) are too small.
+        assert_eq!(pod_frag(&n, &pod(1, 600, 1000)), 700);
+        // A 300-milli pod fits GPUs 0 and 1; only GPU 2's 200 is fragment.
+        assert_eq!(pod_frag(&n, &pod(1, 300, 1000)), 200);
+        // Two whole GPUs do not fit (one idle GPU): everything is fragment.
+        assert_eq!(pod_frag(&n, &pod(2, 1000, 1000)), 1700);
+        // Not enough CPU: everything is fragment.
+        assert_eq!(pod_frag(&n, &pod(1, 300, 9000)), 1700);
+        // Expectation over a 50/50 workload of the 600 and 300 pods: (700 + 200) / 2.
+        let wl = TargetWorkload {
+            pods: vec![
+                TypicalPod {
+                    weight: 0.5,
+                    ..pod(1, 600, 1000)
+                },
+                TypicalPod {
+                    weight: 0.5,
+                    ..pod(1, 300, 1000)
+                },
+            ],
+        };
+        assert_eq!(node_frag(&n, &wl), 450.0);
+    }
+
+    #[test]
+    fn builtin_workload_sums_to_one() {
+        let wl = TargetWorkload::builtin();
+        assert_eq!(wl.pods.len(), 35);
+        assert!((wl.pods.iter().map(|p| p.weight).sum::<f64>() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn typical_pods_cover_the_threshold() {
+        let mut reqs = Vec::new();
+        for _ in 0..6 {
+            reqs.push(Request::share_milli(500, 1000, 0));
+        }
+        for _ in 0..3 {
+            reqs.push(Request::whole(1, 2000, 0));
+        }
+        reqs.push(Request::cpu_only(4000, 0));
+        // 60 % + 30 % = 90 % < 95 %: the CPU-only shape is kept too.
+        assert_eq!(TargetWorkload::from_requests(&reqs, 0.95).pods.len(), 3);
+        let wl = TargetWorkload::from_requests(&reqs, 0.85);
+        assert_eq!(wl.pods.len(), 2);
+        assert!((wl.pods[0].weight - 6.0 / 9.0).abs() < 1e-12);
+    }
+}

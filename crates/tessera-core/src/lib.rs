@@ -1,0 +1,25 @@
+//! Tessera's scheduling core.
+//!
+//! Pure: the cluster model, requests and their parser, the ledger of what is in
+//! use, the shared fit filter, the placement policies (one file each), the
+//! scheduler that ranks nodes with them, fragmentation as FGD defines it,
+//! explanations, and the allocation annotation that the scheduler and the node
+//! agent share. No async, no I/O, no clock: state and request in, values out.
+//! A test (`tests/purity.rs`) keeps it that way.
+
+pub mod allocation;
+pub mod explain;
+pub mod fit;
+pub mod frag;
+pub mod ledger;
+pub mod model;
+pub mod placement;
+pub mod policy;
+pub mod request;
+
+pub use explain::{Explanation, Reason};
+pub use ledger::{AllocId, Ledger};
+pub use model::{Cluster, Gpu, GpuSpec, Node, NodeId};
+pub use placement::{Decision, Placement, Scheduler};
+pub use policy::{Policy, PolicyArgs};
+pub use request::Request;

@@ -1,0 +1,253 @@
+//! The cluster as the scheduler sees it: nodes with CPU, memory, labels and GPUs.
+//!
+//! This is the static side (capacity, topology, health). What is in use lives in
+//! the [`crate::ledger::Ledger`], so a placement decision reads both and changes
+//! only the ledger.
+
+pub mod demo;
+pub mod spec;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use spec::{Architecture, Catalog, GpuSpec, MigGeometry, MigProfile, ModelId, ModelSet};
+
+/// Index of a node in its [`Cluster`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeId(pub u32);
+
+/// Whether a GPU may receive work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    #[default]
+    Healthy,
+    Unhealthy,
+}
+
+/// How two GPUs of one node are connected, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Link {
+    /// NVLink with this many links between the pair (NVSwitch systems report the per-GPU count).
+    NvLink(u8),
+    /// Same PCIe switch.
+    PcieSwitch,
+    /// Same CPU socket, different PCIe switches.
+    SameSocket,
+    /// Across the socket interconnect.
+    CrossSocket,
+    /// Not reported (traces carry no topology).
+    #[default]
+    Unknown,
+}
+
+impl Link {
+    /// Relative bandwidth class used by topology scoring: higher is better.
+    pub fn rank(self) -> u32 {
+        match self {
+            Link::NvLink(n) => 100 + u32::from(n),
+            Link::PcieSwitch => 40,
+            Link::SameSocket => 20,
+            Link::CrossSocket => 5,
+            Link::Unknown => 10,
+        }
+    }
+    pub fn is_nvlink(self) -> bool {
+        matches!(self, Link::NvLink(n) if n > 0)
+    }
+}
+
+/// One physical GPU of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// NVML index on the node.
+    pub index: u32,
+    /// `GPU-…` UUID; empty when unknown (traces).
+    #[serde(default)]
+    pub uuid: String,
+    pub model: ModelId,
+    #[serde(default)]
+    pub health: Health,
+    /// NUMA node of the GPU's PCIe root, when known.
+    #[serde(default)]
+    pub numa: Option<u8>,
+    /// MIG mode on: the GPU only takes MIG requests.
+    #[serde(default)]
+    pub mig_enabled: bool,
+}
+
+/// A node and its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    /// Allocatable CPU in milli-cores.
+    pub cpu_milli: u64,
+    /// Allocatable memory in MiB.
+    pub memory_mib: u64,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub gpus: Vec<Gpu>,
+    /// Pairwise links, row-major `gpus.len() × gpus.len()`; empty means all unknown.
+    #[serde(default)]
+    pub links: Vec<Link>,
+}
+
+impl Node {
+    /// A node with `count` GPUs of one model and no topology information.
+    pub fn uniform(
+        name: impl Into<String>,
+        cpu_milli: u64,
+        memory_mib: u64,
+        model: ModelId,
+        count: u32,
+    ) -> Node {
+        Node {
+            name: name.into(),
+            cpu_milli,
+            memory_mib,
+            labels: BTreeMap::new(),
+            gpus: (0..count)
+                .map(|index| Gpu {
+                    index,
+                    uuid: String::new(),
+                    model,
+                    health: Health::Healthy,
+                    numa: None,
+                    mig_enabled: false,
+                })
+                .collect(),
+            links: Vec::new(),
+        }
+    }
+
+    /// The link between GPUs at positions `a` and `b` of [`Node::gpus`].
+    pub fn link(&self, a: usize, b: usize) -> Link {
+        let n = self.gpus.len();
+        if a == b || self.links.len() != n * n {
+            return Link::Unknown;
+        }
+        self.links[a * n + b]
+    }
+
+    /// The model of the node's first GPU (nodes are homogeneous in practice).
+    pub fn primary_model(&self) -> Option<ModelId> {
+        self.gpus.first().map(|g| g.model)
+    }
+}
+
+/// Why a cluster description was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ClusterError {
+    #[error("node {node}: duplicate node name")]
+    DuplicateNode { node: String },
+    #[error(
+        "node {node}: links table has {found} entries, expected {expected} ({gpus} GPUs squared)"
+    )]
+    BadLinks {
+        node: String,
+        found: usize,
+        expected: usize,
+        gpus: usize,
+    },
+    #[error("node {node}: GPU model id {model} is not in the catalog")]
+    UnknownModel { node: String, model: u8 },
+    #[error("node {node}: {count} GPUs is more than the 64 a node may have")]
+    TooManyGpus { node: String, count: usize },
+}
+
+/// The static cluster: nodes in a fixed order (ties between equal scores go to the earlier node).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Cluster {
+    pub catalog: Catalog,
+    nodes: Vec<Node>,
+    by_name: BTreeMap<String, NodeId>,
+}
+
+impl Cluster {
+    /// Builds a cluster, checking names, models and link tables.
+    pub fn new(catalog: Catalog, nodes: Vec<Node>) -> Result<Cluster, ClusterError> {
+        let mut by_name = BTreeMap::new();
+        for (i, node) in nodes.iter().enumerate() {
+            if by_name
+                .insert(node.name.clone(), NodeId(i as u32))
+                .is_some()
+            {
+                return Err(ClusterError::DuplicateNode {
+                    node: node.name.clone(),
+                });
+            }
+            let n = node.gpus.len();
+            if n > 64 {
+                return Err(ClusterError::TooManyGpus {
+                    node: node.name.clone(),
+                    count: n,
+                });
+            }
+            if !node.links.is_empty() && node.links.len() != n * n {
+                return Err(ClusterError::BadLinks {
+                    node: node.name.clone(),
+                    found: node.links.len(),
+                    expected: n * n,
+                    gpus: n,
+                });
+            }
+            if let Some(g) = node
+                .gpus
+                .iter()
+                .find(|g| g.model.0 as usize >= catalog.specs().len())
+            {
+                return Err(ClusterError::UnknownModel {
+                    node: node.name.clone(),
+                    model: g.model.0,
+                });
+            }
+        }
+        Ok(Cluster {
+            catalog,
+            nodes,
+            by_name,
+        })
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0 as usize]
+    }
+
+    pub fn node_id(&self, name: &str) -> Option<NodeId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn gpu_count(&self) -> usize {
+        self.nodes.iter().map(|n| n.gpus.len()).sum()
+    }
+
+    /// Marks one GPU healthy or not (health is static state: the ledger does not own it).
+    pub fn set_health(&mut self, node: NodeId, gpu: usize, health: Health) {
+        if let Some(g) = self
+            .nodes
+            .get_mut(node.0 as usize)
+            .and_then(|n| n.gpus.get_mut(gpu))
+        {
+            g.health = health;
+        }
+    }
+
+    /// Ids of all nodes in order.
+    pub fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        (0..self.nodes.len() as u32).map(NodeId)
+    }
+}

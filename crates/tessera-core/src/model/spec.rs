@@ -1,0 +1,440 @@
+//! GPU models: memory, SMs, architecture and MIG geometry, with a built-in catalog.
+//!
+//! The MIG tables follow `protocols.md` §4.5 (NVIDIA's supported-profile tables,
+//! `mig-parted` and KEP-4815). They are documentation-grade defaults: the node
+//! agent reads the real tables from NVML where a driver is present.
+
+use serde::{Deserialize, Serialize};
+
+/// GPU architecture (generation). Ordered oldest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    Pascal,
+    Volta,
+    Turing,
+    Ampere,
+    Ada,
+    Hopper,
+    Blackwell,
+    /// A model whose generation is not public (the openb trace's G2/G3).
+    Unknown,
+}
+
+impl Architecture {
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Pascal => "pascal",
+            Architecture::Volta => "volta",
+            Architecture::Turing => "turing",
+            Architecture::Ampere => "ampere",
+            Architecture::Ada => "ada",
+            Architecture::Hopper => "hopper",
+            Architecture::Blackwell => "blackwell",
+            Architecture::Unknown => "unknown",
+        }
+    }
+}
+
+/// One MIG GPU-instance profile of a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigProfile {
+    /// NVIDIA's name, e.g. `1g.10gb` or `1g.10gb+me`.
+    pub name: String,
+    /// Compute slices (of [`MigGeometry::compute_slices`]).
+    pub compute_slices: u8,
+    /// Memory slices the placement occupies (of [`MigGeometry::memory_slices`]).
+    pub memory_slices: u8,
+    /// Memory of one instance in MiB.
+    pub memory_mib: u64,
+    /// Most instances of this profile on one GPU.
+    pub max_instances: u8,
+    /// Allowed first memory slices of a placement.
+    pub starts: Vec<u8>,
+}
+
+/// MIG geometry of a model: slice counts and the profile table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigGeometry {
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+    pub profiles: Vec<MigProfile>,
+}
+
+impl MigGeometry {
+    pub fn profile(&self, name: &str) -> Option<(usize, &MigProfile)> {
+        self.profiles
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.name == name)
+    }
+}
+
+/// A GPU model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSpec {
+    /// Canonical name, e.g. `A100-80GB` (also the name requests use).
+    pub name: String,
+    /// Other names that mean this model: trace codes (`V100M16`), NVML product names.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    pub memory_mib: u64,
+    pub sm_count: u32,
+    pub architecture: Architecture,
+    /// MIG geometry, for MIG-capable models.
+    #[serde(default)]
+    pub mig: Option<MigGeometry>,
+}
+
+impl GpuSpec {
+    fn plain(
+        name: &str,
+        aliases: &[&str],
+        memory_mib: u64,
+        sm_count: u32,
+        arch: Architecture,
+    ) -> Self {
+        GpuSpec {
+            name: name.to_string(),
+            aliases: aliases.iter().map(|a| a.to_string()).collect(),
+            memory_mib,
+            sm_count,
+            architecture: arch,
+            mig: None,
+        }
+    }
+
+    /// Whether `name` names this model (canonical name or alias, ASCII case-insensitive).
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.name.eq_ignore_ascii_case(name)
+            || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
+    }
+}
+
+/// The GA100/GH100 7-compute/8-memory-slice geometry with per-profile memory.
+/// `mem` gives the MiB of the 1-, 2-, 4- and 8-memory-slice profiles.
+fn ga100_like(names: [&str; 7], mem: [u64; 4]) -> MigGeometry {
+    let p = |name: &str, c: u8, m: u8, memory_mib: u64, max: u8, starts: &[u8]| MigProfile {
+        name: name.to_string(),
+        compute_slices: c,
+        memory_slices: m,
+        memory_mib,
+        max_instances: max,
+        starts: starts.to_vec(),
+    };
+    MigGeometry {
+        compute_slices: 7,
+        memory_slices: 8,
+        profiles: vec![
+            p(names[0], 1, 1, mem[0], 7, &[0, 1, 2, 3, 4, 5, 6]),
+            p(names[1], 1, 1, mem[0], 1, &[0, 1, 2, 3, 4, 5, 6]),
+            p(names[2], 1, 2, mem[1], 4, &[0, 2, 4, 6]),
+            p(names[3], 2, 2, mem[1], 3, &[0, 2, 4]),
+            p(names[4], 3, 4, mem[2], 2, &[0, 4]),
+            p(names[5], 4, 4, mem[2], 1, &[0]),
+            p(names[6], 7, 8, mem[3], 1, &[0]),
+        ],
+    }
+}
+
+/// The built-in GPU models. Memory is what NVML reports as total framebuffer.
+///
+/// The openb trace's `G2` and `G3` are Alibaba-internal codes whose hardware is
+/// not disclosed; their memory and SM counts here are placeholders (the trace
+/// requests GPU shares in per-mille, so only the share matters for them).
+pub fn builtin_specs() -> Vec<GpuSpec> {
+    use Architecture::*;
+    let mut a100_40 = GpuSpec::plain(
+        "A100-40GB",
+        &["NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB", "A100"],
+        40_960,
+        108,
+        Ampere,
+    );
+    a100_40.mig = Some(ga100_like(
+        [
+            "1g.5gb",
+            "1g.5gb+me",
+            "1g.10gb",
+            "2g.10gb",
+            "3g.20gb",
+            "4g.20gb",
+            "7g.40gb",
+        ],
+        [4_864, 9_856, 19_968, 40_192],
+    ));
+    let mut a100_80 = GpuSpec::plain(
+        "A100-80GB",
+        &[
+            "NVIDIA A100-SXM4-80GB",
+            "NVIDIA A100-PCIE-80GB",
+            "NVIDIA A100 80GB PCIe",
+        ],
+        81_920,
+        108,
+        Ampere,
+    );
+    a100_80.mig = Some(ga100_like(
+        [
+            "1g.10gb",
+            "1g.10gb+me",
+            "1g.20gb",
+            "2g.20gb",
+            "3g.40gb",
+            "4g.40gb",
+            "7g.80gb",
+        ],
+        [9_728, 19_968, 40_192, 80_896],
+    ));
+    let mut h100 = GpuSpec::plain(
+        "H100-80GB",
+        &[
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA H100 PCIe",
+            "NVIDIA H100",
+            "H100",
+        ],
+        81_559,
+        132,
+        Hopper,
+    );
+    h100.mig = Some(ga100_like(
+        [
+            "1g.10gb",
+            "1g.10gb+me",
+            "1g.20gb",
+            "2g.20gb",
+            "3g.40gb",
+            "4g.40gb",
+            "7g.80gb",
+        ],
+        [9_984, 20_096, 40_448, 81_152],
+    ));
+    let mut h200 = GpuSpec::plain(
+        "H200-141GB",
+        &["NVIDIA H200", "NVIDIA H200 NVL", "H200"],
+        143_771,
+        132,
+        Hopper,
+    );
+    h200.mig = Some(ga100_like(
+        [
+            "1g.18gb",
+            "1g.18gb+me",
+            "1g.35gb",
+            "2g.35gb",
+            "3g.71gb",
+            "4g.71gb",
+            "7g.141gb",
+        ],
+        [16_384, 32_768, 65_536, 139_264],
+    ));
+    vec![
+        a100_40,
+        a100_80,
+        h100,
+        h200,
+        GpuSpec::plain("L4", &["NVIDIA L4"], 23_034, 58, Ada),
+        GpuSpec::plain("T4", &["Tesla T4"], 15_360, 40, Turing),
+        GpuSpec::plain(
+            "V100-16GB",
+            &["V100M16", "Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB"],
+            16_384,
+            80,
+            Volta,
+        ),
+        GpuSpec::plain(
+            "V100-32GB",
+            &["V100M32", "Tesla V100-SXM2-32GB", "Tesla V100-PCIE-32GB"],
+            32_768,
+            80,
+            Volta,
+        ),
+        GpuSpec::plain(
+            "P100",
+            &["Tesla P100-PCIE-16GB", "Tesla P100-SXM2-16GB"],
+            16_384,
+            56,
+            Pascal,
+        ),
+        GpuSpec::plain("A10", &["NVIDIA A10"], 23_028, 72, Ampere),
+        GpuSpec::plain("G2", &[], 32_768, 80, Unknown),
+        GpuSpec::plain("G3", &[], 32_768, 80, Unknown),
+    ]
+}
+
+/// Index of a model in a [`Catalog`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ModelId(pub u8);
+
+/// A set of models as a bitmask over catalog indices (at most 64 models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ModelSet(pub u64);
+
+impl ModelSet {
+    pub const ALL: ModelSet = ModelSet(u64::MAX);
+    pub fn contains(self, id: ModelId) -> bool {
+        self.0 & (1u64 << id.0) != 0
+    }
+    pub fn insert(&mut self, id: ModelId) {
+        self.0 |= 1u64 << id.0;
+    }
+}
+
+/// The models a cluster knows: the built-ins plus any the inventory added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Catalog {
+    specs: Vec<GpuSpec>,
+}
+
+/// A catalog holds at most this many models (they index a 64-bit [`ModelSet`]).
+pub const MAX_MODELS: usize = 64;
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog {
+            specs: builtin_specs(),
+        }
+    }
+}
+
+impl Catalog {
+    /// Finds a model by canonical name or alias.
+    pub fn find(&self, name: &str) -> Option<ModelId> {
+        let name = name.trim();
+        self.specs
+            .iter()
+            .position(|s| s.answers_to(name))
+            .map(|i| ModelId(i as u8))
+    }
+
+    /// Finds a model from an NVML product name such as `NVIDIA A100-SXM4-80GB`, falling
+    /// back to matching on the family and memory size when there is no exact alias.
+    pub fn find_product(&self, product: &str, memory_mib: u64) -> Option<ModelId> {
+        if let Some(id) = self.find(product) {
+            return Some(id);
+        }
+        let upper = product.to_ascii_uppercase();
+        let family_of = |spec: &GpuSpec| {
+            spec.name
+                .split('-')
+                .next()
+                .map(|f| upper.contains(f))
+                .unwrap_or(false)
+        };
+        // Closest memory size within the family (e.g. A100 40 vs 80 GB).
+        self.specs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| family_of(s))
+            .min_by_key(|(_, s)| s.memory_mib.abs_diff(memory_mib))
+            .map(|(i, _)| ModelId(i as u8))
+    }
+
+    /// Adds a model, or returns the id of the model already known by that name.
+    pub fn add(&mut self, spec: GpuSpec) -> Result<ModelId, CatalogFull> {
+        if let Some(id) = self.find(&spec.name) {
+            return Ok(id);
+        }
+        if self.specs.len() >= MAX_MODELS {
+            return Err(CatalogFull);
+        }
+        self.specs.push(spec);
+        Ok(ModelId((self.specs.len() - 1) as u8))
+    }
+
+    pub fn spec(&self, id: ModelId) -> &GpuSpec {
+        &self.specs[id.0 as usize]
+    }
+
+    pub fn specs(&self) -> &[GpuSpec] {
+        &self.specs
+    }
+
+    /// Every known spelling, for error messages.
+    pub fn names(&self) -> Vec<&str> {
+        self.specs.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Models that offer the MIG profile `name`.
+    pub fn models_with_profile(&self, name: &str) -> ModelSet {
+        let mut set = ModelSet(0);
+        for (i, s) in self.specs.iter().enumerate() {
+            if s.mig.as_ref().is_some_and(|m| m.profile(name).is_some()) {
+                set.insert(ModelId(i as u8));
+            }
+        }
+        set
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("the GPU model catalog is full ({MAX_MODELS} models)")]
+pub struct CatalogFull;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_resolves_names_aliases_and_products() {
+        let c = Catalog::default();
+        let a100 = c.find("A100-80GB").unwrap();
+        assert_eq!(c.find("a100-80gb"), Some(a100));
+        assert_eq!(c.find_product("NVIDIA A100-SXM4-80GB", 81_920), Some(a100));
+        // Not an alias, but the family and the memory size say which A100.
+        let a100_40 = c.find("A100-40GB").unwrap();
+        assert_eq!(
+            c.find_product("NVIDIA A100-SXM4-40GB-X", 40_536),
+            Some(a100_40)
+        );
+        assert_eq!(c.find("V100M16"), c.find("V100-16GB"));
+        assert!(c.find("RTX-9999").is_none());
+        for name in [
+            "A100-40GB",
+            "A100-80GB",
+            "H100-80GB",
+            "H200-141GB",
+            "L4",
+            "T4",
+            "V100-16GB",
+            "V100-32GB",
+            "P100",
+            "A10",
+            "G2",
+            "G3",
+        ] {
+            assert!(
+                c.find(name).is_some(),
+                "{name} missing from the built-in catalog"
+            );
+        }
+    }
+
+    #[test]
+    fn mig_tables_follow_the_7_by_8_geometry() {
+        let c = Catalog::default();
+        for name in ["A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"] {
+            let spec = c.spec(c.find(name).unwrap());
+            let mig = spec.mig.as_ref().unwrap();
+            assert_eq!((mig.compute_slices, mig.memory_slices), (7, 8));
+            for p in &mig.profiles {
+                // Every placement stays inside the 8 memory slices.
+                assert!(
+                    p.starts.iter().all(|s| s + p.memory_slices <= 8),
+                    "{name} {}",
+                    p.name
+                );
+                assert!(p.memory_mib <= spec.memory_mib);
+            }
+        }
+        // 1g.5gb exists only on the 40 GB A100; 1g.10gb on both A100s (two slices on the 40 GB part).
+        let with_1g5 = c.models_with_profile("1g.5gb");
+        assert!(with_1g5.contains(c.find("A100-40GB").unwrap()));
+        assert!(!with_1g5.contains(c.find("A100-80GB").unwrap()));
+        let with_1g10 = c.models_with_profile("1g.10gb");
+        assert!(with_1g10.contains(c.find("A100-40GB").unwrap()));
+        assert!(with_1g10.contains(c.find("H100-80GB").unwrap()));
+        assert!(!with_1g10.contains(c.find("T4").unwrap()));
+    }
+}
