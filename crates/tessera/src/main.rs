@@ -1,1 +1,63 @@
-fn main() {}
+//! `tessera`: the command line. Owns signals, logging set-up and exit codes;
+//! everything else lives in the library crates.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// Tessera: GPU scheduling for Kubernetes — whole GPUs, fractions and MIG,
+/// fragmentation- and topology-aware, with every decision explained.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a trace-driven experiment (no arguments: the built-in synthetic default).
+    Simulate(cmd::simulate::SimulateArgs),
+    /// Place one request on a cluster and show the score breakdown or why nothing fits.
+    Place(cmd::place::PlaceArgs),
+    /// Measure decision speed.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
+    /// Run the Kubernetes scheduler (extender or standalone mode).
+    Scheduler(cmd::scheduler::SchedulerArgs),
+    /// Run the node agent (kubelet device plugin, inventory, health, metrics).
+    NodeAgent(cmd::node_agent::NodeAgentArgs),
+    /// Explain where a pod went and why, or why it is pending.
+    Explain(cmd::explain::ExplainArgs),
+    /// Look up a GPU error (XID) and what to do about it.
+    Doctor(cmd::doctor::DoctorArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with success; usage errors exit 2.
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    let result = match cli.command {
+        Command::Simulate(a) => cmd::simulate::run(a),
+        Command::Place(a) => cmd::place::run(a),
+        Command::Bench(c) => cmd::bench::run(c),
+        Command::Scheduler(a) => cmd::scheduler::run(a),
+        Command::NodeAgent(a) => cmd::node_agent::run(a),
+        Command::Explain(a) => cmd::explain::run(a),
+        Command::Doctor(a) => cmd::doctor::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
