@@ -11,6 +11,7 @@ pub mod binpack;
 pub mod clustering;
 pub mod dotprod;
 pub mod fgd;
+pub mod k8s_default;
 pub mod packing;
 pub mod random;
 pub mod spread;
@@ -76,6 +77,7 @@ pub const NAMES: &[&str] = &[
     "fgd",
     "topology",
     "tessera",
+    "k8s-default",
 ];
 
 /// An unknown policy name.
@@ -98,6 +100,7 @@ pub fn by_name(name: &str, args: &PolicyArgs) -> Result<Box<dyn Policy>, Unknown
         "fgd" => Box::new(fgd::Fgd::new(args.workload())),
         "topology" => Box::new(topology::Topology),
         "tessera" => Box::new(tessera::Tessera::new(args.workload())),
+        "k8s-default" => Box::new(k8s_default::K8sDefault),
         other => {
             return Err(UnknownPolicy {
                 name: other.to_string(),
