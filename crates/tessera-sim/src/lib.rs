@@ -5,4 +5,6 @@
 //! paper's protocol: pods arrive in a seeded order, never leave) and *replay*
 //! (pods arrive and leave at their trace times, pending pods queue).
 
+pub mod experiment;
+pub mod metrics;
 pub mod trace;

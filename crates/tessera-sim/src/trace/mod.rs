@@ -1,6 +1,8 @@
 //! Trace formats, one module each, all reading `impl BufRead` and yielding the
 //! shared [`TracePod`] type.
 
+pub mod openb;
+
 use tessera_core::request::Request;
 
 /// One pod of a trace.
@@ -18,7 +20,11 @@ pub struct TracePod {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     #[error("{file}:{line}: {message}")]
-    Parse { file: String, line: u64, message: String },
+    Parse {
+        file: String,
+        line: u64,
+        message: String,
+    },
     #[error("{file}: {source}")]
     Io {
         file: String,

@@ -1,0 +1,256 @@
+//! The *fill* experiment: the FGD paper's protocol on a trace (see
+//! `docs/fgd-protocol.md` in the shared reference material).
+//!
+//! 1. Sort the trace's pods by name and shuffle them with the seed.
+//! 2. Inflate ("tune") the list to `tune_ratio` × the cluster's GPU capacity by
+//!    appending pods drawn with replacement from the original list, or trim it by
+//!    removing random pods when the trace already asks for more.
+//! 3. Submit the pods one by one. Each is placed once or fails; nobody leaves and
+//!    nothing is retried. CPU, memory and GPU model are hard constraints (the core's
+//!    fit filter).
+//! 4. After every arrival, sample the arrived workload (GPU demand submitted so
+//!    far, placed or not), the GPU allocation ratio and FGD's fragmentation against
+//!    the typical pods of the original trace; reduce the samples to the
+//!    integer-percent curve of the artifact's merge script.
+//!
+//! One seeded RNG drives the shuffle, the inflation and the policy's own choices,
+//! so the same inputs give the same [`FillResult`] (and byte-identical JSON).
+
+use std::sync::Arc;
+
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tessera_core::frag::TargetWorkload;
+use tessera_core::ledger::{Ledger, LedgerError};
+use tessera_core::model::Cluster;
+use tessera_core::policy::{self, PolicyArgs, UnknownPolicy};
+use tessera_core::request::Request;
+use tessera_core::{Decision, Scheduler};
+
+use crate::metrics::{FillPoint, FragTracker, discretize};
+use crate::trace::TracePod;
+
+/// The seeds of the published experiments start here (`-tuneseed 42…51`).
+pub const FIRST_SEED: u64 = 42;
+
+/// The seeds for `n` repetitions: 42, 43, … (`--seeds 10` → 42..=51).
+pub fn seeds(n: u32) -> Vec<u64> {
+    (0..u64::from(n)).map(|i| FIRST_SEED + i).collect()
+}
+
+/// How a fill run is set up. [`Default`] is the published protocol.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FillConfig {
+    /// Name of the workload (the trace), copied into the result.
+    pub workload: String,
+    /// Inflate or trim the pod list to this multiple of the cluster's GPU capacity (1.3).
+    pub tune_ratio: f64,
+    /// Share of pods the typical-pod shapes must cover (0.95).
+    pub typical_coverage: f64,
+    /// Shuffle the pods (after sorting by name) with the seed (true).
+    pub shuffle: bool,
+    /// Last integer arrived-% column of the curve (130).
+    pub max_pct: u32,
+}
+
+impl Default for FillConfig {
+    fn default() -> Self {
+        FillConfig {
+            workload: String::new(),
+            tune_ratio: 1.3,
+            typical_coverage: 0.95,
+            shuffle: true,
+            max_pct: 130,
+        }
+    }
+}
+
+impl FillConfig {
+    /// The published protocol for the named workload.
+    pub fn for_workload(name: impl Into<String>) -> FillConfig {
+        FillConfig {
+            workload: name.into(),
+            ..FillConfig::default()
+        }
+    }
+}
+
+/// What one fill run measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FillResult {
+    pub workload: String,
+    pub policy: String,
+    pub seed: u64,
+    pub tune_ratio: f64,
+    /// Cluster GPU capacity in milli-GPU (the 100 % of every percentage).
+    pub capacity_gpu_milli: u64,
+    /// Pods submitted after inflation or trimming.
+    pub pods_submitted: usize,
+    pub pods_placed: usize,
+    pub pods_failed: usize,
+    /// Measures at integer arrived % 0..=`max_pct` (columns without samples are left out).
+    pub curve: Vec<FillPoint>,
+    /// The curve's point at arrived = 100 % (what the paper's bar charts show), if reached.
+    pub at_100: Option<FillPoint>,
+}
+
+/// A fill run that could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    #[error(transparent)]
+    UnknownPolicy(#[from] UnknownPolicy),
+    #[error("the cluster has no GPUs")]
+    NoGpus,
+    #[error("the trace has no pods")]
+    NoPods,
+    #[error("tune ratio {0} must be a positive number")]
+    BadTuneRatio(f64),
+    /// The scheduler proposed a placement the ledger refused: a bug, never a normal outcome.
+    #[error("placement of pod {pod} refused by the ledger: {source}")]
+    Ledger {
+        pod: String,
+        #[source]
+        source: LedgerError,
+    },
+}
+
+/// The typical pods of a trace (FGD's target workload): the most frequent shapes
+/// of the original pods covering `coverage` of them.
+pub fn typical_pods(pods: &[TracePod], coverage: f64) -> TargetWorkload {
+    TargetWorkload::from_requests(pods.iter().map(|p| &p.request), coverage)
+}
+
+/// The submission order: sorted by name, shuffled with `rng`, then inflated with
+/// copies drawn with replacement (or trimmed) to `tune_ratio` × `capacity_milli`.
+/// Returns indices into `pods`.
+pub fn arrival_order(
+    pods: &[TracePod],
+    capacity_milli: u64,
+    config: &FillConfig,
+    rng: &mut SmallRng,
+) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..pods.len()).collect();
+    order.sort_by(|&a, &b| pods[a].name.cmp(&pods[b].name));
+    if config.shuffle {
+        order.shuffle(rng);
+    }
+    let demand = |i: usize| pods[i].request.gpu.total_milli();
+    let target = (config.tune_ratio * capacity_milli as f64) as u64;
+    let mut total: u64 = order.iter().map(|&i| demand(i)).sum();
+    if total < target {
+        // Append draws until the next one would exceed the target.
+        let originals = order.clone();
+        loop {
+            let pick = originals[rng.random_range(0..originals.len())];
+            if total + demand(pick) > target {
+                break;
+            }
+            total += demand(pick);
+            order.push(pick);
+        }
+    } else {
+        // Remove random pods until the rest fits.
+        while total > target && !order.is_empty() {
+            let at = rng.random_range(0..order.len());
+            total -= demand(order[at]);
+            order.remove(at);
+        }
+    }
+    order
+}
+
+/// Runs the fill experiment with the policy named `policy_name` (see
+/// [`tessera_core::policy::NAMES`]). Policies that measure fragmentation get the
+/// trace's typical pods as their target workload.
+pub fn run_fill(
+    cluster: &Cluster,
+    pods: &[TracePod],
+    policy_name: &str,
+    seed: u64,
+    config: &FillConfig,
+) -> Result<FillResult, FillError> {
+    let capacity = cluster.gpu_count() as u64 * 1000;
+    if capacity == 0 {
+        return Err(FillError::NoGpus);
+    }
+    if pods.is_empty() {
+        return Err(FillError::NoPods);
+    }
+    if !(config.tune_ratio.is_finite() && config.tune_ratio > 0.0) {
+        return Err(FillError::BadTuneRatio(config.tune_ratio));
+    }
+    let workload = typical_pods(pods, config.typical_coverage);
+    let args = PolicyArgs {
+        workload: Some(Arc::new(workload.clone())),
+    };
+    let mut scheduler = Scheduler::new(policy::by_name(policy_name, &args)?);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let order = arrival_order(pods, capacity, config, &mut rng);
+
+    let mut ledger = Ledger::new(cluster);
+    let mut frag = FragTracker::new(cluster, &ledger, workload);
+    let mut samples = Vec::with_capacity(order.len() + 1);
+    let cap = capacity as f64;
+    let sample = |arrived: u64, ledger: &Ledger, frag: &FragTracker| {
+        let alloc = ledger.used_milli() as f64 / cap * 100.0;
+        FillPoint {
+            arrived_pct: arrived as f64 / cap * 100.0,
+            alloc_pct: alloc,
+            unallocated_pct: 100.0 - alloc,
+            frag_rate_pct: frag.frag_rate_pct(),
+            frag_amount_pct: frag.frag_milli() / cap * 100.0,
+        }
+    };
+    samples.push(sample(0, &ledger, &frag));
+    let (mut arrived, mut placed, mut failed) = (0u64, 0usize, 0usize);
+    for &i in &order {
+        let pod = &pods[i];
+        let req: &Request = &pod.request;
+        arrived += req.gpu.total_milli();
+        match scheduler.decide(cluster, &ledger, req, &mut rng) {
+            Decision::Place(p) => {
+                ledger
+                    .apply(cluster, &p)
+                    .map_err(|source| FillError::Ledger {
+                        pod: pod.name.clone(),
+                        source,
+                    })?;
+                frag.update(cluster, &ledger, p.node);
+                placed += 1;
+            }
+            Decision::Unschedulable(_) => failed += 1,
+        }
+        samples.push(sample(arrived, &ledger, &frag));
+    }
+    let curve = discretize(&samples, config.max_pct);
+    let at_100 = curve.iter().find(|p| p.arrived_pct == 100.0).copied();
+    Ok(FillResult {
+        workload: config.workload.clone(),
+        policy: policy_name.to_string(),
+        seed,
+        tune_ratio: config.tune_ratio,
+        capacity_gpu_milli: capacity,
+        pods_submitted: order.len(),
+        pods_placed: placed,
+        pods_failed: failed,
+        curve,
+        at_100,
+    })
+}
+
+/// [`run_fill`] for several seeds in parallel (rayon); results in seed order.
+pub fn run_fill_seeds(
+    cluster: &Cluster,
+    pods: &[TracePod],
+    policy_name: &str,
+    seeds: &[u64],
+    config: &FillConfig,
+) -> Result<Vec<FillResult>, FillError> {
+    use rayon::prelude::*;
+    seeds
+        .par_iter()
+        .map(|&s| run_fill(cluster, pods, policy_name, s, config))
+        .collect()
+}

@@ -1,0 +1,3 @@
+//! Experiments: *fill* (the FGD paper's protocol) and *replay*.
+
+pub mod fill;
