@@ -82,15 +82,39 @@ impl fmt::Display for Reason {
 }
 
 /// Per-reason node counts for one request.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Explanation {
     /// Nodes considered.
     pub total: usize,
     /// Nodes that fit.
     pub fit: usize,
-    /// Nodes rejected, by reason.
+    /// Nodes rejected, by reason (JSON: a list of `{reason, message, nodes}`, most frequent first).
+    #[serde(serialize_with = "ranked_list")]
     pub rejected: BTreeMap<Reason, usize>,
+}
+
+fn rank(map: &BTreeMap<Reason, usize>) -> Vec<(&Reason, usize)> {
+    let mut v: Vec<(&Reason, usize)> = map.iter().map(|(r, n)| (r, *n)).collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    v
+}
+
+fn ranked_list<S: serde::Serializer>(
+    map: &BTreeMap<Reason, usize>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Entry<'a> {
+        reason: &'a Reason,
+        message: String,
+        nodes: usize,
+    }
+    s.collect_seq(rank(map).into_iter().map(|(reason, nodes)| Entry {
+        reason,
+        message: reason.to_string(),
+        nodes,
+    }))
 }
 
 impl Explanation {
@@ -107,9 +131,15 @@ impl Explanation {
 
     /// Reasons with counts, most frequent first (ties in reason order).
     pub fn ranked(&self) -> Vec<(&Reason, usize)> {
-        let mut v: Vec<(&Reason, usize)> = self.rejected.iter().map(|(r, n)| (r, *n)).collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-        v
+        rank(&self.rejected)
+    }
+
+    /// Adds another explanation's counts (e.g. reasons found outside the core's filter).
+    pub fn merge(&mut self, other: &Explanation) {
+        self.fit += other.fit;
+        for (r, n) in &other.rejected {
+            *self.rejected.entry(r.clone()).or_default() += n;
+        }
     }
 }
 

@@ -1,35 +1,8 @@
 //! A small built-in cluster for demos and the README's first command: a mix of
 //! generations, NVLink and PCIe topologies, and one GPU in MIG mode.
 
+use super::file::{nvswitch_links as nvswitch, pcie_links as pcie_pairs};
 use super::{Catalog, Cluster, Gpu, Health, Link, ModelId, Node};
-
-/// Links of an 8-GPU board where every pair is connected over NVSwitch with `links` links.
-fn nvswitch(n: usize, links: u8) -> Vec<Link> {
-    let mut v = vec![Link::NvLink(links); n * n];
-    for i in 0..n {
-        v[i * n + i] = Link::Unknown;
-    }
-    v
-}
-
-/// Links of a PCIe box: pairs share a switch, halves share a socket.
-fn pcie_pairs(n: usize) -> Vec<Link> {
-    let mut v = Vec::with_capacity(n * n);
-    for a in 0..n {
-        for b in 0..n {
-            v.push(if a == b {
-                Link::Unknown
-            } else if a / 2 == b / 2 {
-                Link::PcieSwitch
-            } else if a < n / 2 && b < n / 2 || a >= n / 2 && b >= n / 2 {
-                Link::SameSocket
-            } else {
-                Link::CrossSocket
-            });
-        }
-    }
-    v
-}
 
 fn node(
     name: &str,

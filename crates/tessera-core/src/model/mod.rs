@@ -5,6 +5,7 @@
 //! only the ledger.
 
 pub mod demo;
+pub mod file;
 pub mod spec;
 
 use std::collections::BTreeMap;
