@@ -315,7 +315,7 @@ impl Ledger {
         node.allocations += 1;
         for grant in &p.grants {
             let gu = &mut node.gpus[grant.gpu as usize];
-            apply_grant(gu, grant, cluster, p.node);
+            apply_grant(gu, grant);
             self.used_milli += u64::from(grant.cores_milli);
         }
         if p.class != 0 {
@@ -443,7 +443,7 @@ impl Ledger {
     }
 }
 
-fn apply_grant(gu: &mut GpuUse, grant: &GpuGrant, cluster: &Cluster, node: NodeId) {
+fn apply_grant(gu: &mut GpuUse, grant: &GpuGrant) {
     gu.free_memory_mib -= grant.memory_mib;
     gu.free_cores_milli -= grant.cores_milli;
     gu.tenants += 1;
@@ -455,7 +455,6 @@ fn apply_grant(gu: &mut GpuUse, grant: &GpuGrant, cluster: &Cluster, node: NodeI
         gu.mig_compute_slices += slot.compute;
         gu.mig_instances[slot.profile as usize] += 1;
     }
-    let _ = (cluster, node);
 }
 
 #[cfg(test)]
