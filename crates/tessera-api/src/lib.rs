@@ -1,1 +1,10 @@
-//! placeholder
+//! Tessera's Kubernetes custom resources, shared by the scheduler (which reads
+//! them) and the node agent (which writes them). Only types and their schema
+//! live here: no client code, so both sides link it without pulling in the other.
+
+pub mod gpunode;
+
+pub use gpunode::{
+    GpuCondition, GpuDevice, GpuHealth, GpuLink, GpuNode, GpuNodeSpec, GpuNodeStatus, LinkKind,
+    MigInstance, MigState,
+};
