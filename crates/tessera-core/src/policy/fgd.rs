@@ -3,7 +3,8 @@
 //! pod where the node's expected fragmentation (over the target workload) grows
 //! least. The node score is `100 · sigmoid((F_before − F_after) / 1000)`, truncated
 //! to an integer as the artifact does, so near-equal nodes tie and the earlier
-//! node wins. For a one-GPU share every usable GPU is tried and the best kept;
+//! node wins. For a one-GPU share every usable GPU is tried and the first with the
+//! highest integer score kept;
 //! whole and multi-GPU pods take the lowest-index free GPUs.
 
 use std::sync::Arc;
@@ -72,23 +73,49 @@ pub fn least_frag_choice(
     fit: &Fit,
     wl: &TargetWorkload,
 ) -> (GpuSet, f64, f64) {
+    choose(view, req, fit, wl, |_, a| -a)
+}
+
+/// The artifact's choice (`calculateGpuShareFragExtendScore`): for a one-GPU share,
+/// the first usable GPU with the highest *integer* score [`fgd_score`]; otherwise the
+/// lowest-index idle GPUs. Returns the GPUs and the node's (before, after).
+pub fn artifact_choice(
+    view: NodeView<'_>,
+    req: &Request,
+    fit: &Fit,
+    wl: &TargetWorkload,
+) -> (GpuSet, f64, f64) {
+    choose(view, req, fit, wl, fgd_score)
+}
+
+/// Tries each usable GPU of a one-GPU share and keeps the first with the highest
+/// `key(before, after)`; otherwise the first free GPUs.
+fn choose(
+    view: NodeView<'_>,
+    req: &Request,
+    fit: &Fit,
+    wl: &TargetWorkload,
+    key: impl Fn(f64, f64) -> f64,
+) -> (GpuSet, f64, f64) {
     match &req.gpu {
         GpuAsk::Shared { count: 1, .. } => {
-            let mut best: Option<(GpuSet, f64, f64)> = None;
+            let mut best: Option<(GpuSet, f64, f64, f64)> = None;
             let mut tried: SmallVec<[u32; 8]> = SmallVec::new();
             for &g in &fit.usable {
-                // GPUs with the same free share give the same result: try each value once.
+                // GPUs with the same free share give the same result: try each value once
+                // (the first such GPU is the one a tie would keep anyway).
                 let f = view.used.gpus[g as usize].free_cores_milli;
                 if tried.contains(&f) {
                     continue;
                 }
                 tried.push(f);
                 let (b, a) = frag_before_after(view, req, &[g], wl);
-                if best.as_ref().is_none_or(|(_, _, ba)| a < *ba) {
-                    best = Some(([g].into_iter().collect(), b, a));
+                let k = key(b, a);
+                if best.as_ref().is_none_or(|(_, _, _, bk)| k > *bk) {
+                    best = Some(([g].into_iter().collect(), b, a, k));
                 }
             }
-            best.unwrap_or_default()
+            best.map(|(g, b, a, _)| (g, b, a)).unwrap_or_default()
         }
         _ => {
             let gpus = first_gpus(fit);
@@ -96,6 +123,11 @@ pub fn least_frag_choice(
             (gpus, b, a)
         }
     }
+}
+
+/// FGD's node score: `trunc(100 · sigmoid((F_before − F_after) / 1000))`.
+pub fn fgd_score(before: f64, after: f64) -> f64 {
+    (100.0 * sigmoid((before - after) / 1000.0)).trunc()
 }
 
 fn sigmoid(x: f64) -> f64 {
@@ -114,8 +146,8 @@ impl Policy for Fgd {
         fit: &Fit,
         _rng: &mut dyn RngCore,
     ) -> Option<Scored> {
-        let (gpus, before, after) = least_frag_choice(view, req, fit, &self.workload);
-        let score = (100.0 * sigmoid((before - after) / 1000.0)).trunc();
+        let (gpus, before, after) = artifact_choice(view, req, fit, &self.workload);
+        let score = fgd_score(before, after);
         Some(Scored {
             score,
             gpus,

@@ -1,12 +1,14 @@
-//! `random`: a uniformly random feasible node and random GPUs on it — the
-//! artifact's `-Random 1000 -gpusel random` baseline.
+//! `random`: a uniformly random feasible node — the artifact's
+//! `-Random 1000 -gpusel random` baseline (`random_score.go`: a pre-score step
+//! gives one random feasible node the maximum score). Inside the node a share
+//! takes a random usable GPU and whole GPUs the lowest-index idle ones.
 
 use rand::RngCore;
 
 use super::Policy;
 use crate::fit::{Fit, GpuSet, NodeView};
 use crate::placement::Scored;
-use crate::request::Request;
+use crate::request::{GpuAsk, Request};
 
 /// Random placement (seeded through the RNG the scheduler passes in).
 pub struct Random;
@@ -19,20 +21,21 @@ impl Policy for Random {
     fn score(
         &self,
         _view: NodeView<'_>,
-        _req: &Request,
+        req: &Request,
         fit: &Fit,
         rng: &mut dyn RngCore,
     ) -> Option<Scored> {
         // A random score per node makes the arg-max a uniform pick among feasible nodes.
         let score = f64::from(rng.next_u32());
-        // Partial Fisher-Yates: `need` random GPUs out of the usable ones.
-        let mut pool: GpuSet = fit.usable.clone();
-        let mut gpus = GpuSet::new();
-        for _ in 0..fit.need {
-            let i = (rng.next_u32() as usize) % pool.len();
-            gpus.push(pool.swap_remove(i));
-        }
-        gpus.sort_unstable();
+        // The artifact's `random` GPU selection: a one-GPU share goes to a uniformly
+        // random usable GPU; whole GPUs are the lowest-index idle ones.
+        let gpus: GpuSet = match &req.gpu {
+            GpuAsk::Shared { count: 1, .. } if !fit.usable.is_empty() => {
+                let i = (rng.next_u32() as usize) % fit.usable.len();
+                [fit.usable[i]].into_iter().collect()
+            }
+            _ => super::first_gpus(fit),
+        };
         Some(Scored {
             score,
             gpus,

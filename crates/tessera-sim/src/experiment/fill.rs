@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{Ledger, LedgerError};
-use tessera_core::model::Cluster;
+use tessera_core::model::{Cluster, ClusterError};
 use tessera_core::policy::{self, PolicyArgs, UnknownPolicy};
 use tessera_core::request::Request;
 use tessera_core::{Decision, Scheduler};
@@ -53,6 +53,11 @@ pub struct FillConfig {
     pub shuffle: bool,
     /// Last integer arrived-% column of the curve (130).
     pub max_pct: u32,
+    /// Put the nodes in a seeded random order before scheduling (true). The artifact
+    /// prefixes every node name with a random permutation index
+    /// (`syncClusterResourceList`) and breaks score ties by name, so ties go to a
+    /// random but fixed node order per seed; `false` keeps file order.
+    pub permute_nodes: bool,
 }
 
 impl Default for FillConfig {
@@ -63,6 +68,7 @@ impl Default for FillConfig {
             typical_coverage: 0.95,
             shuffle: true,
             max_pct: 130,
+            permute_nodes: true,
         }
     }
 }
@@ -103,6 +109,8 @@ pub enum FillError {
     UnknownPolicy(#[from] UnknownPolicy),
     #[error("the cluster has no GPUs")]
     NoGpus,
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     #[error("the trace has no pods")]
     NoPods,
     #[error("tune ratio {0} must be a positive number")]
@@ -140,11 +148,12 @@ pub fn arrival_order(
     let target = (config.tune_ratio * capacity_milli as f64) as u64;
     let mut total: u64 = order.iter().map(|&i| demand(i)).sum();
     if total < target {
-        // Append draws until the next one would exceed the target.
+        // Append draws until one would exceed the target. As in the artifact's
+        // `tuneUpPods`, the check adds the draw's per-GPU milli, not its total.
         let originals = order.clone();
         loop {
             let pick = originals[rng.random_range(0..originals.len())];
-            if total + demand(pick) > target {
+            if total + u64::from(pods[pick].request.gpu.milli_per_gpu()) > target {
                 break;
             }
             total += demand(pick);
@@ -159,6 +168,13 @@ pub fn arrival_order(
         }
     }
     order
+}
+
+/// The cluster with its nodes in a seeded random order (see [`FillConfig::permute_nodes`]).
+pub fn permute_nodes(cluster: &Cluster, rng: &mut SmallRng) -> Result<Cluster, ClusterError> {
+    let mut nodes = cluster.nodes().to_vec();
+    nodes.shuffle(rng);
+    Cluster::new(cluster.catalog.clone(), nodes)
 }
 
 /// Runs the fill experiment with the policy named `policy_name` (see
@@ -188,6 +204,13 @@ pub fn run_fill(
     let mut scheduler = Scheduler::new(policy::by_name(policy_name, &args)?);
     let mut rng = SmallRng::seed_from_u64(seed);
     let order = arrival_order(pods, capacity, config, &mut rng);
+    let permuted;
+    let cluster = if config.permute_nodes {
+        permuted = permute_nodes(cluster, &mut rng)?;
+        &permuted
+    } else {
+        cluster
+    };
 
     let mut ledger = Ledger::new(cluster);
     let mut frag = FragTracker::new(cluster, &ledger, workload);
