@@ -33,35 +33,11 @@ pub const VERSION: &str = "v1alpha1";
     derive = "PartialEq",
     derive = "Default",
     doc = "GPU inventory of one Kubernetes node (named after the node), written by the Tessera node agent and read by the Tessera scheduler.",
-    printcolumn(
-        name = "Model",
-        type_ = "string",
-        json_path = ".status.model",
-        description = "GPU model (of the first GPU; nodes are homogeneous in practice)"
-    ),
-    printcolumn(
-        name = "GPUs",
-        type_ = "integer",
-        json_path = ".status.gpuCount",
-        description = "Number of GPUs"
-    ),
-    printcolumn(
-        name = "Free Memory MiB",
-        type_ = "integer",
-        json_path = ".status.freeMemoryMiB",
-        description = "GPU memory not in use, summed over GPUs, as the node agent last saw it"
-    ),
-    printcolumn(
-        name = "Health",
-        type_ = "string",
-        json_path = ".status.health",
-        description = "Healthy, Degraded (some GPUs unhealthy) or Unhealthy"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".status.model","description":"GPU model (of the first GPU; nodes are homogeneous in practice)"}"#,
+    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.gpuCount","description":"Number of GPUs"}"#,
+    printcolumn = r#"{"name":"Free Memory MiB","type":"integer","jsonPath":".status.freeMemoryMiB","description":"GPU memory not in use, summed over GPUs, as the node agent last saw it"}"#,
+    printcolumn = r#"{"name":"Health","type":"string","jsonPath":".status.health","description":"Healthy, Degraded (some GPUs unhealthy) or Unhealthy"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct GpuNodeSpec {

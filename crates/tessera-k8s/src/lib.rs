@@ -1,1 +1,17 @@
-//! placeholder
+//! Tessera's Kubernetes scheduler.
+//!
+//! A [`mirror::Mirror`] of nodes, pods and `GpuNode` inventory (fed by kube-rs
+//! watchers) holds the core cluster and ledger; every allocation in it comes
+//! from the API server's pod annotations. On top of it: the kube-scheduler
+//! extender ([`extender`]), the standalone scheduler ([`standalone`]), the
+//! [`binder`] that writes decisions, leader election ([`leader`]), the
+//! admission [`webhook`] and [`metrics`]. [`run`] wires them together and stops
+//! when its shutdown future resolves; only the binary owns signals.
+
+pub mod binder;
+pub mod convert;
+pub mod extender;
+pub mod leader;
+pub mod metrics;
+pub mod mirror;
+pub mod webhook;

@@ -1,0 +1,6 @@
+//! Extender mode: kube-scheduler calls us over HTTP for the GPU part of its decision.
+
+pub mod routes;
+pub mod wire;
+
+pub use routes::{ExtenderState, router};

@@ -1,0 +1,230 @@
+//! The extender's HTTP surface: `filter`, `prioritize`, `bind`, `preempt`
+//! (at the root and under `/scheduler`, whichever `urlPrefix` points at), plus
+//! `/healthz`, `/readyz` and `/metrics`. [`router`] needs no socket: tests call
+//! it with `tower::ServiceExt::oneshot`.
+//!
+//! Every answer is `200` with the protocol's own `Error` field where it has
+//! one (filter, bind), so kube-scheduler shows our message; a body that is not
+//! valid JSON for the verb is a `400` naming what is wrong.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::wire::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, NodeList,
+};
+use crate::binder::{Binder, lock};
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+
+/// What the extender's handlers share.
+#[derive(Clone)]
+pub struct ExtenderState {
+    pub mirror: Arc<Mutex<Mirror>>,
+    /// `None`: binding is not configured here (bind answers with an error).
+    pub binder: Option<Binder>,
+    pub metrics: Arc<Metrics>,
+    pub leader: Leadership,
+}
+
+/// The extender's routes.
+pub fn router(state: ExtenderState) -> Router {
+    let verbs = || {
+        Router::new()
+            .route("/filter", post(filter))
+            .route("/prioritize", post(prioritize))
+            .route("/bind", post(bind))
+            .route("/preempt", post(preempt))
+    };
+    Router::new()
+        .merge(verbs())
+        .nest("/scheduler", verbs())
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+fn decode<T: DeserializeOwned>(verb: &str, body: &[u8]) -> Result<T, (StatusCode, String)> {
+    serde_json::from_slice(body).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("{verb}: request body is not a valid extender message: {e}\n"),
+        )
+    })
+}
+
+fn json<T: Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(v) => ([(header::CONTENT_TYPE, "application/json")], v).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn filter(State(st): State<ExtenderState>, body: Bytes) -> Response {
+    let args: ExtenderArgs = match decode("filter", &body) {
+        Ok(a) => a,
+        Err(r) => return r.into_response(),
+    };
+    let started = Instant::now();
+    let names = args.candidate_names();
+    let outcome = {
+        let mut m = lock(&st.mirror);
+        // Full node objects are fresher than nothing: take up nodes we have not seen yet.
+        if let Some(list) = &args.nodes {
+            for n in &list.items {
+                if n.metadata
+                    .name
+                    .as_ref()
+                    .is_some_and(|name| !m.knows_node(name))
+                {
+                    m.upsert_node(n.clone());
+                }
+            }
+        }
+        m.filter(&args.pod, &names)
+    };
+    st.metrics.observe_decision("filter", started.elapsed());
+    let result = match outcome {
+        Err(e) => ExtenderFilterResult {
+            error: e.to_string(),
+            ..ExtenderFilterResult::default()
+        },
+        Ok(o) => {
+            let (nodes, node_names) = match (&args.node_names, &args.nodes) {
+                (Some(_), _) | (None, None) => (None, Some(o.passed)),
+                (None, Some(list)) => {
+                    let keep: std::collections::HashSet<&str> =
+                        o.passed.iter().map(String::as_str).collect();
+                    let items = list
+                        .items
+                        .iter()
+                        .filter(|n| n.metadata.name.as_deref().is_some_and(|x| keep.contains(x)))
+                        .cloned()
+                        .collect();
+                    (
+                        Some(NodeList {
+                            metadata: list.metadata.clone(),
+                            items,
+                        }),
+                        None,
+                    )
+                }
+            };
+            ExtenderFilterResult {
+                nodes,
+                node_names,
+                failed_nodes: o.failed,
+                failed_and_unresolvable_nodes: o.unresolvable,
+                error: String::new(),
+            }
+        }
+    };
+    json(&result)
+}
+
+async fn prioritize(State(st): State<ExtenderState>, body: Bytes) -> Response {
+    let args: ExtenderArgs = match decode("prioritize", &body) {
+        Ok(a) => a,
+        Err(r) => return r.into_response(),
+    };
+    let started = Instant::now();
+    let names = args.candidate_names();
+    let scores = { lock(&st.mirror).prioritize(&args.pod, &names) };
+    st.metrics.observe_decision("prioritize", started.elapsed());
+    match scores {
+        Ok(s) => json(
+            &s.into_iter()
+                .map(|(host, score)| HostPriority { host, score })
+                .collect::<Vec<_>>(),
+        ),
+        // Prioritize has no error field; kube-scheduler ignores a failed call.
+        Err(e) => (StatusCode::BAD_REQUEST, format!("prioritize: {e}\n")).into_response(),
+    }
+}
+
+async fn bind(State(st): State<ExtenderState>, body: Bytes) -> Response {
+    let args: ExtenderBindingArgs = match decode("bind", &body) {
+        Ok(a) => a,
+        Err(r) => return r.into_response(),
+    };
+    let started = Instant::now();
+    let error = match &st.binder {
+        None => "binding is not enabled on this Tessera extender".to_string(),
+        Some(b) => match b
+            .bind(
+                &args.pod_namespace,
+                &args.pod_name,
+                &args.pod_uid,
+                &args.node,
+            )
+            .await
+        {
+            Ok(()) => String::new(),
+            Err(e) => e.to_string(),
+        },
+    };
+    st.metrics.observe_decision("bind", started.elapsed());
+    if !error.is_empty() {
+        tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, %error, "bind failed");
+    }
+    json(&ExtenderBindingResult { error })
+}
+
+async fn preempt(State(st): State<ExtenderState>, body: Bytes) -> Response {
+    let args: ExtenderPreemptionArgs = match decode("preempt", &body) {
+        Ok(a) => a,
+        Err(r) => return r.into_response(),
+    };
+    let started = Instant::now();
+    let candidates = args.meta_victims();
+    let kept = { lock(&st.mirror).preempt(&args.pod, &candidates) };
+    st.metrics.observe_decision("preempt", started.elapsed());
+    match kept {
+        Ok(nodes) => json(&ExtenderPreemptionResult {
+            node_name_to_meta_victims: candidates
+                .into_iter()
+                .filter(|(n, v)| nodes.contains(n) && !v.pods.is_empty())
+                .collect::<BTreeMap<_, _>>(),
+        }),
+        Err(e) => (StatusCode::BAD_REQUEST, format!("preempt: {e}\n")).into_response(),
+    }
+}
+
+async fn ready(State(st): State<ExtenderState>) -> Response {
+    if st.leader.is_leader() {
+        (StatusCode::OK, "leader\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "follower\n").into_response()
+    }
+}
+
+async fn metrics(State(st): State<ExtenderState>) -> Response {
+    {
+        let mut m = lock(&st.mirror);
+        st.metrics.update_cluster(&mut m);
+    }
+    match st.metrics.encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}

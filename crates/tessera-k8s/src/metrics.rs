@@ -1,0 +1,176 @@
+//! The scheduler's Prometheus metrics (prometheus-client, OpenMetrics text).
+//!
+//! Decision latency per verb; pending pods by reason (set by the standalone
+//! loop); allocated and free GPU milli per node and model and FGD fragmentation
+//! per node, recomputed from the mirror at each scrape so they never drift from
+//! the ledger.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tessera_core::frag::{FragNode, TargetWorkload, node_frag};
+
+use crate::mirror::Mirror;
+
+type Labels = Vec<(String, String)>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 50 µs … ~1.6 s.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+/// All metrics of one scheduler process.
+pub struct Metrics {
+    registry: Registry,
+    decision_seconds: HistogramFamily,
+    pending: Family<Labels, Gauge>,
+    allocated_milli: Family<Labels, Gauge>,
+    free_milli: Family<Labels, Gauge>,
+    fragmentation: Family<Labels, Gauge<f64, AtomicU64>>,
+    cluster_fragmentation: Gauge<f64, AtomicU64>,
+    workload: TargetWorkload,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tessera");
+        let decision_seconds: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        let pending = Family::<Labels, Gauge>::default();
+        let allocated_milli = Family::<Labels, Gauge>::default();
+        let free_milli = Family::<Labels, Gauge>::default();
+        let fragmentation = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let cluster_fragmentation = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "decision_duration_seconds",
+            "Time to answer one scheduling call (filter, prioritize, bind, preempt, standalone)",
+            decision_seconds.clone(),
+        );
+        registry.register(
+            "pending_pods",
+            "Pods waiting for a placement, by reason",
+            pending.clone(),
+        );
+        registry.register(
+            "gpu_allocated_milli",
+            "Allocated GPU compute in milli-GPU, per node and model",
+            allocated_milli.clone(),
+        );
+        registry.register(
+            "gpu_free_milli",
+            "Free GPU compute in milli-GPU on healthy GPUs, per node and model",
+            free_milli.clone(),
+        );
+        registry.register(
+            "node_fragmentation_milli",
+            "FGD fragmentation of a node against the target workload, in milli-GPU",
+            fragmentation.clone(),
+        );
+        registry.register(
+            "cluster_fragmentation_milli",
+            "FGD fragmentation summed over nodes, in milli-GPU",
+            cluster_fragmentation.clone(),
+        );
+        Metrics {
+            registry,
+            decision_seconds,
+            pending,
+            allocated_milli,
+            free_milli,
+            fragmentation,
+            cluster_fragmentation,
+            workload: TargetWorkload::builtin(),
+        }
+    }
+
+    pub fn observe_decision(&self, verb: &str, took: Duration) {
+        self.decision_seconds
+            .get_or_create(&vec![("verb".to_string(), verb.to_string())])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Replaces the pending-pod counts.
+    pub fn set_pending<'a>(&self, by_reason: impl IntoIterator<Item = (&'a str, i64)>) {
+        self.pending.clear();
+        for (reason, n) in by_reason {
+            self.pending
+                .get_or_create(&vec![("reason".to_string(), reason.to_string())])
+                .set(n);
+        }
+    }
+
+    /// Recomputes the per-node GPU gauges from the mirror.
+    pub fn update_cluster(&self, mirror: &mut Mirror) {
+        self.allocated_milli.clear();
+        self.free_milli.clear();
+        self.fragmentation.clear();
+        mirror.refresh();
+        let usage = mirror.usage();
+        let cluster = mirror.cluster();
+        let mut total = 0.0;
+        for node in cluster.nodes() {
+            let Some(used) = usage.get(&node.name) else {
+                continue;
+            };
+            let Some(model) = node.primary_model() else {
+                continue;
+            };
+            let labels = vec![
+                ("node".to_string(), node.name.clone()),
+                (
+                    "model".to_string(),
+                    cluster.catalog.spec(model).name.clone(),
+                ),
+            ];
+            let free: Vec<u32> = node
+                .gpus
+                .iter()
+                .zip(used.gpus.iter())
+                .map(|(g, u)| {
+                    if g.health == tessera_core::model::Health::Healthy {
+                        u.free_cores_milli
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            self.allocated_milli
+                .get_or_create(&labels)
+                .set(used.used_milli() as i64);
+            self.free_milli
+                .get_or_create(&labels)
+                .set(free.iter().map(|&f| i64::from(f)).sum());
+            let frag = node_frag(
+                &FragNode {
+                    free_milli: &free,
+                    free_cpu_milli: used.free_cpu_milli,
+                    model: Some(model),
+                },
+                &self.workload,
+            );
+            total += frag;
+            self.fragmentation
+                .get_or_create(&vec![("node".to_string(), node.name.clone())])
+                .set(frag);
+        }
+        self.cluster_fragmentation.set(total);
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,812 @@
+//! The cluster mirror: nodes, pods and `GpuNode` inventory as the watch
+//! streams deliver them, with the core cluster, ledger and policy built on top.
+//!
+//! The API server is the only source of truth. Every allocation in the ledger
+//! comes from a bound pod's signed `tessera.io/allocation` annotation (or, for a
+//! bound pod without one, from its CPU and memory requests alone), so a fresh
+//! process that lists the same pods rebuilds the same ledger. The only state of
+//! our own is a reservation between deciding a bind and the watch stream
+//! showing the bound pod; it is dropped if the bind fails.
+//!
+//! Node or inventory changes renumber the core cluster, so they mark the mirror
+//! dirty and the next decision rebuilds cluster and ledger by replaying every
+//! held allocation (O(pods), and rare). Pod changes apply to the ledger in place.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tessera_api::GpuNode;
+use tessera_core::allocation::{ANNOTATION, Allocation};
+use tessera_core::explain::{Explanation, Reason};
+use tessera_core::fit::{self, NodeView};
+use tessera_core::ledger::NodeUse;
+use tessera_core::model::Catalog;
+use tessera_core::placement::{Placement, Scored};
+use tessera_core::request::{GpuAsk, Request, RequestError};
+use tessera_core::{AllocId, Cluster, Ledger, NodeId, Policy};
+
+use crate::convert::{self, NodeFacts};
+
+/// One pod's hold on the cluster (bound, or reserved by a bind in flight).
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub pod: String,
+    pub node: String,
+    pub request: Request,
+    /// The decision, when the pod has GPUs.
+    pub allocation: Option<Allocation>,
+    /// The ledger entry; `None` when the hold could not be replayed (reported in `problems`).
+    pub id: Option<AllocId>,
+    /// The watch stream has shown the pod bound (false: reserved by our bind, in flight).
+    pub bound: bool,
+    /// The signed annotation value the binder writes (reservations only).
+    pub annotation: Option<String>,
+    /// What was wrong with the pod's objects when it was taken up (bad request, forged annotation).
+    pub problem: Option<String>,
+}
+
+/// A reservation the binder must now write and bind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation {
+    /// New (or an earlier bind that did not finish): write this annotation (if any), then bind.
+    Write { annotation: Option<String> },
+    /// The pod is already bound there: nothing to do.
+    AlreadyBound,
+}
+
+/// Why a bind cannot be reserved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    #[error("pod {pod}: {source}")]
+    Request { pod: String, source: RequestError },
+    #[error("pod {pod}: node {node} is not known to Tessera")]
+    UnknownNode { pod: String, node: String },
+    #[error("pod {pod} does not fit on node {node}: {reason}")]
+    DoesNotFit {
+        pod: String,
+        node: String,
+        reason: String,
+    },
+    #[error("pod {pod} is already placed on node {held}, not {node}")]
+    ElsewhereAlready {
+        pod: String,
+        node: String,
+        held: String,
+    },
+    #[error("pod {pod}: {problem}")]
+    Ledger { pod: String, problem: String },
+}
+
+/// The per-node verdict of a filter.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FilterOutcome {
+    /// Nodes that fit, in input order.
+    pub passed: Vec<String>,
+    /// Nodes rejected for want of free resources (preemption may help).
+    pub failed: BTreeMap<String, String>,
+    /// Nodes that can never take the pod as it is.
+    pub unresolvable: BTreeMap<String, String>,
+    /// Reason counts over the rejected nodes.
+    pub explanation: Explanation,
+}
+
+/// Whether preemption could make room on a node rejected for `reason`.
+pub fn resolvable(reason: &Reason) -> bool {
+    !matches!(
+        reason,
+        Reason::TooFewGpus { .. }
+            | Reason::ModelNotAllowed
+            | Reason::Unhealthy
+            | Reason::NoMigGpu { .. }
+            | Reason::MixedArchitecture
+            | Reason::Excluded { .. }
+    )
+}
+
+/// Nodes, pods and inventory, and the core state derived from them.
+pub struct Mirror {
+    key: Vec<u8>,
+    policy: Box<dyn Policy>,
+    base_catalog: Catalog,
+    kube_nodes: BTreeMap<String, KubeNode>,
+    inventory: BTreeMap<String, GpuNode>,
+    pods: HashMap<String, Pod>,
+    held: HashMap<String, Held>,
+    cluster: Cluster,
+    ledger: Ledger,
+    facts: Vec<NodeFacts>,
+    dirty: bool,
+    rng: SmallRng,
+    /// Cached evaluation of the last filtered pod (uid, ledger cursor, generation, score per node).
+    last_eval: Option<(String, u64, u64, Vec<Option<f64>>)>,
+    generation: u64,
+    /// Things wrong with nodes, inventory or replays at the last rebuild.
+    node_problems: Vec<String>,
+}
+
+impl Mirror {
+    /// An empty mirror deciding with `policy` and verifying annotations with `key`.
+    pub fn new(policy: Box<dyn Policy>, key: Vec<u8>) -> Mirror {
+        let cluster = Cluster::default();
+        let ledger = Ledger::new(&cluster);
+        Mirror {
+            key,
+            policy,
+            base_catalog: Catalog::default(),
+            kube_nodes: BTreeMap::new(),
+            inventory: BTreeMap::new(),
+            pods: HashMap::new(),
+            held: HashMap::new(),
+            cluster,
+            ledger,
+            facts: Vec::new(),
+            dirty: false,
+            rng: SmallRng::seed_from_u64(0x7e55e7a),
+            last_eval: None,
+            generation: 0,
+            node_problems: Vec::new(),
+        }
+    }
+
+    /// A mirror built from complete lists of objects (what a fresh process sees on start).
+    pub fn from_objects(
+        policy: Box<dyn Policy>,
+        key: Vec<u8>,
+        nodes: impl IntoIterator<Item = KubeNode>,
+        inventory: impl IntoIterator<Item = GpuNode>,
+        pods: impl IntoIterator<Item = Pod>,
+    ) -> Mirror {
+        let mut m = Mirror::new(policy, key);
+        m.replace_nodes(nodes);
+        m.replace_inventory(inventory);
+        m.replace_pods(pods);
+        m.refresh();
+        m
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    // ---- watch events ------------------------------------------------------------------
+
+    pub fn upsert_node(&mut self, node: KubeNode) {
+        if let Some(name) = node.metadata.name.clone() {
+            self.kube_nodes.insert(name, node);
+            self.dirty = true;
+        }
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        if self.kube_nodes.remove(name).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    pub fn replace_nodes(&mut self, nodes: impl IntoIterator<Item = KubeNode>) {
+        self.kube_nodes = nodes
+            .into_iter()
+            .filter_map(|n| n.metadata.name.clone().map(|k| (k, n)))
+            .collect();
+        self.dirty = true;
+    }
+
+    pub fn upsert_inventory(&mut self, gn: GpuNode) {
+        if let Some(name) = gn.metadata.name.clone() {
+            self.inventory.insert(name, gn);
+            self.dirty = true;
+        }
+    }
+
+    pub fn remove_inventory(&mut self, name: &str) {
+        if self.inventory.remove(name).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    pub fn replace_inventory(&mut self, items: impl IntoIterator<Item = GpuNode>) {
+        self.inventory = items
+            .into_iter()
+            .filter_map(|n| n.metadata.name.clone().map(|k| (k, n)))
+            .collect();
+        self.dirty = true;
+    }
+
+    /// A pod was added or changed.
+    pub fn upsert_pod(&mut self, pod: Pod) {
+        let uid = convert::pod_uid(&pod).to_string();
+        if uid.is_empty() {
+            return;
+        }
+        if convert::is_terminal(&pod) {
+            self.pods.remove(&uid);
+            self.release(&uid);
+            return;
+        }
+        let node = convert::pod_node(&pod).map(str::to_string);
+        self.pods.insert(uid.clone(), pod);
+        let Some(node) = node else { return };
+        match self.held.get_mut(&uid) {
+            Some(h) if h.node == node => h.bound = true,
+            Some(_) => {
+                // Bound somewhere other than we reserved: the API server wins.
+                self.release(&uid);
+                self.adopt(&uid);
+            }
+            None => self.adopt(&uid),
+        }
+    }
+
+    /// A pod was deleted.
+    pub fn remove_pod(&mut self, uid: &str) {
+        self.pods.remove(uid);
+        self.release(uid);
+    }
+
+    /// Replaces all pods (a relist): holds of pods that vanished are released,
+    /// reservations of binds in flight are kept.
+    pub fn replace_pods(&mut self, pods: impl IntoIterator<Item = Pod>) {
+        let fresh: HashMap<String, Pod> = pods
+            .into_iter()
+            .map(|p| (convert::pod_uid(&p).to_string(), p))
+            .filter(|(u, _)| !u.is_empty())
+            .collect();
+        let gone: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(u, h)| h.bound && !fresh.contains_key(*u))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for u in gone {
+            self.release(&u);
+        }
+        self.pods.clear();
+        let mut uids: Vec<String> = fresh.keys().cloned().collect();
+        uids.sort();
+        let mut fresh = fresh;
+        for u in uids {
+            if let Some(p) = fresh.remove(&u) {
+                self.upsert_pod(p);
+            }
+        }
+    }
+
+    /// Takes up a bound pod found in the API: its signed allocation, or CPU and memory only.
+    fn adopt(&mut self, uid: &str) {
+        let Some(pod) = self.pods.get(uid) else {
+            return;
+        };
+        let Some(node) = convert::pod_node(pod).map(str::to_string) else {
+            return;
+        };
+        let key = convert::pod_key(pod);
+        let mut problem = None;
+        let mut request = match convert::pod_request(pod, &self.base_catalog) {
+            Ok(r) => r,
+            Err(e) => {
+                problem = Some(format!("pod {key}: {e}"));
+                Request::default()
+            }
+        };
+        let allocation = match pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION))
+        {
+            Some(v) => match Allocation::decode_verified(v, &self.key, uid, &node) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    problem = Some(format!("pod {key}: {e}; its GPUs are not counted"));
+                    None
+                }
+            },
+            None => None,
+        };
+        if allocation.is_none() {
+            // Bound without our decision (another scheduler, or no GPUs): count host resources only.
+            request.gpu = GpuAsk::None;
+        }
+        self.held.insert(
+            uid.to_string(),
+            Held {
+                pod: key,
+                node,
+                request,
+                allocation,
+                id: None,
+                bound: true,
+                annotation: None,
+                problem,
+            },
+        );
+        if !self.dirty {
+            self.apply_held(uid);
+        }
+    }
+
+    fn apply_held(&mut self, uid: &str) {
+        let Some(h) = self.held.get(uid) else { return };
+        let Some(node) = self.cluster.node_id(&h.node) else {
+            self.node_problems.push(format!(
+                "pod {}: bound to node {} that Tessera does not know",
+                h.pod, h.node
+            ));
+            return;
+        };
+        let placement = match &h.allocation {
+            Some(a) => convert::placement_of(a, &self.cluster, node, &h.request),
+            None => Ok(Placement {
+                node,
+                cpu_milli: h.request.cpu_milli,
+                memory_mib: h.request.memory_mib,
+                ..Placement::default()
+            }),
+        };
+        let result = placement.map_err(|e| e.to_string()).and_then(|p| {
+            self.ledger
+                .apply(&self.cluster, &p)
+                .map_err(|e| e.to_string())
+        });
+        match result {
+            Ok(id) => {
+                if let Some(h) = self.held.get_mut(uid) {
+                    h.id = Some(id);
+                }
+            }
+            Err(e) => {
+                let pod = h.pod.clone();
+                self.node_problems.push(format!("pod {pod}: {e}"));
+            }
+        }
+    }
+
+    fn release(&mut self, uid: &str) {
+        if let Some(h) = self.held.remove(uid)
+            && let Some(id) = h.id
+            && !self.dirty
+        {
+            let _ = self.ledger.release(id);
+        }
+    }
+
+    /// Rebuilds the core cluster and ledger if nodes or inventory changed.
+    pub fn refresh(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        self.dirty = false;
+        self.generation += 1;
+        self.node_problems.clear();
+        let mut catalog = self.base_catalog.clone();
+        let mut nodes = Vec::with_capacity(self.kube_nodes.len());
+        let mut facts = Vec::with_capacity(self.kube_nodes.len());
+        for (name, kn) in &self.kube_nodes {
+            match convert::core_node(kn, self.inventory.get(name), &mut catalog) {
+                Ok(n) => {
+                    nodes.push(n);
+                    facts.push(convert::node_facts(kn));
+                }
+                Err(e) => self.node_problems.push(e.to_string()),
+            }
+        }
+        self.cluster = match Cluster::new(catalog, nodes) {
+            Ok(c) => c,
+            Err(e) => {
+                self.node_problems.push(e.to_string());
+                Cluster::default()
+            }
+        };
+        self.facts = facts;
+        self.ledger = Ledger::new(&self.cluster);
+        let mut uids: Vec<String> = self.held.keys().cloned().collect();
+        // Replay in a fixed order so equal inputs give equal ledgers.
+        uids.sort_by(|a, b| self.held[a].pod.cmp(&self.held[b].pod).then(a.cmp(b)));
+        for u in uids {
+            if let Some(h) = self.held.get_mut(&u) {
+                h.id = None;
+            }
+            self.apply_held(&u);
+        }
+    }
+
+    // ---- reads ---------------------------------------------------------------------------
+
+    pub fn cluster(&mut self) -> &Cluster {
+        self.refresh();
+        &self.cluster
+    }
+
+    pub fn ledger(&mut self) -> &Ledger {
+        self.refresh();
+        &self.ledger
+    }
+
+    /// Per-node use, by node name (the comparable form of a ledger).
+    pub fn usage(&mut self) -> BTreeMap<String, NodeUse> {
+        self.refresh();
+        self.cluster
+            .nodes()
+            .iter()
+            .zip(self.ledger.nodes())
+            .map(|(n, u)| {
+                let mut u = u.clone();
+                // Class counts are kept in arrival order; sort them so equal holdings compare equal.
+                u.classes.sort_unstable();
+                (n.name.clone(), u)
+            })
+            .collect()
+    }
+
+    pub fn pod(&self, uid: &str) -> Option<&Pod> {
+        self.pods.get(uid)
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values()
+    }
+
+    pub fn held(&self, uid: &str) -> Option<&Held> {
+        self.held.get(uid)
+    }
+
+    pub fn holds(&self) -> impl Iterator<Item = (&String, &Held)> {
+        self.held.iter()
+    }
+
+    pub fn facts(&mut self, id: NodeId) -> &NodeFacts {
+        self.refresh();
+        &self.facts[id.0 as usize]
+    }
+
+    /// Everything wrong with the mirrored objects: nodes and inventory, replays, pods.
+    pub fn problems(&self) -> Vec<String> {
+        let mut v = self.node_problems.clone();
+        let mut pods: Vec<&String> = self
+            .held
+            .values()
+            .filter_map(|h| h.problem.as_ref())
+            .collect();
+        pods.sort();
+        v.extend(pods.into_iter().cloned());
+        v
+    }
+
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    // ---- decisions -------------------------------------------------------------------------
+
+    fn score_node(&mut self, id: NodeId, req: &Request) -> Result<Scored, Reason> {
+        let view = NodeView {
+            node: self.cluster.node(id),
+            used: self.ledger.node(id),
+            catalog: &self.cluster.catalog,
+        };
+        let fit = fit::check(view, req)?;
+        self.policy
+            .score(view, req, &fit, &mut self.rng)
+            .ok_or_else(|| Reason::PolicyDeclined {
+                policy: self.policy.name().to_string(),
+            })
+    }
+
+    /// The extender's filter: which of `names` can take the pod.
+    pub fn filter(&mut self, pod: &Pod, names: &[String]) -> Result<FilterOutcome, RequestError> {
+        self.refresh();
+        let mut out = FilterOutcome {
+            explanation: Explanation::new(names.len()),
+            ..FilterOutcome::default()
+        };
+        let req = convert::pod_request(pod, &self.cluster.catalog)?;
+        if req.gpu == GpuAsk::None {
+            // No GPUs: kube-scheduler's own plugins judge CPU and memory.
+            out.passed = names.to_vec();
+            out.explanation.fit = names.len();
+            return Ok(out);
+        }
+        let mut scores = vec![None; self.cluster.len()];
+        for name in names {
+            let verdict = match self.cluster.node_id(name) {
+                None => Err(Reason::Excluded {
+                    why: "no GPU inventory (GpuNode) known for the node".into(),
+                }),
+                Some(id) => self.score_node(id, &req).map(|s| {
+                    scores[id.0 as usize] = Some(s.score);
+                }),
+            };
+            match verdict {
+                Ok(()) => {
+                    out.passed.push(name.clone());
+                    out.explanation.fit += 1;
+                }
+                Err(r) => {
+                    let msg = r.to_string();
+                    if resolvable(&r) {
+                        out.failed.insert(name.clone(), msg);
+                    } else {
+                        out.unresolvable.insert(name.clone(), msg);
+                    }
+                    out.explanation.add(r);
+                }
+            }
+        }
+        self.last_eval = Some((
+            convert::pod_uid(pod).to_string(),
+            self.ledger.change_cursor(),
+            self.generation,
+            scores,
+        ));
+        Ok(out)
+    }
+
+    /// The extender's prioritize: scores 0..=10 for the nodes of `names` that fit,
+    /// the best node 10, the worst that fits 0 (linear in the policy's score).
+    pub fn prioritize(
+        &mut self,
+        pod: &Pod,
+        names: &[String],
+    ) -> Result<Vec<(String, i64)>, RequestError> {
+        self.refresh();
+        let req = convert::pod_request(pod, &self.cluster.catalog)?;
+        if req.gpu == GpuAsk::None {
+            return Ok(names.iter().map(|n| (n.clone(), 0)).collect());
+        }
+        let uid = convert::pod_uid(pod);
+        let cached = match &self.last_eval {
+            Some((u, cursor, generation, scores))
+                if u == uid
+                    && *cursor == self.ledger.change_cursor()
+                    && *generation == self.generation =>
+            {
+                Some(scores.clone())
+            }
+            _ => None,
+        };
+        let mut raw: Vec<(String, f64)> = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(id) = self.cluster.node_id(name) else {
+                continue;
+            };
+            let s = match &cached {
+                Some(scores) => scores[id.0 as usize],
+                None => self.score_node(id, &req).ok().map(|s| s.score),
+            };
+            if let Some(s) = s {
+                raw.push((name.clone(), s));
+            }
+        }
+        let (lo, hi) = raw
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), (_, s)| {
+                (lo.min(*s), hi.max(*s))
+            });
+        Ok(raw
+            .into_iter()
+            .map(|(n, s)| {
+                let score = if hi > lo {
+                    ((s - lo) / (hi - lo) * 10.0).round() as i64
+                } else {
+                    10
+                };
+                (n, score)
+            })
+            .collect())
+    }
+
+    /// Decides the pod's GPUs on `node` and reserves them (the binder then writes and binds).
+    pub fn reserve(&mut self, pod: &Pod, node: &str) -> Result<Reservation, ReserveError> {
+        self.refresh();
+        let uid = convert::pod_uid(pod).to_string();
+        let key = convert::pod_key(pod);
+        if let Some(h) = self.held.get(&uid) {
+            if h.node != node {
+                return Err(ReserveError::ElsewhereAlready {
+                    pod: key,
+                    node: node.to_string(),
+                    held: h.node.clone(),
+                });
+            }
+            return Ok(if h.bound {
+                Reservation::AlreadyBound
+            } else {
+                Reservation::Write {
+                    annotation: h.annotation.clone(),
+                }
+            });
+        }
+        let req = convert::pod_request(pod, &self.cluster.catalog).map_err(|source| {
+            ReserveError::Request {
+                pod: key.clone(),
+                source,
+            }
+        })?;
+        let Some(id) = self.cluster.node_id(node) else {
+            if req.gpu == GpuAsk::None {
+                return Ok(Reservation::Write { annotation: None });
+            }
+            return Err(ReserveError::UnknownNode {
+                pod: key,
+                node: node.to_string(),
+            });
+        };
+        let placement = if req.gpu == GpuAsk::None {
+            Placement {
+                node: id,
+                cpu_milli: req.cpu_milli,
+                memory_mib: req.memory_mib,
+                ..Placement::default()
+            }
+        } else {
+            let scored = self
+                .score_node(id, &req)
+                .map_err(|r| ReserveError::DoesNotFit {
+                    pod: key.clone(),
+                    node: node.to_string(),
+                    reason: r.to_string(),
+                })?;
+            let view = NodeView {
+                node: self.cluster.node(id),
+                used: self.ledger.node(id),
+                catalog: &self.cluster.catalog,
+            };
+            Placement {
+                node: id,
+                grants: fit::grants(view, &req, &scored.gpus),
+                cpu_milli: req.cpu_milli,
+                memory_mib: req.memory_mib,
+                class: tessera_core::placement::request_class(&req),
+                score: scored.score,
+                terms: scored.terms.to_vec(),
+            }
+        };
+        self.hold(pod, placement, req)
+    }
+
+    /// Records a decided placement as a reservation and returns what to write.
+    pub fn hold(
+        &mut self,
+        pod: &Pod,
+        placement: Placement,
+        req: Request,
+    ) -> Result<Reservation, ReserveError> {
+        let uid = convert::pod_uid(pod).to_string();
+        let key = convert::pod_key(pod);
+        let alloc_id =
+            self.ledger
+                .apply(&self.cluster, &placement)
+                .map_err(|e| ReserveError::Ledger {
+                    pod: key.clone(),
+                    problem: e.to_string(),
+                })?;
+        let allocation = (!placement.grants.is_empty()).then(|| {
+            convert::allocation_of(&placement, &self.cluster, pod, &req, self.policy.name())
+        });
+        let annotation = allocation.as_ref().map(|a| a.encode_signed(&self.key));
+        self.held.insert(
+            uid,
+            Held {
+                pod: key,
+                node: self.cluster.node(placement.node).name.clone(),
+                request: req,
+                allocation,
+                id: Some(alloc_id),
+                bound: false,
+                annotation: annotation.clone(),
+                problem: None,
+            },
+        );
+        Ok(Reservation::Write { annotation })
+    }
+
+    /// Drops a reservation whose bind failed.
+    pub fn unreserve(&mut self, uid: &str) {
+        if self.held.get(uid).is_some_and(|h| !h.bound) {
+            self.release(uid);
+        }
+    }
+
+    /// Marks a reservation bound (the API accepted the binding).
+    pub fn mark_bound(&mut self, uid: &str) {
+        if let Some(h) = self.held.get_mut(uid) {
+            h.bound = true;
+        }
+    }
+
+    /// Places a pod on the best node among those `eligible` allows (standalone
+    /// mode): the placement, or why nothing fits (with `eligible`'s reasons counted).
+    pub fn decide(
+        &mut self,
+        req: &Request,
+        eligible: impl Fn(&NodeFacts) -> Result<(), String>,
+    ) -> Result<Placement, Explanation> {
+        self.refresh();
+        let mut e = Explanation::new(self.cluster.len());
+        let mut best: Option<(NodeId, Scored)> = None;
+        for i in 0..self.cluster.len() {
+            let id = NodeId(i as u32);
+            if let Err(why) = eligible(&self.facts[i]) {
+                e.add(Reason::Excluded { why });
+                continue;
+            }
+            match self.score_node(id, req) {
+                Ok(s) => {
+                    e.fit += 1;
+                    if best.as_ref().is_none_or(|(_, b)| s.score > b.score) {
+                        best = Some((id, s));
+                    }
+                }
+                Err(r) => e.add(r),
+            }
+        }
+        let Some((id, scored)) = best else {
+            return Err(e);
+        };
+        let view = NodeView {
+            node: self.cluster.node(id),
+            used: self.ledger.node(id),
+            catalog: &self.cluster.catalog,
+        };
+        Ok(Placement {
+            node: id,
+            grants: fit::grants(view, req, &scored.gpus),
+            cpu_milli: req.cpu_milli,
+            memory_mib: req.memory_mib,
+            class: tessera_core::placement::request_class(req),
+            score: scored.score,
+            terms: scored.terms.to_vec(),
+        })
+    }
+
+    /// Whether a Kubernetes node of this name is mirrored.
+    pub fn knows_node(&self, name: &str) -> bool {
+        self.kube_nodes.contains_key(name)
+    }
+
+    /// Preemption check: the candidate nodes on which the pod would fit once the
+    /// named victims (by UID) are gone. Victims we do not hold free nothing.
+    pub fn preempt<'a>(
+        &mut self,
+        pod: &Pod,
+        candidates: impl IntoIterator<Item = (&'a String, &'a crate::extender::wire::MetaVictims)>,
+    ) -> Result<Vec<String>, RequestError> {
+        self.refresh();
+        let req = convert::pod_request(pod, &self.cluster.catalog)?;
+        let mut kept = Vec::new();
+        for (node, victims) in candidates {
+            let Some(id) = self.cluster.node_id(node) else {
+                continue;
+            };
+            if req.gpu == GpuAsk::None {
+                kept.push(node.clone());
+                continue;
+            }
+            let cp = self.ledger.checkpoint();
+            for v in &victims.pods {
+                if let Some(aid) = self
+                    .held
+                    .get(&v.uid)
+                    .filter(|h| h.node == *node)
+                    .and_then(|h| h.id)
+                {
+                    let _ = self.ledger.release(aid);
+                }
+            }
+            let fits = self.score_node(id, &req).is_ok();
+            if let Err(e) = self.ledger.rollback(&self.cluster, cp) {
+                // Cannot happen with a balanced checkpoint; rebuild from the API objects to be safe.
+                self.node_problems
+                    .push(format!("preemption check on {node}: {e}"));
+                self.dirty = true;
+                self.refresh();
+            }
+            if fits {
+                kept.push(node.clone());
+            }
+        }
+        Ok(kept)
+    }
+}

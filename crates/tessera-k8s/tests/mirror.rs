@@ -1,0 +1,171 @@
+//! The mirror: restart recovery from pod annotations, and fractional packing.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use tessera_core::allocation::{ANNOTATION, Allocation};
+use tessera_k8s::mirror::Reservation;
+
+/// What the API server holds after a successful bind: the annotation and `spec.nodeName`.
+fn as_bound(mut p: Pod, node: &str, annotation: Option<String>) -> Pod {
+    if let Some(a) = annotation {
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(ANNOTATION.to_string(), a);
+    }
+    p.spec.as_mut().unwrap().node_name = Some(node.to_string());
+    p
+}
+
+fn cluster() -> (
+    Vec<k8s_openapi::api::core::v1::Node>,
+    Vec<tessera_api::GpuNode>,
+) {
+    let nodes = vec![
+        kube_node("a100-1", "64", "512Gi"),
+        kube_node("a100-2", "64", "512Gi"),
+        kube_node("cpu-1", "16", "64Gi"),
+    ];
+    let mut mig = gpu_node("a100-2", "A100-80GB", 81_920, 2);
+    mig.spec.gpus[1].mig.enabled = true;
+    (nodes, vec![gpu_node("a100-1", "A100-80GB", 81_920, 4), mig])
+}
+
+#[test]
+fn a_new_mirror_rebuilds_the_same_ledger_from_pod_annotations() {
+    let (nodes, inv) = cluster();
+    let first = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
+    type Ask<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>);
+    let asks: Vec<Ask<'_>> = vec![
+        (
+            "whole",
+            "a100-1",
+            vec![("cpu", "4"), ("memory", "16Gi"), ("tessera.io/gpu", "2")],
+        ),
+        (
+            "share-1",
+            "a100-1",
+            vec![
+                ("cpu", "1"),
+                ("tessera.io/gpu", "1"),
+                ("tessera.io/gpu-memory", "20Gi"),
+                ("tessera.io/gpu-cores", "25"),
+            ],
+        ),
+        ("share-2", "a100-2", vec![("tessera.io/gpu-milli", "300")]),
+        ("mig", "a100-2", vec![("tessera.io/mig-3g.40gb", "1")]),
+        ("cpu-only", "cpu-1", vec![("cpu", "2"), ("memory", "4Gi")]),
+    ];
+    let mut api_pods = Vec::new();
+    for (name, node, res) in &asks {
+        let p = pod("ml", name, &format!("uid-{name}"), res);
+        let r = tessera_k8s::binder::lock(&first)
+            .reserve(&p, node)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let Reservation::Write { annotation } = r else {
+            panic!("{name}: fresh pod")
+        };
+        assert_eq!(annotation.is_some(), *name != "cpu-only", "{name}");
+        api_pods.push(as_bound(p, node, annotation));
+    }
+    // A pod that wrote the annotation itself (no valid signature) holds no GPU.
+    let mut forged = pod("ml", "forged", "uid-forged", &[("tessera.io/gpu", "1")]);
+    let fake = Allocation::decode_unverified(
+        api_pods[0].metadata.annotations.as_ref().unwrap()[ANNOTATION].as_str(),
+    )
+    .unwrap();
+    let mut fake = fake;
+    fake.pod_uid = "uid-forged".into();
+    fake.signature.clear();
+    forged = as_bound(
+        forged,
+        "a100-1",
+        Some(serde_json::to_string(&fake).unwrap()),
+    );
+    api_pods.push(forged);
+    // Its cpu/memory count in both: the first mirror learns it from the watch stream.
+    tessera_k8s::binder::lock(&first).upsert_pod(api_pods.last().unwrap().clone());
+    // The watch stream now shows the bound pods; nothing changes.
+    for p in &api_pods {
+        tessera_k8s::binder::lock(&first).upsert_pod(p.clone());
+    }
+    let before = tessera_k8s::binder::lock(&first).usage();
+
+    // A new process lists the same objects (in another order).
+    api_pods.reverse();
+    let second = mirror("tessera", nodes, inv, api_pods.clone());
+    let mut m2 = tessera_k8s::binder::lock(&second);
+    assert_eq!(m2.usage(), before);
+    assert_eq!(m2.ledger().allocation_count(), asks.len() + 1);
+    assert!(
+        m2.problems()
+            .iter()
+            .any(|p| p.contains("ml/forged") && p.contains("not signed")),
+        "{:?}",
+        m2.problems()
+    );
+    // The rebuilt ledger is not empty: the whole-GPU pod holds two GPUs of a100-1.
+    let a1 = &before["a100-1"];
+    assert_eq!(a1.gpus.iter().filter(|g| g.exclusive).count(), 2);
+    // Deleting a pod frees its GPUs.
+    let uid = "uid-whole";
+    m2.remove_pod(uid);
+    assert_eq!(
+        m2.usage()["a100-1"]
+            .gpus
+            .iter()
+            .filter(|g| g.exclusive)
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn fractional_pods_pack_onto_one_gpu_until_it_is_full() {
+    let nodes = vec![
+        kube_node("n1", "32", "128Gi"),
+        kube_node("n2", "32", "128Gi"),
+    ];
+    let inv = vec![
+        gpu_node("n1", "A100-80GB", 81_920, 2),
+        gpu_node("n2", "A100-80GB", 81_920, 2),
+    ];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let names = vec!["n1".to_string(), "n2".to_string()];
+    let ask = [
+        ("tessera.io/gpu", "1"),
+        ("tessera.io/gpu-memory-percent", "40"),
+        ("tessera.io/gpu-cores", "40"),
+    ];
+    let mut placed = Vec::new();
+    for i in 0..3 {
+        let p = pod("ml", &format!("frac-{i}"), &format!("uid-{i}"), &ask);
+        let mut mm = tessera_k8s::binder::lock(&m);
+        // What kube-scheduler does: filter, prioritize, pick the highest score, bind.
+        let passed = mm.filter(&p, &names).unwrap().passed;
+        assert_eq!(passed.len(), 2, "pod {i}: both nodes can take 40 %");
+        let scores = mm.prioritize(&p, &passed).unwrap();
+        let best = scores.iter().max_by_key(|(_, s)| *s).unwrap().0.clone();
+        let Reservation::Write {
+            annotation: Some(a),
+        } = mm.reserve(&p, &best).unwrap()
+        else {
+            panic!("pod {i}: expected an annotation")
+        };
+        let alloc = Allocation::decode_verified(&a, KEY, &format!("uid-{i}"), &best).unwrap();
+        assert_eq!(alloc.gpus.len(), 1);
+        // 40 % of 81920 MiB = 32768 MiB.
+        assert_eq!(alloc.gpus[0].memory_mib, 32_768);
+        placed.push((best, alloc.gpus[0].index));
+    }
+    assert_eq!(
+        placed[0], placed[1],
+        "the first two share one GPU of one node"
+    );
+    assert_ne!(
+        placed[2], placed[0],
+        "a third 40 % would make 120 %: it goes elsewhere"
+    );
+}
