@@ -165,6 +165,7 @@ pub fn wants_gpu(pod: &Pod) -> bool {
 /// Scheduling facts about a node that the core does not model.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct NodeFacts {
+    pub name: String,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
     pub unschedulable: bool,
@@ -181,6 +182,7 @@ pub fn node_facts(node: &KubeNode) -> NodeFacts {
         // A node without conditions (e.g. registered by hand) is taken as ready.
         .unwrap_or(true);
     NodeFacts {
+        name: node.metadata.name.clone().unwrap_or_default(),
         labels: node.metadata.labels.clone().unwrap_or_default(),
         taints: node
             .spec

@@ -14,4 +14,6 @@ pub mod extender;
 pub mod leader;
 pub mod metrics;
 pub mod mirror;
+pub mod run;
+pub mod standalone;
 pub mod webhook;

@@ -1,0 +1,482 @@
+//! Wiring: configuration (raw → validated), the watchers that feed the mirror,
+//! and the servers and loops of one scheduler process. [`run`] stops when its
+//! shutdown future resolves; the binary owns signals, logging and exit codes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use tessera_api::GpuNode;
+use tessera_core::policy::{self, PolicyArgs};
+use tokio::sync::{Notify, watch};
+
+use crate::binder::{Binder, lock};
+use crate::extender::{ExtenderState, router};
+use crate::leader::{self, Leadership, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+use crate::standalone::Standalone;
+use crate::webhook::{self, WebhookConfig};
+
+/// Extender (behind kube-scheduler) or standalone (our own `schedulerName`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Extender,
+    Standalone,
+}
+
+/// Configuration as given (flags or file): every field optional.
+#[derive(Debug, Clone, Default)]
+pub struct RawConfig {
+    pub mode: Option<String>,
+    pub listen: Option<String>,
+    pub policy: Option<String>,
+    pub signing_key_file: Option<PathBuf>,
+    pub scheduler_name: Option<String>,
+    pub leader_elect: Option<bool>,
+    pub lease_namespace: Option<String>,
+    pub lease_name: Option<String>,
+    pub identity: Option<String>,
+    pub webhook_listen: Option<String>,
+    pub webhook_cert: Option<PathBuf>,
+    pub webhook_key: Option<PathBuf>,
+    pub webhook_set_scheduler_name: Option<bool>,
+    pub allocation_writers: Vec<String>,
+}
+
+/// A configuration field that is wrong, by name.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{field}: {problem}")]
+    Invalid {
+        field: &'static str,
+        problem: String,
+    },
+    #[error("webhook: {0}")]
+    Tls(#[from] webhook::TlsError),
+}
+
+fn invalid(field: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        problem: problem.into(),
+    }
+}
+
+/// The webhook's resolved settings.
+#[derive(Clone)]
+pub struct WebhookServe {
+    pub addr: SocketAddr,
+    pub tls: Arc<rustls::ServerConfig>,
+    pub config: Arc<WebhookConfig>,
+}
+
+/// Validated, immutable configuration.
+#[derive(Clone)]
+pub struct Config {
+    pub mode: Mode,
+    pub listen: SocketAddr,
+    pub policy: String,
+    pub signing_key: Vec<u8>,
+    pub scheduler_name: String,
+    /// `None`: no election, this replica always leads.
+    pub lease: Option<LeaseConfig>,
+    pub webhook: Option<WebhookServe>,
+}
+
+impl RawConfig {
+    /// Checks every field; reads the signing key and the TLS files. Binds nothing.
+    pub fn resolve(self) -> Result<Config, ConfigError> {
+        let mode = match self.mode.as_deref().unwrap_or("extender") {
+            "extender" => Mode::Extender,
+            "standalone" => Mode::Standalone,
+            other => {
+                return Err(invalid(
+                    "mode",
+                    format!("{other:?} is not extender or standalone"),
+                ));
+            }
+        };
+        let listen_s = self.listen.unwrap_or_else(|| "0.0.0.0:8888".into());
+        let listen: SocketAddr = listen_s
+            .parse()
+            .map_err(|e| invalid("listen", format!("{listen_s:?}: {e}")))?;
+        let policy = self.policy.unwrap_or_else(|| "tessera".into());
+        policy::by_name(&policy, &PolicyArgs::default())
+            .map_err(|e| invalid("policy", e.to_string()))?;
+        let key_path = self.signing_key_file.ok_or_else(|| {
+            invalid(
+                "signing-key-file",
+                "is required (the Secret shared with the node agents)",
+            )
+        })?;
+        let signing_key = std::fs::read(&key_path)
+            .map_err(|e| invalid("signing-key-file", format!("{}: {e}", key_path.display())))?;
+        let signing_key = trim_ascii(&signing_key).to_vec();
+        if signing_key.len() < 16 {
+            return Err(invalid(
+                "signing-key-file",
+                format!(
+                    "{}: key has {} bytes, at least 16 are needed",
+                    key_path.display(),
+                    signing_key.len()
+                ),
+            ));
+        }
+        let scheduler_name = self.scheduler_name.unwrap_or_else(|| "tessera".into());
+        if scheduler_name.is_empty() {
+            return Err(invalid("scheduler-name", "must not be empty"));
+        }
+        let lease = if self.leader_elect.unwrap_or(true) {
+            let identity = self.identity.filter(|s| !s.is_empty()).ok_or_else(|| {
+                invalid(
+                    "identity",
+                    "is required with leader election (use the pod name)",
+                )
+            })?;
+            Some(LeaseConfig {
+                namespace: self
+                    .lease_namespace
+                    .unwrap_or_else(|| "tessera-system".into()),
+                name: self
+                    .lease_name
+                    .unwrap_or_else(|| "tessera-scheduler".into()),
+                identity,
+                duration: Duration::from_secs(15),
+                grace: Duration::from_secs(5),
+            })
+        } else {
+            None
+        };
+        let webhook = match (self.webhook_listen, self.webhook_cert, self.webhook_key) {
+            (None, None, None) => None,
+            (listen, Some(cert), Some(key)) => {
+                let l = listen.unwrap_or_else(|| "0.0.0.0:8443".into());
+                let addr: SocketAddr = l
+                    .parse()
+                    .map_err(|e| invalid("webhook-listen", format!("{l:?}: {e}")))?;
+                Some(WebhookServe {
+                    addr,
+                    tls: webhook::tls_config(&cert, &key)?,
+                    config: Arc::new(WebhookConfig {
+                        scheduler_name: self
+                            .webhook_set_scheduler_name
+                            .unwrap_or(false)
+                            .then(|| scheduler_name.clone()),
+                        allocation_writers: self.allocation_writers,
+                        catalog: Default::default(),
+                    }),
+                })
+            }
+            _ => {
+                return Err(invalid(
+                    "webhook-cert",
+                    "the webhook needs both --webhook-cert and --webhook-key",
+                ));
+            }
+        };
+        Ok(Config {
+            mode,
+            listen,
+            policy,
+            signing_key,
+            scheduler_name,
+            lease,
+            webhook,
+        })
+    }
+}
+
+fn trim_ascii(b: &[u8]) -> &[u8] {
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &b[start..end]
+}
+
+/// Why the scheduler stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+    #[error(transparent)]
+    Webhook(#[from] webhook::TlsError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+}
+
+/// Feeds one kind of object into the mirror until the stream ends (it does not: the watcher retries).
+async fn feed<K, F>(api: Api<K>, mirror: Arc<Mutex<Mirror>>, wake: Arc<Notify>, apply: F)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: Fn(&mut Mirror, Change<K>),
+{
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream.into_stream());
+    let mut buffer: Vec<K> = Vec::new();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Init) => buffer.clear(),
+            Ok(Event::InitApply(o)) => buffer.push(o),
+            Ok(Event::InitDone) => {
+                let all = std::mem::take(&mut buffer);
+                apply(&mut lock(&mirror), Change::Replace(all));
+                wake.notify_one();
+            }
+            Ok(Event::Apply(o)) => {
+                apply(&mut lock(&mirror), Change::Upsert(o));
+                wake.notify_one();
+            }
+            Ok(Event::Delete(o)) => {
+                apply(&mut lock(&mirror), Change::Delete(o));
+                wake.notify_one();
+            }
+            Err(e) => tracing::warn!(error = %e, "watch failed; retrying"),
+        }
+    }
+}
+
+/// One change from a watch stream.
+pub enum Change<K> {
+    Replace(Vec<K>),
+    Upsert(K),
+    Delete(K),
+}
+
+fn slim(mut p: Pod) -> Pod {
+    // Managed fields are large and never read.
+    p.metadata.managed_fields = None;
+    p
+}
+
+/// Runs the scheduler until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    client: kube::Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let policy = policy::by_name(&config.policy, &PolicyArgs::default())
+        .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
+    let mirror = Arc::new(Mutex::new(Mirror::new(policy, config.signing_key.clone())));
+    let metrics = Arc::new(Metrics::new());
+    let wake = Arc::new(Notify::new());
+    let leader = match &config.lease {
+        None => Leadership::always(),
+        Some(_) => Leadership::default(),
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(feed(
+        Api::<Node>::all(client.clone()),
+        mirror.clone(),
+        wake.clone(),
+        |m, c| match c {
+            Change::Replace(v) => m.replace_nodes(v),
+            Change::Upsert(n) => m.upsert_node(n),
+            Change::Delete(n) => m.remove_node(n.metadata.name.as_deref().unwrap_or("")),
+        },
+    ));
+    tasks.spawn(feed(
+        Api::<GpuNode>::all(client.clone()),
+        mirror.clone(),
+        wake.clone(),
+        |m, c| match c {
+            Change::Replace(v) => m.replace_inventory(v),
+            Change::Upsert(n) => m.upsert_inventory(n),
+            Change::Delete(n) => m.remove_inventory(n.metadata.name.as_deref().unwrap_or("")),
+        },
+    ));
+    tasks.spawn(feed(
+        Api::<Pod>::all(client.clone()),
+        mirror.clone(),
+        wake.clone(),
+        |m, c| match c {
+            Change::Replace(v) => m.replace_pods(v.into_iter().map(slim)),
+            Change::Upsert(p) => m.upsert_pod(slim(p)),
+            Change::Delete(p) => m.remove_pod(p.metadata.uid.as_deref().unwrap_or("")),
+        },
+    ));
+
+    let binder = Binder::new(client.clone(), mirror.clone(), leader.clone());
+    let state = ExtenderState {
+        mirror: mirror.clone(),
+        binder: Some(binder.clone()),
+        metrics: metrics.clone(),
+        leader: leader.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| RunError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    tracing::info!(addr = %config.listen, mode = ?config.mode, policy = %config.policy, "serving");
+    let http = tokio::spawn(
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(stopped())
+            .into_future(),
+    );
+
+    let hook = config.webhook.clone().map(|w| {
+        tracing::info!(addr = %w.addr, "serving the admission webhook");
+        tokio::spawn(webhook::serve(w.addr, w.tls, w.config, stopped()))
+    });
+
+    let election = config.lease.clone().map(|lease| {
+        let (client, flag, stop) = (client.clone(), leader.clone(), stopped());
+        tokio::spawn(async move { leader::run(client, lease, flag, stop).await })
+    });
+
+    let standalone = (config.mode == Mode::Standalone).then(|| {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: config.scheduler_name.clone(),
+                instance: config.lease.as_ref().map(|l| l.identity.clone()),
+            },
+        );
+        let s = Standalone::new(
+            config.scheduler_name.clone(),
+            mirror.clone(),
+            binder,
+            leader.clone(),
+            metrics.clone(),
+            Some(recorder),
+            wake.clone(),
+        );
+        tokio::spawn(s.run(stopped()))
+    });
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    tasks.abort_all();
+    if let Some(s) = standalone {
+        let _ = s.await;
+    }
+    if let Some(e) = election {
+        match e.await {
+            Ok(r) => r?,
+            Err(e) => tracing::warn!(error = %e, "leader election task failed"),
+        }
+    }
+    if let Some(h) = hook
+        && let Ok(r) = h.await
+    {
+        r?;
+    }
+    match http.await {
+        Ok(r) => r.map_err(RunError::Serve),
+        Err(e) => Err(RunError::Serve(std::io::Error::other(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_file(content: &[u8]) -> (tempdir::Dir, PathBuf) {
+        let dir = tempdir::Dir::new();
+        let p = dir.path.join("key");
+        std::fs::write(&p, content).unwrap();
+        (dir, p)
+    }
+
+    mod tempdir {
+        pub struct Dir {
+            pub path: std::path::PathBuf,
+        }
+        impl Dir {
+            pub fn new() -> Dir {
+                use std::sync::atomic::{AtomicU32, Ordering};
+                static N: AtomicU32 = AtomicU32::new(0);
+                let path = std::env::temp_dir().join(format!(
+                    "tessera-k8s-test-{}-{}",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::create_dir_all(&path).unwrap();
+                Dir { path }
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.path);
+            }
+        }
+    }
+
+    fn raw(key: PathBuf) -> RawConfig {
+        RawConfig {
+            signing_key_file: Some(key),
+            identity: Some("pod-0".into()),
+            ..RawConfig::default()
+        }
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let (_d, key) = key_file(b"0123456789abcdef0123\n");
+        let c = raw(key).resolve().unwrap();
+        assert_eq!(c.mode, Mode::Extender);
+        assert_eq!(c.signing_key, b"0123456789abcdef0123");
+        assert_eq!(c.lease.unwrap().name, "tessera-scheduler");
+        assert!(c.webhook.is_none());
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let (_d, key) = key_file(b"0123456789abcdef0123");
+        let err = |r: RawConfig| match r.resolve() {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("expected an error"),
+        };
+        let mut r = raw(key.clone());
+        r.mode = Some("sideways".into());
+        assert!(err(r).starts_with("mode: \"sideways\""));
+        let mut r = raw(key.clone());
+        r.policy = Some("best".into());
+        assert!(err(r).starts_with("policy: unknown policy"));
+        let mut r = raw(key.clone());
+        r.listen = Some("nowhere".into());
+        assert!(err(r).starts_with("listen:"));
+        let mut r = raw(key.clone());
+        r.identity = None;
+        assert!(err(r).starts_with("identity:"));
+        let mut r = raw(key.clone());
+        r.webhook_cert = Some("/nonexistent/cert.pem".into());
+        assert!(err(r).contains("both --webhook-cert and --webhook-key"));
+        let mut r = raw(key);
+        r.webhook_cert = Some("/nonexistent/cert.pem".into());
+        r.webhook_key = Some("/nonexistent/key.pem".into());
+        assert!(err(r).contains("/nonexistent/cert.pem"));
+        let (_d2, short) = key_file(b"short");
+        assert!(err(raw(short)).contains("at least 16"));
+        assert!(err(RawConfig::default()).starts_with("signing-key-file: is required"));
+    }
+}

@@ -1,0 +1,420 @@
+//! Standalone mode: Tessera places and binds pods whose `schedulerName` is ours,
+//! with no kube-scheduler in front.
+//!
+//! Besides the core's GPU, CPU and memory fit, it honours what kube-scheduler
+//! would check for such pods: `nodeSelector`, required node affinity, taints
+//! and tolerations, cordoned and not-ready nodes. A pod that fits nowhere gets a
+//! `FailedScheduling` event with the aggregated reason sentence and is retried
+//! with exponential backoff (1 s doubling to 60 s); a malformed request gets the
+//! parser's message. Only the leader places pods.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod};
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder};
+use tokio::sync::Notify;
+
+use crate::binder::{Binder, lock};
+use crate::convert::{self, NodeFacts};
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+
+/// First retry delay after a failed attempt.
+pub const BACKOFF_START: Duration = Duration::from_secs(1);
+/// Longest retry delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// The delay before attempt `failures + 1`: 1 s, 2 s, 4 s … capped at 60 s.
+pub fn backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    (BACKOFF_START * 2u32.pow(exp)).min(BACKOFF_MAX)
+}
+
+fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = req.values.as_deref().unwrap_or(&[]);
+    match req.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => !value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(v), Some(x)) = (
+                value.and_then(|v| v.parse::<i64>().ok()),
+                values.first().and_then(|x| x.parse::<i64>().ok()),
+            ) else {
+                return false;
+            };
+            if req.operator == "Gt" { v > x } else { v < x }
+        }
+        _ => false,
+    }
+}
+
+fn term_matches(term: &NodeSelectorTerm, node: &NodeFacts) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
+    let fields = term.match_fields.as_deref().unwrap_or(&[]);
+    if exprs.is_empty() && fields.is_empty() {
+        // An empty term matches nothing (Kubernetes semantics).
+        return false;
+    }
+    exprs
+        .iter()
+        .all(|r| requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
+        && fields.iter().all(|r| {
+            let value = (r.key == "metadata.name").then_some(node.name.as_str());
+            requirement_matches(r, value)
+        })
+}
+
+/// Whether a pod may go to a node at all, before any resource is looked at:
+/// `Err` carries the reason as it appears in the sentence.
+pub fn node_allows(pod: &Pod, node: &NodeFacts) -> Result<(), String> {
+    if node.unschedulable {
+        return Err("node is cordoned".into());
+    }
+    if !node.ready {
+        return Err("node is not ready".into());
+    }
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(());
+    };
+    if let Some(sel) = &spec.node_selector
+        && sel.iter().any(|(k, v)| node.labels.get(k) != Some(v))
+    {
+        return Err("node does not match the pod's nodeSelector".into());
+    }
+    if let Some(required) = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        && !required
+            .node_selector_terms
+            .iter()
+            .any(|t| term_matches(t, node))
+    {
+        return Err("node does not match the pod's required node affinity".into());
+    }
+    let tolerations = spec.tolerations.as_deref().unwrap_or(&[]);
+    if node
+        .taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .any(|t| !tolerations.iter().any(|tol| convert::tolerates(tol, t)))
+    {
+        return Err("node has a taint the pod does not tolerate".into());
+    }
+    Ok(())
+}
+
+/// The outcome of one attempt to place a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// Bound to this node.
+    Bound(String),
+    /// Could not be placed: the sentence for the event, and a short reason for metrics.
+    Failed { message: String, reason: String },
+}
+
+/// The standalone scheduler loop.
+pub struct Standalone {
+    pub scheduler_name: String,
+    pub mirror: Arc<Mutex<Mirror>>,
+    pub binder: Binder,
+    pub leader: Leadership,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Option<Recorder>,
+    /// Woken by the pod watcher when something changed.
+    pub wake: Arc<Notify>,
+    /// Failed pods: failures so far, when to retry, the last reason.
+    retries: HashMap<String, (u32, Instant, String)>,
+}
+
+impl Standalone {
+    pub fn new(
+        scheduler_name: String,
+        mirror: Arc<Mutex<Mirror>>,
+        binder: Binder,
+        leader: Leadership,
+        metrics: Arc<Metrics>,
+        recorder: Option<Recorder>,
+        wake: Arc<Notify>,
+    ) -> Standalone {
+        Standalone {
+            scheduler_name,
+            mirror,
+            binder,
+            leader,
+            metrics,
+            recorder,
+            wake,
+            retries: HashMap::new(),
+        }
+    }
+
+    /// Pods of ours waiting for a node, oldest (then highest priority) first.
+    pub fn pending(&self) -> Vec<Pod> {
+        let m = lock(&self.mirror);
+        let mut pods: Vec<Pod> = m
+            .pods()
+            .filter(|p| {
+                convert::scheduler_name(p) == self.scheduler_name
+                    && convert::pod_node(p).is_none()
+                    && !convert::is_terminal(p)
+                    && p.metadata.deletion_timestamp.is_none()
+                    && m.held(convert::pod_uid(p)).is_none()
+            })
+            .cloned()
+            .collect();
+        let priority = |p: &Pod| p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+        pods.sort_by(|a, b| {
+            priority(b)
+                .cmp(&priority(a))
+                .then_with(|| {
+                    a.metadata
+                        .creation_timestamp
+                        .cmp(&b.metadata.creation_timestamp)
+                })
+                .then_with(|| convert::pod_key(a).cmp(&convert::pod_key(b)))
+        });
+        pods
+    }
+
+    /// One attempt for one pod: decide under the lock, then bind through the binder.
+    pub async fn attempt(&self, pod: &Pod) -> Attempt {
+        let started = Instant::now();
+        let decided = {
+            let mut m = lock(&self.mirror);
+            let catalog = m.cluster().catalog.clone();
+            match convert::pod_request(pod, &catalog) {
+                Err(e) => Err((e.to_string(), "invalid request".to_string())),
+                Ok(req) => match m.decide(&req, |facts| node_allows(pod, facts)) {
+                    Ok(p) => Ok(m.cluster().node(p.node).name.clone()),
+                    Err(e) => {
+                        let reason = e
+                            .ranked()
+                            .first()
+                            .map(|(r, _)| r.to_string())
+                            .unwrap_or_else(|| "no nodes".into());
+                        Err((e.to_string(), reason))
+                    }
+                },
+            }
+        };
+        let outcome = match decided {
+            Err((message, reason)) => Attempt::Failed { message, reason },
+            Ok(node) => {
+                let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+                let name = pod.metadata.name.as_deref().unwrap_or("");
+                match self
+                    .binder
+                    .bind(ns, name, convert::pod_uid(pod), &node)
+                    .await
+                {
+                    Ok(()) => Attempt::Bound(node),
+                    Err(e) => Attempt::Failed {
+                        message: e.to_string(),
+                        reason: "bind failed".into(),
+                    },
+                }
+            }
+        };
+        self.metrics
+            .observe_decision("standalone", started.elapsed());
+        outcome
+    }
+
+    async fn record(&self, pod: &Pod, type_: EventType, reason: &str, note: String) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Scheduling".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &pod.object_ref(&())).await {
+            tracing::warn!(pod = %convert::pod_key(pod), error = %e, "could not record event");
+        }
+    }
+
+    /// One pass over the pending pods whose backoff has expired; returns when the
+    /// next retry is due (if any pod is waiting).
+    pub async fn pass(&mut self) -> Option<Instant> {
+        if !self.leader.is_leader() {
+            return None;
+        }
+        let now = Instant::now();
+        let pending = self.pending();
+        let live: std::collections::HashSet<String> = pending
+            .iter()
+            .map(|p| convert::pod_uid(p).to_string())
+            .collect();
+        self.retries.retain(|uid, _| live.contains(uid));
+        for pod in &pending {
+            let uid = convert::pod_uid(pod).to_string();
+            if self.retries.get(&uid).is_some_and(|(_, at, _)| *at > now) {
+                continue;
+            }
+            match self.attempt(pod).await {
+                Attempt::Bound(node) => {
+                    self.retries.remove(&uid);
+                    self.record(
+                        pod,
+                        EventType::Normal,
+                        "Scheduled",
+                        format!("Successfully assigned {} to {node}", convert::pod_key(pod)),
+                    )
+                    .await;
+                }
+                Attempt::Failed { message, reason } => {
+                    let failures = self.retries.get(&uid).map_or(0, |(n, _, _)| *n) + 1;
+                    self.retries
+                        .insert(uid, (failures, Instant::now() + backoff(failures), reason));
+                    self.record(pod, EventType::Warning, "FailedScheduling", message)
+                        .await;
+                }
+            }
+        }
+        let mut waiting: BTreeMap<&str, i64> = BTreeMap::new();
+        for (_, _, reason) in self.retries.values() {
+            *waiting.entry(reason.as_str()).or_default() += 1;
+        }
+        self.metrics.set_pending(waiting);
+        self.retries.values().map(|(_, at, _)| *at).min()
+    }
+
+    /// Runs passes until `shutdown` resolves: after every wake-up from the
+    /// watcher, when a retry is due, and at least every 10 s.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            let next = self.pass().await;
+            let sleep = next
+                .map(|at| at.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(10))
+                .min(Duration::from_secs(10));
+            let wake = self.wake.clone();
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        Affinity, NodeAffinity, NodeSelector, PodSpec, Taint, Toleration,
+    };
+
+    use super::*;
+
+    fn facts(labels: &[(&str, &str)], taints: Vec<Taint>) -> NodeFacts {
+        NodeFacts {
+            name: "n1".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            taints,
+            unschedulable: false,
+            ready: true,
+        }
+    }
+
+    fn pod(spec: PodSpec) -> Pod {
+        Pod {
+            spec: Some(spec),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_cap() {
+        let secs: Vec<u64> = (1..=9).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+
+    #[test]
+    fn selectors_affinity_and_taints() {
+        let gpu = facts(&[("pool", "gpu"), ("zone", "a")], vec![]);
+        let sel = pod(PodSpec {
+            node_selector: Some([("pool".to_string(), "gpu".to_string())].into()),
+            ..PodSpec::default()
+        });
+        assert_eq!(node_allows(&sel, &gpu), Ok(()));
+        assert!(
+            node_allows(&sel, &facts(&[("pool", "cpu")], vec![]))
+                .unwrap_err()
+                .contains("nodeSelector")
+        );
+
+        let affinity = |op: &str, values: &[&str]| {
+            pod(PodSpec {
+                affinity: Some(Affinity {
+                    node_affinity: Some(NodeAffinity {
+                        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                            node_selector_terms: vec![NodeSelectorTerm {
+                                match_expressions: Some(vec![NodeSelectorRequirement {
+                                    key: "zone".into(),
+                                    operator: op.into(),
+                                    values: Some(values.iter().map(|v| v.to_string()).collect()),
+                                }]),
+                                match_fields: None,
+                            }],
+                        }),
+                        ..NodeAffinity::default()
+                    }),
+                    ..Affinity::default()
+                }),
+                ..PodSpec::default()
+            })
+        };
+        assert_eq!(node_allows(&affinity("In", &["a", "b"]), &gpu), Ok(()));
+        assert!(
+            node_allows(&affinity("NotIn", &["a"]), &gpu)
+                .unwrap_err()
+                .contains("affinity")
+        );
+        assert!(node_allows(&affinity("DoesNotExist", &[]), &gpu).is_err());
+
+        let tainted = facts(
+            &[],
+            vec![Taint {
+                key: "nvidia.com/gpu".into(),
+                effect: "NoSchedule".into(),
+                ..Taint::default()
+            }],
+        );
+        let plain = pod(PodSpec::default());
+        assert!(node_allows(&plain, &tainted).unwrap_err().contains("taint"));
+        let tolerant = pod(PodSpec {
+            tolerations: Some(vec![Toleration {
+                key: Some("nvidia.com/gpu".into()),
+                operator: Some("Exists".into()),
+                ..Toleration::default()
+            }]),
+            ..PodSpec::default()
+        });
+        assert_eq!(node_allows(&tolerant, &tainted), Ok(()));
+        let mut cordoned = gpu.clone();
+        cordoned.unschedulable = true;
+        assert_eq!(
+            node_allows(&plain, &cordoned),
+            Err("node is cordoned".into())
+        );
+    }
+}

@@ -1,0 +1,183 @@
+//! Standalone mode against kube-rs's mock API: placement honours taints and
+//! selectors, binds (PATCH then binding), and records FailedScheduling events
+//! carrying the reason sentence or the parser's message.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Pod, Taint};
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::Value;
+use tessera_k8s::binder::{Binder, lock};
+use tessera_k8s::leader::Leadership;
+use tessera_k8s::metrics::Metrics;
+use tessera_k8s::standalone::Standalone;
+
+fn ours(mut p: Pod, selector: Option<(&str, &str)>) -> Pod {
+    let spec = p.spec.as_mut().unwrap();
+    spec.scheduler_name = Some("tessera".into());
+    if let Some((k, v)) = selector {
+        spec.node_selector = Some([(k.to_string(), v.to_string())].into());
+    }
+    p.metadata.creation_timestamp = None;
+    p
+}
+
+fn answer(s: &Seen) -> (u16, Value) {
+    if s.path.ends_with("/binding") {
+        (201, status(201, "", ""))
+    } else if s.path.contains("/events") {
+        let mut ev = s.body.clone();
+        ev["metadata"]["name"] = "ev".into();
+        (201, ev)
+    } else {
+        let mut p = serde_json::to_value(pod("ml", "x", "uid-x", &[])).unwrap();
+        p["apiVersion"] = "v1".into();
+        p["kind"] = "Pod".into();
+        (200, p)
+    }
+}
+
+#[tokio::test]
+async fn places_binds_and_explains() {
+    let mut tainted = kube_node("tainted", "32", "64Gi");
+    tainted.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        taints: Some(vec![Taint {
+            key: "dedicated".into(),
+            value: Some("infer".into()),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        }]),
+        ..Default::default()
+    });
+    let mut labelled = kube_node("labelled", "32", "64Gi");
+    labelled
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("pool".into(), "train".into());
+    let nodes = vec![tainted, labelled, kube_node("small", "2", "4Gi")];
+    let inv = vec![
+        gpu_node("tainted", "A100-80GB", 81_920, 8),
+        gpu_node("labelled", "A100-80GB", 81_920, 2),
+        gpu_node("small", "A100-80GB", 81_920, 8),
+    ];
+    let good = ours(
+        pod(
+            "ml",
+            "good",
+            "uid-good",
+            &[("cpu", "4"), ("tessera.io/gpu", "2")],
+        ),
+        None,
+    );
+    let too_big = ours(
+        pod("ml", "too-big", "uid-big", &[("tessera.io/gpu", "4")]),
+        Some(("pool", "train")),
+    );
+    let broken = ours(
+        pod(
+            "ml",
+            "broken",
+            "uid-broken",
+            &[("tessera.io/gpu", "1"), ("tessera.io/gpu-cores", "0")],
+        ),
+        None,
+    );
+    // Someone else's pod is left alone.
+    let theirs = pod("ml", "theirs", "uid-theirs", &[("tessera.io/gpu", "1")]);
+    let m = mirror("tessera", nodes, inv, vec![good, too_big, broken, theirs]);
+
+    let (client, api) = mock_api(answer);
+    let leader = Leadership::always();
+    let metrics = Arc::new(Metrics::new());
+    let recorder = Recorder::new(client.clone(), Reporter::from("tessera"));
+    let mut s = Standalone::new(
+        "tessera".into(),
+        m.clone(),
+        Binder::new(client, m.clone(), leader.clone()),
+        leader,
+        metrics.clone(),
+        Some(recorder),
+        Default::default(),
+    );
+    let pending: Vec<String> = s
+        .pending()
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(pending.len(), 3, "{pending:?}");
+    let next_retry = s.pass().await;
+    assert!(next_retry.is_some(), "two pods wait for a retry");
+    // Only the good pod is held now: 4 CPUs fit only on `labelled` (the taint and CPU rule out the rest).
+    {
+        let mm = lock(&m);
+        let held = mm.held("uid-good").expect("good pod placed");
+        assert_eq!(held.node, "labelled");
+        assert!(mm.held("uid-big").is_none() && mm.held("uid-theirs").is_none());
+    }
+    // A second pass right away retries nobody (backoff).
+    s.pass().await;
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains("tessera_pending_pods{reason=\"invalid request\"} 1"),
+        "{text}"
+    );
+    drop(s);
+    drop(m);
+
+    let seen = api.await.unwrap();
+    let calls: Vec<(String, String)> = seen
+        .iter()
+        .map(|s| (s.method.clone(), s.path.clone()))
+        .collect();
+    let binds: Vec<&(String, String)> =
+        calls.iter().filter(|(_, p)| p.contains("/pods/")).collect();
+    assert_eq!(
+        binds,
+        [
+            &(
+                "PATCH".to_string(),
+                "/api/v1/namespaces/ml/pods/good".to_string()
+            ),
+            &(
+                "POST".to_string(),
+                "/api/v1/namespaces/ml/pods/good/binding".to_string()
+            )
+        ]
+    );
+    let notes: Vec<(String, String)> = seen
+        .iter()
+        .filter(|s| s.path.contains("/events"))
+        .map(|s| {
+            (
+                s.body["reason"].as_str().unwrap_or("").to_string(),
+                s.body["note"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        notes.contains(&(
+            "Scheduled".into(),
+            "Successfully assigned ml/good to labelled".into()
+        )),
+        "{notes:?}"
+    );
+    // too-big: the sentence over all three nodes (`labelled` has only 2 GPUs).
+    assert!(
+        notes.contains(&(
+            "FailedScheduling".into(),
+            "0/3 nodes fit: 2 node does not match the pod's nodeSelector, 1 fewer than 4 GPUs in total".into()
+        )),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|(r, n)| r == "FailedScheduling" && n.contains("tessera.io/gpu-cores")),
+        "{notes:?}"
+    );
+}
