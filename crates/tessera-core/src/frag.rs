@@ -165,12 +165,21 @@ pub struct FragNode<'a> {
 /// Fragment of one node for one typical pod, in milli-GPU.
 pub fn pod_frag(n: &FragNode<'_>, pod: &TypicalPod) -> u64 {
     let idle: u64 = n.free_milli.iter().map(|&l| u64::from(l)).sum();
+    pod_frag_with_idle(n, pod, idle)
+}
+
+/// [`pod_frag`] with the node's idle milli-GPU already summed.
+#[inline]
+fn pod_frag_with_idle(n: &FragNode<'_>, pod: &TypicalPod, idle: u64) -> u64 {
     if pod.gpus == 0 {
         return idle;
     }
     if let Some(m) = n.model
         && !pod.models.contains(m)
     {
+        return idle;
+    }
+    if n.free_cpu_milli < pod.cpu_milli {
         return idle;
     }
     let (fit_count, short): (u32, u64) = n.free_milli.iter().fold((0, 0), |(c, s), &l| {
@@ -180,18 +189,32 @@ pub fn pod_frag(n: &FragNode<'_>, pod: &TypicalPod) -> u64 {
             (c, s + u64::from(l))
         }
     });
-    if fit_count >= pod.gpus && n.free_cpu_milli >= pod.cpu_milli {
-        short
-    } else {
-        idle
+    if fit_count >= pod.gpus { short } else { idle }
+}
+
+/// Expected fragment of one node over the typical pods that may use its GPU model,
+/// in milli-GPU: [`node_frag`] without the pods the node's model excludes.
+pub fn node_frag_accessible(n: &FragNode<'_>, wl: &TargetWorkload) -> f64 {
+    let idle: u64 = n.free_milli.iter().map(|&l| u64::from(l)).sum();
+    if idle == 0 {
+        return 0.0;
     }
+    wl.pods
+        .iter()
+        .filter(|p| n.model.is_none_or(|m| p.models.contains(m)))
+        .map(|p| p.weight * pod_frag_with_idle(n, p, idle) as f64)
+        .sum()
 }
 
 /// Expected fragment of one node over the workload, in milli-GPU.
 pub fn node_frag(n: &FragNode<'_>, wl: &TargetWorkload) -> f64 {
+    let idle: u64 = n.free_milli.iter().map(|&l| u64::from(l)).sum();
+    if idle == 0 {
+        return 0.0;
+    }
     wl.pods
         .iter()
-        .map(|p| p.weight * pod_frag(n, p) as f64)
+        .map(|p| p.weight * pod_frag_with_idle(n, p, idle) as f64)
         .sum()
 }
 

@@ -222,27 +222,40 @@ impl Scheduler {
         req: &Request,
         rng: &mut dyn RngCore,
     ) -> Decision {
+        match self.place(cluster, ledger, req, rng) {
+            Some(p) => Decision::Place(p),
+            None => Decision::Unschedulable(self.explain(cluster, ledger, req, rng)),
+        }
+    }
+
+    /// Like [`Scheduler::decide`], but `None` instead of an explanation when nothing
+    /// fits: for callers that only count failures (the simulator), since explaining
+    /// costs a scan of every node.
+    pub fn place(
+        &mut self,
+        cluster: &Cluster,
+        ledger: &Ledger,
+        req: &Request,
+        rng: &mut dyn RngCore,
+    ) -> Option<Placement> {
         let cacheable = self.policy.cacheable() && req.constraints.pinned_uuids.is_empty();
         let best = if cacheable {
             self.decide_cached(cluster, ledger, req, rng)
         } else {
             self.decide_scan(cluster, ledger, req, rng)
         };
-        match best {
-            Some((id, scored)) => {
-                let view = Self::view(cluster, ledger, id);
-                Decision::Place(Placement {
-                    node: id,
-                    grants: fit::grants(view, req, &scored.gpus),
-                    cpu_milli: req.cpu_milli,
-                    memory_mib: req.memory_mib,
-                    class: request_class(req),
-                    score: scored.score,
-                    terms: scored.terms.to_vec(),
-                })
+        best.map(|(id, scored)| {
+            let view = Self::view(cluster, ledger, id);
+            Placement {
+                node: id,
+                grants: fit::grants(view, req, &scored.gpus),
+                cpu_milli: req.cpu_milli,
+                memory_mib: req.memory_mib,
+                class: request_class(req),
+                score: scored.score,
+                terms: scored.terms.to_vec(),
             }
-            None => Decision::Unschedulable(self.explain(cluster, ledger, req, rng)),
-        }
+        })
     }
 
     fn decide_scan(

@@ -40,29 +40,37 @@ pub fn frag_before_after(
     gpus: &[u8],
     wl: &TargetWorkload,
 ) -> (f64, f64) {
-    let mut free = free_milli(view);
-    let model = view.node.primary_model();
-    let before = node_frag(
+    (frag_now(view, wl), frag_after(view, req, gpus, wl))
+}
+
+/// The node's fragmentation now, in milli-GPU.
+pub fn frag_now(view: NodeView<'_>, wl: &TargetWorkload) -> f64 {
+    let free = free_milli(view);
+    node_frag(
         &FragNode {
             free_milli: &free,
             free_cpu_milli: view.used.free_cpu_milli,
-            model,
+            model: view.node.primary_model(),
         },
         wl,
-    );
+    )
+}
+
+/// The node's fragmentation after placing `req` on `gpus`, in milli-GPU.
+pub fn frag_after(view: NodeView<'_>, req: &Request, gpus: &[u8], wl: &TargetWorkload) -> f64 {
+    let mut free = free_milli(view);
     let per = req.gpu.milli_per_gpu();
     for &g in gpus {
         free[g as usize] = free[g as usize].saturating_sub(per);
     }
-    let after = node_frag(
+    node_frag(
         &FragNode {
             free_milli: &free,
             free_cpu_milli: view.used.free_cpu_milli.saturating_sub(req.cpu_milli),
-            model,
+            model: view.node.primary_model(),
         },
         wl,
-    );
-    (before, after)
+    )
 }
 
 /// For a one-GPU share: the usable GPU whose use leaves the least fragmentation
@@ -97,6 +105,7 @@ fn choose(
     wl: &TargetWorkload,
     key: impl Fn(f64, f64) -> f64,
 ) -> (GpuSet, f64, f64) {
+    let b = frag_now(view, wl);
     match &req.gpu {
         GpuAsk::Shared { count: 1, .. } => {
             let mut best: Option<(GpuSet, f64, f64, f64)> = None;
@@ -109,7 +118,7 @@ fn choose(
                     continue;
                 }
                 tried.push(f);
-                let (b, a) = frag_before_after(view, req, &[g], wl);
+                let a = frag_after(view, req, &[g], wl);
                 let k = key(b, a);
                 if best.as_ref().is_none_or(|(_, _, _, bk)| k > *bk) {
                     best = Some(([g].into_iter().collect(), b, a, k));
@@ -119,7 +128,7 @@ fn choose(
         }
         _ => {
             let gpus = first_gpus(fit);
-            let (b, a) = frag_before_after(view, req, &gpus, wl);
+            let a = frag_after(view, req, &gpus, wl);
             (gpus, b, a)
         }
     }

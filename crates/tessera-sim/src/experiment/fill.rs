@@ -25,9 +25,9 @@ use serde::Serialize;
 use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{Ledger, LedgerError};
 use tessera_core::model::{Cluster, ClusterError};
-use tessera_core::policy::{self, PolicyArgs, UnknownPolicy};
+use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
 use tessera_core::request::Request;
-use tessera_core::{Decision, Scheduler};
+use tessera_core::Scheduler;
 
 use crate::metrics::{FillPoint, FragTracker, discretize};
 use crate::trace::TracePod;
@@ -187,6 +187,32 @@ pub fn run_fill(
     seed: u64,
     config: &FillConfig,
 ) -> Result<FillResult, FillError> {
+    let name = policy_name.to_string();
+    run_fill_with(
+        cluster,
+        pods,
+        &name,
+        |workload| {
+            let args = PolicyArgs {
+                workload: Some(workload),
+            };
+            policy::by_name(policy_name, &args)
+        },
+        seed,
+        config,
+    )
+}
+
+/// [`run_fill`] with a policy built by `make_policy` from the trace's typical pods
+/// (for policies with arguments beyond [`PolicyArgs`]); `policy_name` labels the result.
+pub fn run_fill_with(
+    cluster: &Cluster,
+    pods: &[TracePod],
+    policy_name: &str,
+    make_policy: impl FnOnce(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
+    seed: u64,
+    config: &FillConfig,
+) -> Result<FillResult, FillError> {
     let capacity = cluster.gpu_count() as u64 * 1000;
     if capacity == 0 {
         return Err(FillError::NoGpus);
@@ -198,10 +224,7 @@ pub fn run_fill(
         return Err(FillError::BadTuneRatio(config.tune_ratio));
     }
     let workload = typical_pods(pods, config.typical_coverage);
-    let args = PolicyArgs {
-        workload: Some(Arc::new(workload.clone())),
-    };
-    let mut scheduler = Scheduler::new(policy::by_name(policy_name, &args)?);
+    let mut scheduler = Scheduler::new(make_policy(Arc::new(workload.clone()))?);
     let mut rng = SmallRng::seed_from_u64(seed);
     let order = arrival_order(pods, capacity, config, &mut rng);
     let permuted;
@@ -232,8 +255,8 @@ pub fn run_fill(
         let pod = &pods[i];
         let req: &Request = &pod.request;
         arrived += req.gpu.total_milli();
-        match scheduler.decide(cluster, &ledger, req, &mut rng) {
-            Decision::Place(p) => {
+        match scheduler.place(cluster, &ledger, req, &mut rng) {
+            Some(p) => {
                 ledger
                     .apply(cluster, &p)
                     .map_err(|source| FillError::Ledger {
@@ -243,7 +266,7 @@ pub fn run_fill(
                 frag.update(cluster, &ledger, p.node);
                 placed += 1;
             }
-            Decision::Unschedulable(_) => failed += 1,
+            None => failed += 1,
         }
         samples.push(sample(arrived, &ledger, &frag));
     }

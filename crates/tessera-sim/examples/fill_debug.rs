@@ -1,0 +1,93 @@
+//! Where the unallocated GPU goes: failed GPU demand up to arrived = 100 %, by pod kind,
+//! and the state of the GPUs at that point (idle GPUs, partly used GPUs' leftovers).
+//!
+//! `cargo run --release -p tessera-sim --example fill_debug -- [trace] [policy] [seeds]`
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tessera_core::Scheduler;
+use tessera_core::ledger::Ledger;
+use tessera_core::policy::{self, PolicyArgs};
+use tessera_sim::experiment::fill::{FillConfig, arrival_order, permute_nodes, seeds, typical_pods};
+use tessera_sim::trace::openb::{load_nodes, load_pods};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let trace = args.first().map_or("default", String::as_str);
+    let policy_name = args.get(1).map_or("fgd", String::as_str);
+    let n: u32 = args.get(2).map_or(Ok(3), |s| s.parse())?;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/openb");
+    let cluster0 = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
+    let pods = load_pods(&dir.join(format!("openb_pod_list_{trace}.csv")), &cluster0.catalog)?;
+    let config = FillConfig::for_workload(trace);
+    let cap = cluster0.gpu_count() as u64 * 1000;
+    let mut failed_by_kind: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let (mut idle_total, mut sliver_total, mut cpu_stranded) = (0u64, 0u64, 0u64);
+    let mut hist: BTreeMap<u32, u64> = BTreeMap::new();
+    for seed in seeds(n) {
+        let wl = typical_pods(&pods, config.typical_coverage);
+        let args = PolicyArgs { workload: Some(Arc::new(wl)) };
+        let mut sched = Scheduler::new(policy::by_name(policy_name, &args)?);
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let order = arrival_order(&pods, cap, &config, &mut rng);
+        let cluster = permute_nodes(&cluster0, &mut rng)?;
+        let mut ledger = Ledger::new(&cluster);
+        let mut arrived = 0u64;
+        for &i in &order {
+            let req = &pods[i].request;
+            arrived += req.gpu.total_milli();
+            if arrived > cap {
+                break;
+            }
+            match sched.place(&cluster, &ledger, req, &mut rng) {
+                Some(p) => {
+                    ledger.apply(&cluster, &p)?;
+                }
+                None => {
+                    let kind = match req.gpu.gpu_count() {
+                        0 => "cpu".to_string(),
+                        1 if req.gpu.milli_per_gpu() < 1000 => format!("share{:04}", req.gpu.milli_per_gpu() / 100 * 100),
+                        k => format!("whole{k}"),
+                    };
+                    let e = failed_by_kind.entry(kind).or_default();
+                    e.0 += 1;
+                    e.1 += req.gpu.total_milli();
+                }
+            }
+        }
+        for u in ledger.nodes() {
+            for g in &u.gpus {
+                if g.free_cores_milli == 1000 {
+                    idle_total += 1000;
+                    if u.free_cpu_milli < 4000 {
+                        cpu_stranded += 1000;
+                    }
+                } else {
+                    sliver_total += u64::from(g.free_cores_milli);
+                    *hist.entry(g.free_cores_milli / 50 * 50).or_default() += u64::from(g.free_cores_milli);
+                }
+            }
+        }
+    }
+    let nf = f64::from(n);
+    println!("{trace} {policy_name}: per seed at arrived 100 %");
+    for (k, (c, m)) in &failed_by_kind {
+        println!("  failed {k:>10}: {:7.1} pods {:7.1} GPUs", *c as f64 / nf, *m as f64 / 1000.0 / nf);
+    }
+    println!(
+        "  idle GPUs {:.1} (of which on nodes with < 4 free CPUs: {:.1}), leftovers in used GPUs {:.1} GPUs",
+        idle_total as f64 / 1000.0 / nf,
+        cpu_stranded as f64 / 1000.0 / nf,
+        sliver_total as f64 / 1000.0 / nf
+    );
+    let line: Vec<String> = hist
+        .iter()
+        .map(|(k, v)| format!("{k}:{:.1}", *v as f64 / 1000.0 / nf))
+        .collect();
+    println!("  leftover GPUs by free milli (bucket of 50: GPUs of leftover): {}", line.join(" "));
+    Ok(())
+}

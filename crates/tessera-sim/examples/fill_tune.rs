@@ -1,0 +1,100 @@
+//! Tries weights of the `tessera` policy against FGD on a few traces (mean unallocated
+//! GPU % at arrived = 100 %).
+//!
+//! `cargo run --release -p tessera-sim --example fill_tune -- --seeds 3 --traces default,gpuspec33 --fill 0 --open 0 --fgd`
+
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+use tessera_core::policy::tessera::{Tessera, TesseraParams};
+use tessera_sim::experiment::fill::{FillConfig, run_fill, run_fill_with, seeds, typical_pods};
+use tessera_sim::metrics::mean_sd;
+use tessera_sim::trace::openb::{load_nodes, load_pods};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut n_seeds = 3;
+    let mut traces: Vec<String> = vec!["default".into()];
+    let mut params = TesseraParams::default();
+    let mut with_fgd = false;
+    let mut coverage = 0.95;
+    let mut gpu_weight = 0.0;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let v = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--seeds" => n_seeds = v.parse()?,
+            "--traces" => traces = v.split(',').map(str::to_string).collect(),
+            "--fill" => params.fill_weight = v.parse()?,
+            "--open" => params.open_penalty = v.parse()?,
+            "--quantum" => params.quantum = v.parse()?,
+            "--pressure" => params.pressure_weight = v.parse()?,
+            "--coverage" => coverage = v.parse()?,
+            "--gpu-weight" => gpu_weight = v.parse()?,
+            "--gtight" => params.gpu_tight_weight = v.parse()?,
+            "--ntight" => params.node_tight_weight = v.parse()?,
+            "--topo" => params.topology_weight = v.parse()?,
+            "--accessible-only" => {
+                params.count_inaccessible = false;
+                i += 1;
+                continue;
+            }
+            "--fgd" => {
+                with_fgd = true;
+                i += 1;
+                continue;
+            }
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+        i += 2;
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/openb");
+    let cluster = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
+    let mut total = (0.0, 0.0);
+    for t in &traces {
+        let pods = load_pods(&dir.join(format!("openb_pod_list_{t}.csv")), &cluster.catalog)?;
+        let config = FillConfig::for_workload(t.clone());
+        let ours: Vec<f64> = seeds(n_seeds)
+            .par_iter()
+            .map(|&s| {
+                run_fill_with(
+                    &cluster,
+                    &pods,
+                    "tessera",
+                    |_| {
+                        let mut wl = typical_pods(&pods, coverage);
+                        for p in &mut wl.pods {
+                            p.weight *= 1.0 + f64::from(p.gpus) * f64::from(p.milli) / 1000.0 * gpu_weight;
+                        }
+                        let sum: f64 = wl.pods.iter().map(|p| p.weight).sum();
+                        for p in &mut wl.pods {
+                            p.weight /= sum;
+                        }
+                        Ok(Box::new(Tessera::for_cluster(std::sync::Arc::new(wl), params, &cluster)))
+                    },
+                    s,
+                    &config,
+                )
+                .map(|r| r.at_100.map_or(f64::NAN, |p| p.unallocated_pct))
+            })
+            .collect::<Result<_, _>>()?;
+        let (m, sd) = mean_sd(&ours);
+        total.0 += m;
+        if with_fgd {
+            let fgd: Vec<f64> = seeds(n_seeds)
+                .par_iter()
+                .map(|&s| {
+                    run_fill(&cluster, &pods, "fgd", s, &config)
+                        .map(|r| r.at_100.map_or(f64::NAN, |p| p.unallocated_pct))
+                })
+                .collect::<Result<_, _>>()?;
+            let (fm, _) = mean_sd(&fgd);
+            total.1 += fm;
+            println!("{t}\ttessera {m:.2} ± {sd:.2}\tfgd {fm:.2}\t{:+.1} %", (m - fm) / fm * 100.0);
+        } else {
+            println!("{t}\ttessera {m:.2} ± {sd:.2}");
+        }
+    }
+    println!("sum\t{:.2}\t{:.2}\t{params:?}", total.0, total.1);
+    Ok(())
+}
