@@ -1,0 +1,230 @@
+//! The kubelet device plugin (API `v1beta1`, protocols.md §2).
+//!
+//! # Resources and device IDs
+//!
+//! Tessera's scheduler decides *which* GPU (or share, or MIG instance) a pod
+//! gets and writes it in the pod's `tessera.io/allocation` annotation. The
+//! kubelet still needs countable devices to admit pods, so the agent
+//! advertises tokens and answers `Allocate` from the decision, not from the
+//! device IDs the kubelet picked:
+//!
+//! - `tessera.io/gpu`: every GPU without MIG mode is advertised as `slots`
+//!   virtual devices `<GPU-uuid>::<k>` (`k` in `0..slots`, default 16), as
+//!   NVIDIA's plugin names replicas. A pod asking `tessera.io/gpu: N` takes N
+//!   tokens whether it gets N whole GPUs or N shares; at most `slots` pods can
+//!   share one GPU. Capacity is therefore `GPUs × slots`; the scheduler, not the
+//!   kubelet, guards memory and compute. The tokens of an unhealthy GPU are
+//!   advertised `Unhealthy`, so the GPU's slots leave `allocatable`.
+//! - `tessera.io/mig-<profile>` (`+` written `.`, as NVIDIA's mixed strategy
+//!   does): one device per existing MIG instance, ID = its `MIG-…` UUID, health
+//!   = its parent GPU's.
+//!
+//! Each resource has its own socket `tessera-<name>.sock` in the device-plugins
+//! directory, and re-registers when the kubelet's socket is recreated
+//! ([`registration`]).
+
+pub mod allocate;
+pub mod registration;
+pub mod service;
+
+use std::collections::BTreeMap;
+
+use crate::backend::GpuInfo;
+use crate::health::GpuHealth;
+use crate::proto::deviceplugin as pb;
+
+/// `v1beta1`.
+pub const API_VERSION: &str = "v1beta1";
+/// Where the kubelet and the plugins keep their sockets.
+pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// The kubelet's registration socket, in [`DEVICE_PLUGIN_DIR`].
+pub const KUBELET_SOCKET: &str = "kubelet.sock";
+pub const HEALTHY: &str = "Healthy";
+pub const UNHEALTHY: &str = "Unhealthy";
+/// Default number of `tessera.io/gpu` tokens per GPU.
+pub const DEFAULT_SLOTS: u32 = 16;
+
+/// What the device plugin knows about the node at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeView {
+    pub gpus: Vec<GpuInfo>,
+    pub health: BTreeMap<String, GpuHealth>,
+}
+
+impl NodeView {
+    pub fn is_healthy(&self, uuid: &str) -> bool {
+        self.health.get(uuid).is_none_or(GpuHealth::is_healthy)
+    }
+
+    pub fn gpu(&self, uuid: &str) -> Option<&GpuInfo> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+}
+
+/// One extended resource the agent serves.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Resource {
+    /// `tessera.io/gpu`: whole GPUs and shares, `slots` tokens per GPU.
+    Gpu { slots: u32 },
+    /// `tessera.io/mig-<profile>`: existing MIG instances of one profile.
+    Mig { profile: String },
+}
+
+impl Resource {
+    /// The extended resource name.
+    pub fn name(&self) -> String {
+        match self {
+            Resource::Gpu { .. } => tessera_core::request::RES_GPU.to_string(),
+            Resource::Mig { profile } => format!(
+                "{}{}",
+                tessera_core::request::RES_MIG_PREFIX,
+                profile.replace('+', ".")
+            ),
+        }
+    }
+
+    /// The plugin's socket file name (relative to the device-plugins directory).
+    pub fn socket_name(&self) -> String {
+        let name = self.name();
+        let short = name.rsplit('/').next().unwrap_or(&name);
+        format!("tessera-{short}.sock")
+    }
+
+    /// The resources a node with these GPUs offers.
+    pub fn for_node(view: &NodeView, slots: u32) -> Vec<Resource> {
+        let mut out = Vec::new();
+        if view.gpus.iter().any(|g| !g.mig_enabled) {
+            out.push(Resource::Gpu { slots });
+        }
+        let mut profiles: Vec<String> = view
+            .gpus
+            .iter()
+            .flat_map(|g| g.mig_instances.iter().map(|m| m.profile.clone()))
+            .collect();
+        profiles.sort();
+        profiles.dedup();
+        out.extend(
+            profiles
+                .into_iter()
+                .map(|profile| Resource::Mig { profile }),
+        );
+        out
+    }
+
+    /// The complete device list for `ListAndWatch`.
+    pub fn devices(&self, view: &NodeView) -> Vec<pb::Device> {
+        let topo = |gpu: &GpuInfo| {
+            gpu.numa_node.map(|n| pb::TopologyInfo {
+                nodes: vec![pb::NumaNode { id: i64::from(n) }],
+            })
+        };
+        let health = |gpu: &GpuInfo| {
+            if view.is_healthy(&gpu.uuid) {
+                HEALTHY
+            } else {
+                UNHEALTHY
+            }
+            .to_string()
+        };
+        let mut out = Vec::new();
+        for gpu in &view.gpus {
+            match self {
+                Resource::Gpu { slots } if !gpu.mig_enabled => {
+                    for k in 0..*slots {
+                        out.push(pb::Device {
+                            id: slot_id(&gpu.uuid, k),
+                            health: health(gpu),
+                            topology: topo(gpu),
+                        });
+                    }
+                }
+                Resource::Mig { profile } => {
+                    for m in gpu.mig_instances.iter().filter(|m| &m.profile == profile) {
+                        out.push(pb::Device {
+                            id: m.uuid.clone(),
+                            health: health(gpu),
+                            topology: topo(gpu),
+                        });
+                    }
+                }
+                Resource::Gpu { .. } => {}
+            }
+        }
+        out
+    }
+}
+
+/// `<uuid>::<k>`.
+pub fn slot_id(uuid: &str, k: u32) -> String {
+    format!("{uuid}::{k}")
+}
+
+/// The GPU UUID of a device ID (strips a `::<k>` slot suffix).
+pub fn device_gpu(id: &str) -> &str {
+    id.split_once("::").map(|(u, _)| u).unwrap_or(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::GpuBackend;
+    use crate::backend::fake::Fake;
+
+    #[test]
+    fn resources_and_device_ids() {
+        let fake = Fake::from_yaml(
+            r#"
+gpus:
+  - { uuid: GPU-a, product: NVIDIA A100-SXM4-80GB, numaNode: 1 }
+  - uuid: GPU-b
+    product: NVIDIA A100-SXM4-80GB
+    mig:
+      enabled: true
+      instances:
+        - { uuid: MIG-1, profile: 1g.10gb, start: 0 }
+        - { uuid: MIG-2, profile: 1g.10gb+me, start: 1 }
+"#,
+            "t",
+        )
+        .unwrap();
+        let mut view = NodeView {
+            gpus: fake.discover().unwrap(),
+            health: BTreeMap::new(),
+        };
+        let res = Resource::for_node(&view, 4);
+        let names: Vec<String> = res.iter().map(Resource::name).collect();
+        assert_eq!(
+            names,
+            [
+                "tessera.io/gpu",
+                "tessera.io/mig-1g.10gb",
+                "tessera.io/mig-1g.10gb.me"
+            ]
+        );
+        assert_eq!(res[2].socket_name(), "tessera-mig-1g.10gb.me.sock");
+        let devs = res[0].devices(&view);
+        assert_eq!(
+            devs.len(),
+            4,
+            "4 slots of GPU-a; MIG GPU-b is not a tessera.io/gpu"
+        );
+        assert_eq!(devs[3].id, "GPU-a::3");
+        assert_eq!(devs[0].topology.as_ref().unwrap().nodes[0].id, 1);
+        assert!(devs.iter().all(|d| d.health == HEALTHY));
+        view.health.insert(
+            "GPU-b".into(),
+            GpuHealth::Unhealthy {
+                reason: "x".into(),
+                xid: Some(79),
+            },
+        );
+        let mig = res[1].devices(&view);
+        assert_eq!(mig.len(), 1);
+        assert_eq!(
+            (mig[0].id.as_str(), mig[0].health.as_str()),
+            ("MIG-1", UNHEALTHY)
+        );
+        assert_eq!(device_gpu("GPU-a::3"), "GPU-a");
+        assert_eq!(device_gpu("MIG-1"), "MIG-1");
+    }
+}

@@ -1,0 +1,328 @@
+//! Wires the agent together: discovery, health loop, device plugins, metrics
+//! server and inventory. Takes a shutdown future; signals belong to the binary.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::backend::{BackendError, GpuBackend, ProcReader, XidEvent};
+use crate::deviceplugin::allocate::{Allocator, MpsConfig, PodSource};
+use crate::deviceplugin::registration::{PluginConfig, PluginStatus, run_plugins};
+use crate::deviceplugin::{NodeView, Resource};
+use crate::health::{GpuHealth, HealthTracker, XidPolicy};
+use crate::inventory::{Inventory, gpu_node_spec, gpu_node_status, node_labels};
+use crate::metrics::{Collector, PodResourcesSource, XidStats};
+
+/// The agent's settings (validated by the binary).
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub node_name: String,
+    pub plugin: PluginConfig,
+    /// `tessera.io/gpu` tokens per GPU.
+    pub slots: u32,
+    /// Where `/metrics` listens; `None` turns it off.
+    pub metrics_addr: Option<SocketAddr>,
+    pub xid_policy: XidPolicy,
+    /// How long a GPU stays withdrawn after its last fatal XID.
+    pub quiet_period: Duration,
+    /// How often the backend is probed for health.
+    pub health_interval: Duration,
+    /// HMAC key shared with the scheduler.
+    pub allocation_key: Vec<u8>,
+    pub mps: MpsConfig,
+    /// Write GFD-style labels on the Node.
+    pub node_labels: bool,
+}
+
+/// The agent's collaborators.
+pub struct AgentDeps {
+    pub backend: Arc<dyn GpuBackend>,
+    pub procs: Arc<dyn ProcReader>,
+    pub pods: Arc<dyn PodSource>,
+    pub pod_resources: Option<Arc<dyn PodResourcesSource>>,
+    /// `None` when there is no API server (fake mode without a cluster).
+    pub inventory: Option<Inventory>,
+}
+
+/// Failures that stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Plugin(#[from] crate::deviceplugin::registration::RegistrationError),
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run(
+    config: AgentConfig,
+    deps: AgentDeps,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let backend = deps.backend.clone();
+    let gpus = {
+        let b = backend.clone();
+        tokio::task::spawn_blocking(move || b.discover())
+            .await
+            .map_err(|e| BackendError::Nvml {
+                call: "discover",
+                gpu: "*".into(),
+                message: e.to_string(),
+            })??
+    };
+    tracing::info!(backend = backend.name(), gpus = gpus.len(), node = %config.node_name, "discovered GPUs");
+    for g in &gpus {
+        tracing::info!(index = g.index, uuid = %g.uuid, product = %g.product, memory_mib = g.memory_mib, mig = g.mig_enabled, "GPU");
+    }
+    let mut tracker = HealthTracker::new(
+        gpus.iter().map(|g| g.uuid.clone()),
+        config.xid_policy.clone(),
+        config.quiet_period,
+    );
+    let (view_tx, view_rx) = watch::channel(NodeView {
+        gpus: gpus.clone(),
+        health: tracker.all(),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    // Inventory: spec and labels once, status on every health change.
+    if let Some(inv) = &deps.inventory {
+        let view = view_rx.borrow().clone();
+        let spec = gpu_node_spec(&config.node_name, &view);
+        if let Err(e) = inv.publish_spec(&spec).await {
+            tracing::warn!(error = %e, "inventory not published");
+        }
+        if let Err(e) = inv.publish_status(&gpu_node_status(&spec, &view, 0)).await {
+            tracing::warn!(error = %e, "inventory status not published");
+        }
+        if config.node_labels {
+            let labels = node_labels(
+                &view.gpus,
+                backend.driver_version().as_deref(),
+                backend.cuda_version().as_deref(),
+            );
+            if let Err(e) = inv.publish_labels(&labels).await {
+                tracing::warn!(error = %e, "node labels not published");
+            }
+        }
+    }
+
+    // XID events: a blocking thread waits on the backend.
+    let xids = XidStats::default();
+    let (xid_tx, mut xid_rx) = mpsc::unbounded_channel::<XidEvent>();
+    let halt = Arc::new(AtomicBool::new(false));
+    {
+        let b = backend.clone();
+        let halt = halt.clone();
+        std::thread::Builder::new()
+            .name("xid-events".into())
+            .spawn(move || {
+                while !halt.load(Ordering::Relaxed) {
+                    match b.wait_xid_events(Duration::from_millis(500)) {
+                        Ok(events) => {
+                            for e in events {
+                                if xid_tx.send(e).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "XID event wait failed");
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                }
+            })
+            .map_err(|e| BackendError::Nvml {
+                call: "spawn xid thread",
+                gpu: "*".into(),
+                message: e.to_string(),
+            })?;
+    }
+
+    // Health loop.
+    let health_task = {
+        let backend = backend.clone();
+        let inventory = deps.inventory.clone();
+        let node = config.node_name.clone();
+        let xids = xids.clone();
+        let interval = config.health_interval;
+        let stop = stopped();
+        tokio::spawn(async move {
+            let mut stop = std::pin::pin!(stop);
+            loop {
+                let mut changes = Vec::new();
+                tokio::select! {
+                    _ = &mut stop => break,
+                    Some(ev) = xid_rx.recv() => {
+                        let info = crate::health::xid_info(ev.xid);
+                        tracing::warn!(gpu = %ev.uuid, xid = ev.xid, meaning = info.map(|i| i.name).unwrap_or("unlisted"), "XID event");
+                        xids.record(&ev.uuid, ev.xid);
+                        changes.extend(tracker.on_xid(&ev, Instant::now()));
+                    }
+                    _ = tokio::time::sleep(interval) => {
+                        let uuids: Vec<String> = view_tx.borrow().gpus.iter().map(|g| g.uuid.clone()).collect();
+                        for uuid in uuids {
+                            let b = backend.clone();
+                            let u = uuid.clone();
+                            let probe = tokio::task::spawn_blocking(move || b.read(&u)).await;
+                            let probe = match probe {
+                                Ok(Ok(r)) => r.probe,
+                                Ok(Err(e)) => crate::backend::Probe::Failing(e.to_string()),
+                                Err(e) => crate::backend::Probe::Failing(e.to_string()),
+                            };
+                            changes.extend(tracker.on_probe(&uuid, &probe, Instant::now()));
+                        }
+                        changes.extend(tracker.tick(Instant::now()));
+                    }
+                }
+                if changes.is_empty() {
+                    continue;
+                }
+                for c in &changes {
+                    match &c.health {
+                        GpuHealth::Healthy => tracing::info!(gpu = %c.uuid, "GPU back in service"),
+                        GpuHealth::Unhealthy { reason, .. } => {
+                            tracing::warn!(gpu = %c.uuid, %reason, "GPU withdrawn")
+                        }
+                    }
+                }
+                view_tx.send_modify(|v| v.health = tracker.all());
+                if let Some(inv) = &inventory {
+                    let view = view_tx.borrow().clone();
+                    let spec = gpu_node_spec(&node, &view);
+                    if let Err(e) = inv.publish_status(&gpu_node_status(&spec, &view, 0)).await {
+                        tracing::warn!(error = %e, "inventory status not published");
+                    }
+                }
+            }
+        })
+    };
+
+    // Metrics.
+    let collector = Arc::new(Collector::new(
+        config.node_name.clone(),
+        backend.clone(),
+        deps.procs.clone(),
+        deps.pods.clone(),
+        deps.pod_resources.clone(),
+        view_rx.clone(),
+        xids.clone(),
+    ));
+    let metrics_task = match config.metrics_addr {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| RunError::Metrics { addr, source: e })?;
+            tracing::info!(%addr, "serving /metrics");
+            let app = collector.router();
+            let stop = stopped();
+            Some(tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .await
+                {
+                    tracing::error!(error = %e, "metrics server failed");
+                }
+            }))
+        }
+        None => None,
+    };
+
+    // Device plugins.
+    let allocator = Arc::new(Allocator::new(
+        config.node_name.clone(),
+        config.allocation_key.clone(),
+        deps.pods.clone(),
+        config.mps.clone(),
+    ));
+    let resources = Resource::for_node(&view_rx.borrow(), config.slots);
+    tracing::info!(resources = ?resources.iter().map(Resource::name).collect::<Vec<_>>(), dir = %config.plugin.dir.display(), "serving device plugins");
+    let (status_tx, _status_rx) = watch::channel(PluginStatus::default());
+    let plugin_result = run_plugins(
+        config.plugin.clone(),
+        resources,
+        view_rx.clone(),
+        allocator,
+        status_tx,
+        shutdown,
+    )
+    .await;
+
+    let _ = stop_tx.send(true);
+    halt.store(true, Ordering::Relaxed);
+    let _ = health_task.await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    plugin_result?;
+    Ok(())
+}
+
+/// What `--once --print-inventory` prints: the discovered GPUs, the GpuNode spec,
+/// the node labels and one metrics scrape.
+pub async fn once_report(
+    backend: Arc<dyn GpuBackend>,
+    procs: Arc<dyn ProcReader>,
+    node: &str,
+) -> Result<(serde_json::Value, String), BackendError> {
+    let b = backend.clone();
+    let gpus = tokio::task::spawn_blocking(move || b.discover())
+        .await
+        .map_err(|e| BackendError::Nvml {
+            call: "discover",
+            gpu: "*".into(),
+            message: e.to_string(),
+        })??;
+    let view = NodeView {
+        gpus: gpus.clone(),
+        health: Default::default(),
+    };
+    let labels = node_labels(
+        &gpus,
+        backend.driver_version().as_deref(),
+        backend.cuda_version().as_deref(),
+    );
+    let spec = gpu_node_spec(node, &view);
+    let report = serde_json::json!({
+        "backend": backend.name(),
+        "driverVersion": backend.driver_version(),
+        "cudaVersion": backend.cuda_version(),
+        "node": node,
+        "gpus": gpus,
+        "resources": Resource::for_node(&view, crate::deviceplugin::DEFAULT_SLOTS).iter().map(Resource::name).collect::<Vec<_>>(),
+        "gpuNodeSpec": spec,
+        "nodeLabels": labels,
+    });
+    let (_tx, rx) = watch::channel(view);
+    let collector = Collector::new(
+        node.to_string(),
+        backend,
+        procs,
+        Arc::new(crate::deviceplugin::allocate::StaticPods::default()),
+        None,
+        rx,
+        XidStats::default(),
+    );
+    Ok((report, collector.scrape().await))
+}
+
+/// A Kubernetes client from the in-cluster or kubeconfig environment.
+pub async fn kube_client() -> Result<kube::Client, kube::Error> {
+    kube::Client::try_default().await
+}

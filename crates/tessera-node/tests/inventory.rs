@@ -1,0 +1,140 @@
+//! The inventory's requests, checked against a mock API server (tower-test).
+
+use std::collections::BTreeMap;
+
+use http::{Request, Response};
+use kube::client::Body;
+use tessera_node::backend::GpuBackend;
+use tessera_node::backend::fake::Fake;
+use tessera_node::deviceplugin::NodeView;
+use tessera_node::health::GpuHealth;
+use tessera_node::inventory::{Inventory, gpu_node_spec, gpu_node_status, node_labels};
+
+const GPUS: &str = r#"
+driverVersion: "550.54.15"
+cudaVersion: "12.4"
+gpus:
+  - { uuid: GPU-a, product: NVIDIA H100 80GB HBM3, numaNode: 0, nvlinks: { GPU-b: 18 }, computeCapability: "9.0" }
+  - uuid: GPU-b
+    product: NVIDIA H100 80GB HBM3
+    numaNode: 1
+    mig: { enabled: true, instances: [ { uuid: MIG-1, profile: 3g.40gb, start: 4 } ] }
+"#;
+
+async fn body_json(req: Request<Body>) -> serde_json::Value {
+    let bytes = req.into_body().collect_bytes().await.unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn publishes_gpunode_status_and_labels() {
+    let fake = Fake::from_yaml(GPUS, "t").unwrap();
+    let mut view = NodeView {
+        gpus: fake.discover().unwrap(),
+        health: BTreeMap::new(),
+    };
+    view.health.insert("GPU-a".into(), GpuHealth::Healthy);
+    view.health.insert(
+        "GPU-b".into(),
+        GpuHealth::Unhealthy {
+            reason: "XID 79 (GPU has fallen off the bus)".into(),
+            xid: Some(79),
+        },
+    );
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "default");
+    let inv = Inventory::new(client, "node-a".into());
+
+    let server = tokio::spawn(async move {
+        // 1. Server-side apply of the GpuNode spec.
+        let (req, send) = handle.next_request().await.expect("spec request");
+        assert_eq!(req.method(), http::Method::PATCH);
+        let uri = req.uri().to_string();
+        assert!(
+            uri.starts_with("/apis/tessera.io/v1alpha1/gpunodes/node-a?"),
+            "{uri}"
+        );
+        assert!(
+            uri.contains("fieldManager=tessera-node-agent") && uri.contains("force=true"),
+            "{uri}"
+        );
+        assert_eq!(
+            req.headers()["content-type"],
+            "application/apply-patch+yaml"
+        );
+        let body = body_json(req).await;
+        assert_eq!(body["kind"], "GpuNode");
+        assert_eq!(body["spec"]["nodeName"], "node-a");
+        let gpus = &body["spec"]["gpus"];
+        assert_eq!(gpus[0]["model"], "H100-80GB");
+        assert_eq!(gpus[0]["memoryMiB"], 81_559);
+        assert_eq!(gpus[0]["numa"], 0);
+        assert_eq!(gpus[0]["links"][0]["peer"], 1);
+        assert_eq!(gpus[0]["links"][0]["kind"], "NVLink");
+        assert_eq!(gpus[0]["links"][0]["nvlinks"], 18);
+        assert_eq!(gpus[1]["mig"]["enabled"], true);
+        assert_eq!(gpus[1]["mig"]["instances"][0]["profile"], "3g.40gb");
+        assert_eq!(gpus[1]["mig"]["instances"][0]["start"], 4);
+        assert_eq!(gpus[1]["mig"]["instances"][0]["size"], 4);
+        assert_eq!(gpus[1]["health"], "Unhealthy");
+        let reply = serde_json::json!({"apiVersion": "tessera.io/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": "node-a"}, "spec": body["spec"]});
+        send.send_response(Response::new(Body::from(
+            serde_json::to_vec(&reply).unwrap(),
+        )));
+
+        // 2. The status subresource.
+        let (req, send) = handle.next_request().await.expect("status request");
+        assert_eq!(
+            req.uri().path(),
+            "/apis/tessera.io/v1alpha1/gpunodes/node-a/status"
+        );
+        let body = body_json(req).await;
+        let st = &body["status"];
+        assert_eq!(st["gpuCount"], 2);
+        assert_eq!(st["healthyGpus"], 1);
+        assert_eq!(st["health"], "Degraded");
+        assert_eq!(
+            st["gpus"][1]["reason"],
+            "XID 79 (GPU has fallen off the bus)"
+        );
+        let reply = serde_json::json!({"apiVersion": "tessera.io/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": "node-a"}, "spec": {"nodeName": "node-a"}, "status": st});
+        send.send_response(Response::new(Body::from(
+            serde_json::to_vec(&reply).unwrap(),
+        )));
+
+        // 3. GFD-style labels merged into the Node.
+        let (req, send) = handle.next_request().await.expect("labels request");
+        assert_eq!(req.method(), http::Method::PATCH);
+        assert_eq!(req.uri().path(), "/api/v1/nodes/node-a");
+        assert_eq!(
+            req.headers()["content-type"],
+            "application/merge-patch+json"
+        );
+        let body = body_json(req).await;
+        let labels = &body["metadata"]["labels"];
+        assert_eq!(labels["nvidia.com/gpu.product"], "H100-80GB-HBM3");
+        assert_eq!(labels["nvidia.com/gpu.count"], "2");
+        assert_eq!(labels["nvidia.com/gpu.memory"], "81559");
+        assert_eq!(labels["nvidia.com/gpu.family"], "hopper");
+        assert_eq!(labels["nvidia.com/cuda.driver-version.major"], "550");
+        let reply = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": labels}});
+        send.send_response(Response::new(Body::from(
+            serde_json::to_vec(&reply).unwrap(),
+        )));
+    });
+
+    let spec = gpu_node_spec("node-a", &view);
+    inv.publish_spec(&spec).await.unwrap();
+    inv.publish_status(&gpu_node_status(&spec, &view, 1000))
+        .await
+        .unwrap();
+    let labels = node_labels(
+        &view.gpus,
+        fake.driver_version().as_deref(),
+        fake.cuda_version().as_deref(),
+    );
+    inv.publish_labels(&labels).await.unwrap();
+    server.await.unwrap();
+}
