@@ -213,6 +213,50 @@ mod tests {
         assert_eq!(c[6].alloc_pct, 4.0);
     }
 
+    /// The cached per-node values equal a full recomputation after placements.
+    #[test]
+    fn tracker_updates_match_full_recomputation() {
+        use tessera_core::frag::TargetWorkload;
+        use tessera_core::model::{Catalog, Node};
+        use tessera_core::placement::{GpuGrant, Placement};
+        use tessera_core::request::Request;
+        let cat = Catalog::default();
+        let t4 = cat.find("T4").unwrap();
+        let c = Cluster::new(
+            cat,
+            vec![
+                Node::uniform("a", 16_000, 1 << 20, t4, 2),
+                Node::uniform("b", 16_000, 1 << 20, t4, 4),
+            ],
+        )
+        .unwrap();
+        let wl = TargetWorkload::from_requests(
+            &[
+                Request::share_milli(600, 1000, 0),
+                Request::whole(1, 12_000, 0),
+                Request::cpu_only(1000, 0),
+            ],
+            1.0,
+        );
+        let mut l = Ledger::new(&c);
+        let mut t = FragTracker::new(&c, &l, wl.clone());
+        // Idle cluster: 6000 idle milli; only the CPU-only third counts: 2000.
+        assert_eq!(t.idle_milli(), 6000);
+        assert!((t.frag_milli() - 2000.0).abs() < 1e-9);
+        let p = Placement {
+            node: NodeId(1),
+            grants: [GpuGrant::shared(0, 0, 500)].into_iter().collect(),
+            cpu_milli: 8000,
+            ..Default::default()
+        };
+        l.apply(&c, &p).unwrap();
+        t.update(&c, &l, NodeId(1));
+        let fresh = FragTracker::new(&c, &l, wl);
+        assert_eq!(t.idle_milli(), 5500);
+        assert!((t.frag_milli() - fresh.frag_milli()).abs() < 1e-9);
+        assert!((t.frag_rate_pct() - fresh.frag_rate_pct()).abs() < 1e-9);
+    }
+
     #[test]
     fn statistics() {
         let (m, sd) = mean_sd(&[1.0, 2.0, 3.0, 4.0]);

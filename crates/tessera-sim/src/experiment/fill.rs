@@ -22,12 +22,12 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use tessera_core::Scheduler;
 use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{Ledger, LedgerError};
 use tessera_core::model::{Cluster, ClusterError};
 use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
 use tessera_core::request::Request;
-use tessera_core::Scheduler;
 
 use crate::metrics::{FillPoint, FragTracker, discretize};
 use crate::trace::TracePod;
@@ -299,4 +299,132 @@ pub fn run_fill_seeds(
         .par_iter()
         .map(|&s| run_fill(cluster, pods, policy_name, s, config))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::model::{Catalog, Node};
+
+    fn cluster() -> Cluster {
+        let cat = Catalog::default();
+        let t4 = cat.find("T4").unwrap();
+        let g2 = cat.find("G2").unwrap();
+        let mut nodes = Vec::new();
+        for i in 0..12 {
+            nodes.push(Node::uniform(format!("t4-{i}"), 32_000, 128_000, t4, 2));
+            nodes.push(Node::uniform(format!("g2-{i}"), 96_000, 384_000, g2, 8));
+        }
+        Cluster::new(cat, nodes).unwrap()
+    }
+
+    fn pods() -> Vec<TracePod> {
+        let shapes = [
+            Request::share_milli(500, 4000, 8000),
+            Request::share_milli(810, 3000, 8000),
+            Request::whole(1, 8000, 16000),
+            Request::whole(2, 32000, 64000),
+            Request::cpu_only(6000, 8000),
+        ];
+        (0..40)
+            .map(|i| TracePod {
+                name: format!("pod-{i:03}"),
+                request: shapes[i % shapes.len()].clone(),
+                creation_s: None,
+                deletion_s: None,
+                scheduled_s: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn inflation_stops_before_the_target_and_trimming_gets_under_it() {
+        let pods = pods();
+        let demand: u64 = pods.iter().map(|p| p.request.gpu.total_milli()).sum();
+        let total = |order: &[usize]| -> u64 {
+            order
+                .iter()
+                .map(|&i| pods[i].request.gpu.total_milli())
+                .sum()
+        };
+        let config = FillConfig::default();
+        // Capacity such that the trace is half of 1.3 × capacity: inflation doubles it.
+        let capacity = (demand as f64 * 2.0 / 1.3) as u64;
+        let mut rng = SmallRng::seed_from_u64(1);
+        let order = arrival_order(&pods, capacity, &config, &mut rng);
+        let target = (1.3 * capacity as f64) as u64;
+        assert!(order.len() > pods.len());
+        assert!(
+            total(&order) <= target + 4000,
+            "{} vs {target}",
+            total(&order)
+        );
+        assert!(total(&order) > target - 4000);
+        // The original pods come first, each once.
+        let mut first: Vec<usize> = order[..pods.len()].to_vec();
+        first.sort_unstable();
+        assert_eq!(first, (0..pods.len()).collect::<Vec<_>>());
+        // Capacity such that the trace asks for twice 1.3 ×: pods are removed.
+        let capacity = (demand as f64 / 2.0 / 1.3) as u64;
+        let order = arrival_order(&pods, capacity, &config, &mut rng);
+        assert!(order.len() < pods.len());
+        assert!(total(&order) <= (1.3 * capacity as f64) as u64);
+    }
+
+    #[test]
+    fn same_inputs_same_json_and_sane_curve() {
+        let (c, p) = (cluster(), pods());
+        let config = FillConfig::for_workload("synthetic");
+        let a = run_fill(&c, &p, "fgd", 42, &config).unwrap();
+        let b = run_fill(&c, &p, "fgd", 42, &config).unwrap();
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            serde_json::to_string(&b).unwrap()
+        );
+        assert_eq!(a.pods_placed + a.pods_failed, a.pods_submitted);
+        assert_eq!(a.curve.first().map(|p| p.arrived_pct), Some(0.0));
+        assert_eq!(a.curve.first().map(|p| p.alloc_pct), Some(0.0));
+        for w in a.curve.windows(2) {
+            assert!(w[0].arrived_pct < w[1].arrived_pct);
+            // A column may average samples up to 1 point above its label (the ±1 fallback).
+            assert!(w[1].alloc_pct <= w[1].arrived_pct + 1.0 + 1e-9);
+        }
+        let at = a.at_100.unwrap();
+        assert!((at.alloc_pct + at.unallocated_pct - 100.0).abs() < 1e-9);
+        assert!(at.frag_rate_pct >= 0.0 && at.frag_rate_pct <= 100.0 + 1e-9);
+        // Random depends on the seed.
+        let r1 = run_fill(&c, &p, "random", 1, &config).unwrap();
+        let r2 = run_fill(&c, &p, "random", 2, &config).unwrap();
+        assert_ne!(
+            serde_json::to_string(&r1.curve).unwrap(),
+            serde_json::to_string(&r2.curve).unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let (c, p) = (cluster(), pods());
+        let config = FillConfig::default();
+        assert!(matches!(
+            run_fill(&c, &p, "nope", 1, &config),
+            Err(FillError::UnknownPolicy(_))
+        ));
+        assert!(matches!(
+            run_fill(&c, &[], "fgd", 1, &config),
+            Err(FillError::NoPods)
+        ));
+        let bad = FillConfig {
+            tune_ratio: f64::NAN,
+            ..FillConfig::default()
+        };
+        assert!(matches!(
+            run_fill(&c, &p, "fgd", 1, &bad),
+            Err(FillError::BadTuneRatio(_))
+        ));
+        let empty = Cluster::new(Catalog::default(), Vec::new()).unwrap();
+        assert!(matches!(
+            run_fill(&empty, &p, "fgd", 1, &config),
+            Err(FillError::NoGpus)
+        ));
+    }
 }
