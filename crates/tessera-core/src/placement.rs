@@ -21,7 +21,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
-use crate::explain::{Explanation, Reason};
+use crate::explain::Explanation;
 use crate::fit::{self, NodeView};
 use crate::ledger::Ledger;
 use crate::model::{Cluster, NodeId};
@@ -371,27 +371,19 @@ impl Scheduler {
         found
     }
 
-    /// Why `req` fits nowhere (or how many nodes it fits): one reason per node.
+    /// Why `req` fits nowhere (or how many nodes it fits): one reason per node from the
+    /// shared filter. Costs one filter pass over every node, no scoring.
     pub fn explain(
         &self,
         cluster: &Cluster,
         ledger: &Ledger,
         req: &Request,
-        rng: &mut dyn RngCore,
+        _rng: &mut dyn RngCore,
     ) -> Explanation {
         let mut e = Explanation::new(cluster.len());
         for id in cluster.ids() {
-            let view = Self::view(cluster, ledger, id);
-            match fit::check(view, req) {
-                Ok(f) => {
-                    if self.policy.score(view, req, &f, rng).is_some() {
-                        e.fit += 1;
-                    } else {
-                        e.add(Reason::PolicyDeclined {
-                            policy: self.policy.name().to_string(),
-                        });
-                    }
-                }
+            match fit::check(Self::view(cluster, ledger, id), req) {
+                Ok(_) => e.fit += 1,
                 Err(r) => e.add(r),
             }
         }

@@ -73,21 +73,24 @@ pub fn synthetic_cluster(nodes: usize, gpus: u32) -> anyhow::Result<Cluster> {
     Ok(Cluster::new(catalog, list)?)
 }
 
-/// The next request of the mixed stream: shares, whole GPUs (1, 2, 4, 8), memory-sized shares and CPU-only pods.
+/// The next request of the mixed stream: shares of one GPU, whole GPUs (1, 2, 4, 8),
+/// memory-sized shares and CPU-only pods. CPU is proportional to the GPUs asked (as
+/// in production traces); host memory varies freely (it is a filter, not a score input).
 fn next_request(rng: &mut SmallRng) -> Request {
-    let cpu = [2000, 4000, 8000][rng.random_range(0..3)];
-    let mem = [4096, 16_384, 32_768][rng.random_range(0..3)];
+    let mem = [4096, 16_384, 32_768, 65_536][rng.random_range(0..4)];
     let roll = rng.random_range(0..100);
+    let whole =
+        |count: u32| Request::whole(count, 8_000 * u64::from(count), mem * u64::from(count));
     match roll {
         0..35 => Request::share_milli(
             [100, 200, 250, 300, 400, 500, 600, 700, 800][rng.random_range(0..9)],
-            cpu,
+            4_000,
             mem,
         ),
-        35..65 => Request::whole(1, cpu, mem),
-        65..75 => Request::whole(2, cpu, mem),
-        75..80 => Request::whole(4, cpu, mem),
-        80..83 => Request::whole(8, cpu, mem),
+        35..65 => whole(1),
+        65..75 => whole(2),
+        75..80 => whole(4),
+        80..83 => whole(8),
         83..90 => Request {
             gpu: GpuAsk::Shared {
                 count: 1,
@@ -95,9 +98,9 @@ fn next_request(rng: &mut SmallRng) -> Request {
                 cores_milli: [200, 300][rng.random_range(0..2)],
             },
             isolation: Isolation::Mps,
-            ..Request::cpu_only(cpu, mem)
+            ..Request::cpu_only(4_000, mem)
         },
-        _ => Request::cpu_only(cpu, mem),
+        _ => Request::cpu_only(2_000, mem),
     }
 }
 
