@@ -6,5 +6,8 @@
 //! (pods arrive and leave at their trace times, pending pods queue).
 
 pub mod experiment;
+pub mod grid;
 pub mod metrics;
+pub mod report;
 pub mod trace;
+pub mod workload;
