@@ -106,7 +106,7 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
         if gpu.health != Health::Healthy || !models.contains(gpu.model) {
             continue;
         }
-        if !pinned.is_empty() && !pinned.iter().any(|p| *p == gpu.uuid) {
+        if !pinned.is_empty() && !pinned.contains(&gpu.uuid) {
             continue;
         }
         let spec = catalog.spec(gpu.model);

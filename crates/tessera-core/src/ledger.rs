@@ -113,7 +113,7 @@ pub enum LedgerError {
 #[derive(Debug, Clone)]
 enum JournalOp {
     Applied(AllocId),
-    Released(AllocId, Placement),
+    Released(AllocId, Box<Placement>),
 }
 
 /// A point to roll back to (see [`Ledger::checkpoint`]).
@@ -333,7 +333,8 @@ impl Ledger {
     pub fn release(&mut self, id: AllocId) -> Result<Placement, LedgerError> {
         let p = self.release_quiet(id)?;
         if self.open_checkpoints > 0 {
-            self.journal.push(JournalOp::Released(id, p.clone()));
+            self.journal
+                .push(JournalOp::Released(id, Box::new(p.clone())));
         }
         Ok(p)
     }

@@ -104,12 +104,6 @@ pub struct Placement {
     pub terms: Vec<ScoreTerm>,
 }
 
-impl Default for NodeId {
-    fn default() -> Self {
-        NodeId(0)
-    }
-}
-
 /// The class of a request: GPU count and per-GPU milli packed in one number (0 for CPU-only).
 pub fn request_class(req: &Request) -> u32 {
     let n = req.gpu.gpu_count();
@@ -127,6 +121,10 @@ pub fn request_class(req: &Request) -> u32 {
 
 /// The outcome of one decision.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a placement is the common, hot case; boxing it costs an allocation per decision"
+)]
 pub enum Decision {
     Place(Placement),
     Unschedulable(Explanation),

@@ -797,10 +797,13 @@ mod tests {
         assert!(!r.constraints.model_set.contains(c.find("T4").unwrap()));
     }
 
+    /// Resources, annotations, and a piece of the expected error.
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [(&'a str, &'a str)], &'a str);
+
     /// Each bad input names its field and value in the message.
     #[test]
     fn bad_inputs_name_field_and_value() {
-        let cases: &[(&[(&str, &str)], &[(&str, &str)], &str)] = &[
+        let cases: &[Case<'_>] = &[
             (
                 &[(RES_GPU, "-1")],
                 &[],

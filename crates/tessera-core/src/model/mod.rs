@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 pub use spec::{Architecture, Catalog, GpuSpec, MigGeometry, MigProfile, ModelId, ModelSet};
 
 /// Index of a node in its [`Cluster`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
 pub struct NodeId(pub u32);
 
 /// Whether a GPU may receive work.
