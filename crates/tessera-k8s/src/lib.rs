@@ -8,8 +8,10 @@
 //! admission [`webhook`] and [`metrics`]. [`run`] wires them together and stops
 //! when its shutdown future resolves; only the binary owns signals.
 
+pub mod bench;
 pub mod binder;
 pub mod convert;
+pub mod explain;
 pub mod extender;
 pub mod leader;
 pub mod metrics;

@@ -88,8 +88,32 @@ pub struct FilterOutcome {
     pub failed: BTreeMap<String, String>,
     /// Nodes that can never take the pod as it is.
     pub unresolvable: BTreeMap<String, String>,
-    /// Reason counts over the rejected nodes.
-    pub explanation: Explanation,
+}
+
+/// Most request shapes whose verdicts are kept (the cache is dropped when full).
+const MAX_SHAPES: usize = 128;
+
+/// A node's verdict for one request shape.
+#[derive(Debug, Clone)]
+enum Verdict {
+    Fit(f64),
+    No {
+        message: std::sync::Arc<str>,
+        resolvable: bool,
+    },
+}
+
+/// Verdicts of every node for one request shape, valid as of a ledger cursor.
+///
+/// Filter and prioritize of one pod, and the next pod of the same shape, only
+/// re-judge the nodes the ledger logged as changed since (the core scheduler's
+/// idea, applied to the extender's per-node answers). A rebuild of the cluster
+/// bumps the mirror's generation and drops them all.
+#[derive(Debug, Clone)]
+struct ShapeCache {
+    cursor: u64,
+    generation: u64,
+    verdicts: Vec<Option<Verdict>>,
 }
 
 /// Whether preemption could make room on a node rejected for `reason`.
@@ -119,8 +143,12 @@ pub struct Mirror {
     facts: Vec<NodeFacts>,
     dirty: bool,
     rng: SmallRng,
-    /// Cached evaluation of the last filtered pod (uid, ledger cursor, generation, score per node).
-    last_eval: Option<(String, u64, u64, Vec<Option<f64>>)>,
+    /// Per request shape, each node's verdict (see [`ShapeCache`]).
+    shapes: HashMap<Request, ShapeCache>,
+    /// The verdicts of the last request a non-cacheable policy judged.
+    uncached: Option<ShapeCache>,
+    /// Node name to id, for the extender's name lists.
+    by_name: HashMap<String, NodeId>,
     generation: u64,
     /// Things wrong with nodes, inventory or replays at the last rebuild.
     node_problems: Vec<String>,
@@ -144,7 +172,9 @@ impl Mirror {
             facts: Vec::new(),
             dirty: false,
             rng: SmallRng::seed_from_u64(0x7e55e7a),
-            last_eval: None,
+            shapes: HashMap::new(),
+            uncached: None,
+            by_name: HashMap::new(),
             generation: 0,
             node_problems: Vec::new(),
         }
@@ -296,6 +326,10 @@ impl Mirror {
             .as_ref()
             .and_then(|a| a.get(ANNOTATION))
         {
+            // An empty key means a read-only tool (`tessera explain`) that trusts the API's annotations.
+            Some(v) if self.key.is_empty() => Allocation::decode_unverified(v)
+                .map_err(|e| problem = Some(format!("pod {key}: {e}; its GPUs are not counted")))
+                .ok(),
             Some(v) => match Allocation::decode_verified(v, &self.key, uid, &node) {
                 Ok(a) => Some(a),
                 Err(e) => {
@@ -400,6 +434,15 @@ impl Mirror {
             }
         };
         self.facts = facts;
+        self.by_name = self
+            .cluster
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), NodeId(i as u32)))
+            .collect();
+        self.shapes.clear();
+        self.uncached = None;
         self.ledger = Ledger::new(&self.cluster);
         let mut uids: Vec<String> = self.held.keys().cloned().collect();
         // Replay in a fixed order so equal inputs give equal ledgers.
@@ -481,6 +524,11 @@ impl Mirror {
     // ---- decisions -------------------------------------------------------------------------
 
     fn score_node(&mut self, id: NodeId, req: &Request) -> Result<Scored, Reason> {
+        if req.gpu != GpuAsk::None && self.cluster.node(id).gpus.is_empty() {
+            return Err(Reason::Excluded {
+                why: "no GPUs known (no GpuNode inventory)".into(),
+            });
+        }
         let view = NodeView {
             node: self.cluster.node(id),
             used: self.ledger.node(id),
@@ -494,52 +542,103 @@ impl Mirror {
             })
     }
 
+    /// Fills the verdict cache of `req`'s shape for `ids`, refreshing only the
+    /// nodes the ledger changed since the shape was last asked (see [`ShapeCache`]).
+    fn ensure_verdicts(&mut self, req: &Request, ids: &[Option<NodeId>]) {
+        let cacheable = self.policy.cacheable() && req.constraints.pinned_uuids.is_empty();
+        let cursor = self.ledger.change_cursor();
+        let mut cache = match self.shapes.remove(req) {
+            Some(c) if cacheable && c.generation == self.generation => c,
+            _ => ShapeCache {
+                cursor,
+                generation: self.generation,
+                verdicts: vec![None; self.cluster.len()],
+            },
+        };
+        match self.ledger.changes_since(cache.cursor) {
+            Some(changed) => {
+                for id in changed {
+                    cache.verdicts[id.0 as usize] = None;
+                }
+            }
+            None => cache.verdicts.iter_mut().for_each(|v| *v = None),
+        }
+        cache.cursor = cursor;
+        for id in ids.iter().flatten() {
+            if cache.verdicts[id.0 as usize].is_none() {
+                let v = match self.score_node(*id, req) {
+                    Ok(s) => Verdict::Fit(s.score),
+                    Err(r) => Verdict::No {
+                        message: r.to_string().into(),
+                        resolvable: resolvable(&r),
+                    },
+                };
+                cache.verdicts[id.0 as usize] = Some(v);
+            }
+        }
+        if cacheable {
+            if self.shapes.len() >= MAX_SHAPES {
+                self.shapes.clear();
+            }
+            self.shapes.insert(req.clone(), cache);
+        } else {
+            self.uncached = Some(cache);
+        }
+    }
+
+    fn verdicts(&self, req: &Request) -> &[Option<Verdict>] {
+        self.shapes
+            .get(req)
+            .or(self.uncached.as_ref())
+            .map_or(&[], |c| c.verdicts.as_slice())
+    }
+
+    fn ids_of(&self, names: &[String]) -> Vec<Option<NodeId>> {
+        names
+            .iter()
+            .map(|n| self.by_name.get(n.as_str()).copied())
+            .collect()
+    }
+
     /// The extender's filter: which of `names` can take the pod.
     pub fn filter(&mut self, pod: &Pod, names: &[String]) -> Result<FilterOutcome, RequestError> {
         self.refresh();
-        let mut out = FilterOutcome {
-            explanation: Explanation::new(names.len()),
-            ..FilterOutcome::default()
-        };
+        let mut out = FilterOutcome::default();
         let req = convert::pod_request(pod, &self.cluster.catalog)?;
         if req.gpu == GpuAsk::None {
             // No GPUs: kube-scheduler's own plugins judge CPU and memory.
             out.passed = names.to_vec();
-            out.explanation.fit = names.len();
             return Ok(out);
         }
-        let mut scores = vec![None; self.cluster.len()];
-        for name in names {
-            let verdict = match self.cluster.node_id(name) {
-                None => Err(Reason::Excluded {
-                    why: "no GPU inventory (GpuNode) known for the node".into(),
-                }),
-                Some(id) => self.score_node(id, &req).map(|s| {
-                    scores[id.0 as usize] = Some(s.score);
-                }),
-            };
-            match verdict {
-                Ok(()) => {
-                    out.passed.push(name.clone());
-                    out.explanation.fit += 1;
-                }
-                Err(r) => {
-                    let msg = r.to_string();
-                    if resolvable(&r) {
-                        out.failed.insert(name.clone(), msg);
+        let ids = self.ids_of(names);
+        self.ensure_verdicts(&req, &ids);
+        let verdicts = self.verdicts(&req);
+        out.passed.reserve(names.len());
+        for (name, id) in names.iter().zip(&ids) {
+            match id
+                .and_then(|id| verdicts.get(id.0 as usize))
+                .and_then(Option::as_ref)
+            {
+                Some(Verdict::Fit(_)) => out.passed.push(name.clone()),
+                Some(Verdict::No {
+                    message,
+                    resolvable,
+                }) => {
+                    let into = if *resolvable {
+                        &mut out.failed
                     } else {
-                        out.unresolvable.insert(name.clone(), msg);
-                    }
-                    out.explanation.add(r);
+                        &mut out.unresolvable
+                    };
+                    into.insert(name.clone(), message.to_string());
+                }
+                None => {
+                    out.unresolvable.insert(
+                        name.clone(),
+                        "no GPU inventory (GpuNode) known for the node".into(),
+                    );
                 }
             }
         }
-        self.last_eval = Some((
-            convert::pod_uid(pod).to_string(),
-            self.ledger.change_cursor(),
-            self.generation,
-            scores,
-        ));
         Ok(out)
     }
 
@@ -555,30 +654,19 @@ impl Mirror {
         if req.gpu == GpuAsk::None {
             return Ok(names.iter().map(|n| (n.clone(), 0)).collect());
         }
-        let uid = convert::pod_uid(pod);
-        let cached = match &self.last_eval {
-            Some((u, cursor, generation, scores))
-                if u == uid
-                    && *cursor == self.ledger.change_cursor()
-                    && *generation == self.generation =>
-            {
-                Some(scores.clone())
-            }
-            _ => None,
-        };
-        let mut raw: Vec<(String, f64)> = Vec::with_capacity(names.len());
-        for name in names {
-            let Some(id) = self.cluster.node_id(name) else {
-                continue;
-            };
-            let s = match &cached {
-                Some(scores) => scores[id.0 as usize],
-                None => self.score_node(id, &req).ok().map(|s| s.score),
-            };
-            if let Some(s) = s {
-                raw.push((name.clone(), s));
-            }
-        }
+        let ids = self.ids_of(names);
+        self.ensure_verdicts(&req, &ids);
+        let verdicts = self.verdicts(&req);
+        let raw: Vec<(&String, f64)> = names
+            .iter()
+            .zip(&ids)
+            .filter_map(
+                |(name, id)| match id.and_then(|id| verdicts.get(id.0 as usize)) {
+                    Some(Some(Verdict::Fit(s))) => Some((name, *s)),
+                    _ => None,
+                },
+            )
+            .collect();
         let (lo, hi) = raw
             .iter()
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), (_, s)| {
@@ -592,7 +680,7 @@ impl Mirror {
                 } else {
                     10
                 };
-                (n, score)
+                (n.clone(), score)
             })
             .collect())
     }
@@ -717,12 +805,13 @@ impl Mirror {
     }
 
     /// Places a pod on the best node among those `eligible` allows (standalone
-    /// mode): the placement, or why nothing fits (with `eligible`'s reasons counted).
+    /// mode): the placement and the per-node reasons, or why nothing fits (with
+    /// `eligible`'s reasons counted).
     pub fn decide(
         &mut self,
         req: &Request,
         eligible: impl Fn(&NodeFacts) -> Result<(), String>,
-    ) -> Result<Placement, Explanation> {
+    ) -> Result<(Placement, Explanation), Explanation> {
         self.refresh();
         let mut e = Explanation::new(self.cluster.len());
         let mut best: Option<(NodeId, Scored)> = None;
@@ -750,15 +839,18 @@ impl Mirror {
             used: self.ledger.node(id),
             catalog: &self.cluster.catalog,
         };
-        Ok(Placement {
-            node: id,
-            grants: fit::grants(view, req, &scored.gpus),
-            cpu_milli: req.cpu_milli,
-            memory_mib: req.memory_mib,
-            class: tessera_core::placement::request_class(req),
-            score: scored.score,
-            terms: scored.terms.to_vec(),
-        })
+        Ok((
+            Placement {
+                node: id,
+                grants: fit::grants(view, req, &scored.gpus),
+                cpu_milli: req.cpu_milli,
+                memory_mib: req.memory_mib,
+                class: tessera_core::placement::request_class(req),
+                score: scored.score,
+                terms: scored.terms.to_vec(),
+            },
+            e,
+        ))
     }
 
     /// Whether a Kubernetes node of this name is mirrored.

@@ -223,6 +223,11 @@ pub enum RunError {
     Leader(#[from] leader::LeaderError),
 }
 
+/// A client from the in-cluster service account or the local kubeconfig.
+pub async fn connect() -> Result<kube::Client, kube::Error> {
+    kube::Client::try_default().await
+}
+
 /// Feeds one kind of object into the mirror until the stream ends (it does not: the watcher retries).
 async fn feed<K, F>(api: Api<K>, mirror: Arc<Mutex<Mirror>>, wake: Arc<Notify>, apply: F)
 where

@@ -197,7 +197,7 @@ impl Standalone {
             match convert::pod_request(pod, &catalog) {
                 Err(e) => Err((e.to_string(), "invalid request".to_string())),
                 Ok(req) => match m.decide(&req, |facts| node_allows(pod, facts)) {
-                    Ok(p) => Ok(m.cluster().node(p.node).name.clone()),
+                    Ok((p, _)) => Ok(m.cluster().node(p.node).name.clone()),
                     Err(e) => {
                         let reason = e
                             .ranked()

@@ -1,11 +1,121 @@
-//! `tessera scheduler` (not yet implemented).
+//! `tessera scheduler`: the Kubernetes scheduler, as a kube-scheduler extender
+//! or standalone. Bad configuration exits 64 before any socket is bound.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct SchedulerArgs {}
+use clap::ArgAction;
+use tessera_k8s::run::{RawConfig, connect, run as run_scheduler};
 
-pub fn run(_args: SchedulerArgs) -> anyhow::Result<ExitCode> {
-    eprintln!("tessera scheduler: not implemented yet");
-    Ok(ExitCode::from(1))
+use super::EXIT_BAD_CONFIG;
+
+#[derive(Debug, clap::Args)]
+pub struct SchedulerArgs {
+    /// `extender` (kube-scheduler calls us) or `standalone` (we place pods with our schedulerName).
+    #[arg(long, default_value = "extender")]
+    pub mode: String,
+    /// Address of the extender HTTP endpoint, health and metrics.
+    #[arg(long, default_value = "0.0.0.0:8888")]
+    pub listen: String,
+    /// Placement policy.
+    #[arg(long, default_value = "tessera")]
+    pub policy: String,
+    /// File holding the HMAC key that signs allocation annotations (the Secret shared with the node agents).
+    #[arg(long)]
+    pub signing_key_file: Option<PathBuf>,
+    /// The schedulerName this scheduler owns (standalone mode; webhook mutation).
+    #[arg(long, default_value = "tessera")]
+    pub scheduler_name: String,
+    /// Take part in leader election on a Lease (off: this replica always leads).
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    pub leader_elect: bool,
+    #[arg(long, default_value = "tessera-system")]
+    pub lease_namespace: String,
+    #[arg(long, default_value = "tessera-scheduler")]
+    pub lease_name: String,
+    /// This replica's identity in the election (default: $POD_NAME, then $HOSTNAME).
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// Serve the admission webhook (HTTPS) on this address; needs --webhook-cert and --webhook-key.
+    #[arg(long)]
+    pub webhook_listen: Option<String>,
+    #[arg(long)]
+    pub webhook_cert: Option<PathBuf>,
+    #[arg(long)]
+    pub webhook_key: Option<PathBuf>,
+    /// Let the webhook set schedulerName on GPU pods that use the default scheduler.
+    #[arg(long)]
+    pub webhook_set_scheduler_name: bool,
+    /// A user allowed to write tessera.io/allocation (repeatable; the scheduler's service account).
+    #[arg(long = "allocation-writer")]
+    pub allocation_writers: Vec<String>,
+}
+
+pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let identity = a
+        .identity
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok());
+    let raw = RawConfig {
+        mode: Some(a.mode),
+        listen: Some(a.listen),
+        policy: Some(a.policy),
+        signing_key_file: a.signing_key_file,
+        scheduler_name: Some(a.scheduler_name),
+        leader_elect: Some(a.leader_elect),
+        lease_namespace: Some(a.lease_namespace),
+        lease_name: Some(a.lease_name),
+        identity,
+        webhook_listen: a.webhook_listen,
+        webhook_cert: a.webhook_cert,
+        webhook_key: a.webhook_key,
+        webhook_set_scheduler_name: Some(a.webhook_set_scheduler_name),
+        allocation_writers: a.allocation_writers,
+    };
+    let config = match raw.resolve() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: configuration: {e}");
+            return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let client = connect()
+            .await
+            .map_err(|e| anyhow::anyhow!("connecting to the Kubernetes API: {e}"))?;
+        run_scheduler(config, client, shutdown_signal()).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

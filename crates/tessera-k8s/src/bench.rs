@@ -1,0 +1,234 @@
+//! Extender latency benchmark: `filter` then `prioritize` for one pod against
+//! N nodes with `nodeCacheCapable` (names only), through the real router
+//! (JSON decode, decision, JSON encode), on a half-full synthetic cluster.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::Body;
+use serde::Serialize;
+use serde_json::json;
+use tower::ServiceExt;
+
+use crate::extender::{ExtenderState, router};
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::mirror::{Mirror, Reservation};
+
+/// Latency figures in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub nodes: usize,
+    pub gpus: usize,
+    pub pods_placed: usize,
+    pub iterations: usize,
+    pub policy: String,
+    /// filter + prioritize, per pod.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub filter_p50_us: f64,
+    pub filter_p99_us: f64,
+    pub prioritize_p50_us: f64,
+    pub prioritize_p99_us: f64,
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn synthetic_objects(
+    nodes: usize,
+) -> (
+    Vec<k8s_openapi::api::core::v1::Node>,
+    Vec<tessera_api::GpuNode>,
+) {
+    use k8s_openapi::api::core::v1::{Node, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use tessera_api::{GpuDevice, GpuLink, GpuNode, GpuNodeSpec, LinkKind};
+    let models = [
+        ("H100-80GB", 81_559u64, 132u32),
+        ("A100-80GB", 81_920, 108),
+        ("L4", 23_034, 58),
+        ("T4", 15_360, 40),
+    ];
+    let mut kn = Vec::with_capacity(nodes);
+    let mut gn = Vec::with_capacity(nodes);
+    for i in 0..nodes {
+        let name = format!("node-{i:05}");
+        let (model, mem, sms) = models[i % models.len()];
+        let nvlink = i % models.len() < 2;
+        kn.push(Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(NodeStatus {
+                allocatable: Some(
+                    [
+                        ("cpu".to_string(), Quantity("128".into())),
+                        ("memory".to_string(), Quantity("1024Gi".into())),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            }),
+        });
+        gn.push(GpuNode::new(
+            &name,
+            GpuNodeSpec {
+                node_name: name.clone(),
+                gpus: (0..8u32)
+                    .map(|g| GpuDevice {
+                        index: g,
+                        uuid: format!("GPU-{i:05}-{g}"),
+                        model: model.into(),
+                        memory_mib: mem,
+                        sm_count: sms,
+                        numa: Some((g / 4) as u8),
+                        links: (0..8u32)
+                            .filter(|p| *p != g)
+                            .map(|p| GpuLink {
+                                peer: p,
+                                kind: if nvlink {
+                                    LinkKind::NVLink
+                                } else if p / 2 == g / 2 {
+                                    LinkKind::PCIeSwitch
+                                } else {
+                                    LinkKind::SameSocket
+                                },
+                                nvlinks: if nvlink { 18 } else { 0 },
+                            })
+                            .collect(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            },
+        ));
+    }
+    (kn, gn)
+}
+
+fn pod(uid: &str, resources: serde_json::Value) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "bench", "uid": uid},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": resources}}]}
+    }))
+    .unwrap_or_default()
+}
+
+/// Builds the cluster, fills it about half with a mix of shares and whole
+/// GPUs, then times `iterations` filter + prioritize pairs for fresh pods.
+pub async fn extender_latency(
+    nodes: usize,
+    iterations: usize,
+    policy: &str,
+) -> Result<BenchReport, String> {
+    let policy_box =
+        tessera_core::policy::by_name(policy, &Default::default()).map_err(|e| e.to_string())?;
+    let (kn, gn) = synthetic_objects(nodes);
+    let mut mirror = Mirror::from_objects(
+        policy_box,
+        b"bench-signing-key-0123".to_vec(),
+        kn,
+        gn,
+        Vec::new(),
+    );
+    // Fill: walk the nodes, placing one pod of a rotating shape on each, four rounds.
+    let shapes = [
+        json!({"cpu": "4", "tessera.io/gpu": "1", "tessera.io/gpu-milli": "300"}),
+        json!({"cpu": "8", "tessera.io/gpu": "1"}),
+        json!({"cpu": "2", "tessera.io/gpu": "1", "tessera.io/gpu-milli": "500"}),
+        json!({"cpu": "16", "tessera.io/gpu": "2"}),
+    ];
+    let mut placed = 0;
+    for round in 0..4 {
+        for i in 0..nodes {
+            let p = pod(
+                &format!("fill-{round}-{i}"),
+                shapes[(i + round) % shapes.len()].clone(),
+            );
+            if let Ok(Reservation::Write { .. }) = mirror.reserve(&p, &format!("node-{i:05}")) {
+                placed += 1;
+            }
+        }
+    }
+    let gpus = mirror.cluster().gpu_count();
+    let mirror = Arc::new(Mutex::new(mirror));
+    let state = ExtenderState {
+        mirror,
+        binder: None,
+        metrics: Arc::new(Metrics::new()),
+        leader: Leadership::always(),
+    };
+    let app = router(state);
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();
+    let ask = json!({"cpu": "2", "memory": "8Gi", "tessera.io/gpu": "1", "tessera.io/gpu-memory-percent": "40", "tessera.io/gpu-cores": "40"});
+    let mut filter_us = Vec::with_capacity(iterations);
+    let mut prio_us = Vec::with_capacity(iterations);
+    let mut total_us = Vec::with_capacity(iterations);
+    let post = |path: &'static str, body: Vec<u8>| {
+        http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .map_err(|e| e.to_string())
+    };
+    // A few warm-up pairs, not timed.
+    for it in 0..(iterations + 5) {
+        let body = serde_json::to_vec(&json!({
+            "Pod": pod(&format!("bench-{it}"), ask.clone()),
+            "Nodes": null,
+            "NodeNames": names,
+        }))
+        .map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        let r = app
+            .clone()
+            .oneshot(post("/filter", body.clone())?)
+            .await
+            .map_err(|e| e.to_string())?;
+        let filtered = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .map_err(|e| e.to_string())?;
+        let t1 = Instant::now();
+        let r = app
+            .clone()
+            .oneshot(post("/prioritize", body)?)
+            .await
+            .map_err(|e| e.to_string())?;
+        let scored = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .map_err(|e| e.to_string())?;
+        let t2 = Instant::now();
+        if filtered.len() < 10 || scored.len() < 10 {
+            return Err("the extender answered with an empty body".into());
+        }
+        if it >= 5 {
+            filter_us.push((t1 - t0).as_secs_f64() * 1e6);
+            prio_us.push((t2 - t1).as_secs_f64() * 1e6);
+            total_us.push((t2 - t0).as_secs_f64() * 1e6);
+        }
+    }
+    for v in [&mut filter_us, &mut prio_us, &mut total_us] {
+        v.sort_by(f64::total_cmp);
+    }
+    Ok(BenchReport {
+        nodes,
+        gpus,
+        pods_placed: placed,
+        iterations,
+        policy: policy.to_string(),
+        p50_us: quantile(&total_us, 0.5),
+        p99_us: quantile(&total_us, 0.99),
+        max_us: total_us.last().copied().unwrap_or(0.0),
+        filter_p50_us: quantile(&filter_us, 0.5),
+        filter_p99_us: quantile(&filter_us, 0.99),
+        prioritize_p50_us: quantile(&prio_us, 0.5),
+        prioritize_p99_us: quantile(&prio_us, 0.99),
+    })
+}

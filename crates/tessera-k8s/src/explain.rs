@@ -1,0 +1,322 @@
+//! `tessera explain NAMESPACE/POD`: where a pod went and why, or why it is
+//! pending, computed from the live cluster (a one-shot list of nodes,
+//! `GpuNode`s and pods; nothing is written).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+use tessera_api::GpuNode;
+use tessera_core::allocation::{ANNOTATION, Allocation};
+use tessera_core::policy::{PolicyArgs, by_name};
+
+use crate::convert;
+use crate::mirror::Mirror;
+use crate::standalone::node_allows;
+
+/// The answer for one pod.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum Report {
+    /// Bound: the node and, for GPU pods, the allocation annotation's content.
+    Placed {
+        pod: String,
+        node: String,
+        allocation: Option<Allocation>,
+        note: Option<String>,
+    },
+    /// Pending and its request does not parse.
+    Invalid { pod: String, message: String },
+    /// Pending: the sentence and the per-reason node counts.
+    Pending {
+        pod: String,
+        sentence: String,
+        reasons: BTreeMap<String, usize>,
+        nodes: usize,
+    },
+    /// Pending although a node fits now (the scheduler will place it on its next pass).
+    WouldFit {
+        pod: String,
+        node: String,
+        nodes_that_fit: usize,
+    },
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Report::Placed {
+                pod,
+                node,
+                allocation,
+                note,
+            } => {
+                write!(f, "{pod} is on node {node}")?;
+                if let Some(a) = allocation {
+                    write!(
+                        f,
+                        ", placed by policy {} with isolation {}:",
+                        a.policy,
+                        a.isolation.name()
+                    )?;
+                    for g in &a.gpus {
+                        write!(
+                            f,
+                            "\n  GPU {} {}: {} MiB, {}.{}% compute",
+                            g.index,
+                            g.uuid,
+                            g.memory_mib,
+                            g.cores_milli / 10,
+                            g.cores_milli % 10
+                        )?;
+                        if let Some(m) = &g.mig {
+                            write!(f, ", MIG {} at slice {}", m.profile, m.start)?;
+                        }
+                    }
+                } else {
+                    write!(f, " (no Tessera GPU allocation)")?;
+                }
+                if let Some(n) = note {
+                    write!(f, "\n  note: {n}")?;
+                }
+                Ok(())
+            }
+            Report::Invalid { pod, message } => {
+                write!(f, "{pod} is pending: its GPU request is invalid: {message}")
+            }
+            Report::Pending { pod, sentence, .. } => write!(f, "{pod} is pending: {sentence}"),
+            Report::WouldFit {
+                pod,
+                node,
+                nodes_that_fit,
+            } => write!(
+                f,
+                "{pod} is pending, but fits now on {nodes_that_fit} node(s); the best is {node} (the scheduler will place it on its next pass)"
+            ),
+        }
+    }
+}
+
+/// Why explain could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("reading {what} from the cluster: {source}")]
+    List {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("pod {0} not found")]
+    NotFound(String),
+    #[error("policy: {0}")]
+    Policy(String),
+}
+
+/// [`explain`] with a client from the service account or kubeconfig.
+pub async fn explain_live(
+    namespace: &str,
+    name: &str,
+    policy: &str,
+) -> Result<Report, ExplainError> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|source| ExplainError::List {
+            what: "a connection",
+            source,
+        })?;
+    explain(client, namespace, name, policy).await
+}
+
+/// Explains `namespace/name` as of now, judging pending pods with `policy`.
+pub async fn explain(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    policy: &str,
+) -> Result<Report, ExplainError> {
+    let policy =
+        by_name(policy, &PolicyArgs::default()).map_err(|e| ExplainError::Policy(e.to_string()))?;
+    let lp = ListParams::default();
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(|source| ExplainError::List {
+            what: "nodes",
+            source,
+        })?;
+    // A cluster without the CRD installed has no inventory; say so through the reasons.
+    let inventory = match Api::<GpuNode>::all(client.clone()).list(&lp).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(source) => {
+            return Err(ExplainError::List {
+                what: "gpunodes",
+                source,
+            });
+        }
+    };
+    let pods = Api::<Pod>::all(client)
+        .list(&lp)
+        .await
+        .map_err(|source| ExplainError::List {
+            what: "pods",
+            source,
+        })?;
+    let key = format!("{namespace}/{name}");
+    let target = pods
+        .items
+        .iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace)
+                && p.metadata.name.as_deref() == Some(name)
+        })
+        .cloned()
+        .ok_or_else(|| ExplainError::NotFound(key.clone()))?;
+    // No key: annotations are read as the API holds them (display only).
+    let mut mirror = Mirror::from_objects(policy, Vec::new(), nodes.items, inventory, pods.items);
+    Ok(report(&mut mirror, &target))
+}
+
+/// The report for one pod against a mirror (pure; tests call it directly).
+pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
+    let key = convert::pod_key(pod);
+    if let Some(node) = convert::pod_node(pod) {
+        let raw = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION));
+        let (allocation, note) = match raw.map(|v| Allocation::decode_unverified(v)) {
+            None => (None, None),
+            Some(Ok(a)) => (Some(a), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+        };
+        return Report::Placed {
+            pod: key,
+            node: node.to_string(),
+            allocation,
+            note,
+        };
+    }
+    let catalog = mirror.cluster().catalog.clone();
+    let req = match convert::pod_request(pod, &catalog) {
+        Ok(r) => r,
+        Err(e) => {
+            return Report::Invalid {
+                pod: key,
+                message: e.to_string(),
+            };
+        }
+    };
+    match mirror.decide(&req, |facts| node_allows(pod, facts)) {
+        Ok((p, e)) => Report::WouldFit {
+            pod: key,
+            node: mirror.cluster().node(p.node).name.clone(),
+            nodes_that_fit: e.fit,
+        },
+        Err(e) => Report::Pending {
+            pod: key,
+            sentence: e.to_string(),
+            reasons: e
+                .ranked()
+                .into_iter()
+                .map(|(r, n)| (r.to_string(), n))
+                .collect(),
+            nodes: e.total,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use tessera_api::{GpuDevice, GpuNodeSpec};
+
+    use super::*;
+
+    fn node(name: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
+        }))
+        .unwrap()
+    }
+
+    fn pod(name: &str, gpus: &str) -> Pod {
+        Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ml".into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources: Some(ResourceRequirements {
+                        requests: Some(
+                            [("tessera.io/gpu".to_string(), Quantity(gpus.into()))].into(),
+                        ),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn pending_pods_get_per_reason_counts() {
+        let inv = GpuNode::new(
+            "a",
+            GpuNodeSpec {
+                node_name: "a".into(),
+                gpus: (0..2)
+                    .map(|index| GpuDevice {
+                        index,
+                        model: "L4".into(),
+                        memory_mib: 23_034,
+                        ..Default::default()
+                    })
+                    .collect(),
+            },
+        );
+        let policy = by_name("tessera", &PolicyArgs::default()).unwrap();
+        let mut m = Mirror::from_objects(
+            policy,
+            Vec::new(),
+            vec![node("a"), node("b")],
+            vec![inv],
+            vec![],
+        );
+        match report(&mut m, &pod("big", "4")) {
+            Report::Pending {
+                sentence,
+                reasons,
+                nodes,
+                ..
+            } => {
+                assert_eq!(nodes, 2);
+                assert_eq!(
+                    sentence,
+                    "0/2 nodes fit: 1 fewer than 4 GPUs in total, 1 no GPUs known (no GpuNode inventory)"
+                );
+                assert_eq!(reasons.get("fewer than 4 GPUs in total"), Some(&1));
+            }
+            r => panic!("expected pending, got {r:?}"),
+        }
+        match report(&mut m, &pod("small", "1")) {
+            Report::WouldFit {
+                node,
+                nodes_that_fit,
+                ..
+            } => assert_eq!((node.as_str(), nodes_that_fit), ("a", 1)),
+            r => panic!("expected would-fit, got {r:?}"),
+        }
+        let bad = report(&mut m, &pod("bad", "lots"));
+        assert!(bad.to_string().contains("tessera.io/gpu"), "{bad}");
+    }
+}
