@@ -192,11 +192,13 @@ impl Collector {
     /// Collects everything and returns the OpenMetrics text.
     pub async fn scrape(&self) -> String {
         let view = self.view.borrow().clone();
-        let pods = match self.pods.pods_on_node(&self.node).await {
-            Ok(p) => p,
+        // Without the pod list nothing can be called a leak: processes are then
+        // attributed by pod UID only.
+        let (pods, pods_known) = match self.pods.pods_on_node(&self.node).await {
+            Ok(p) => (p, true),
             Err(e) => {
-                tracing::warn!(error = %e, "metrics: pods unknown; per-pod series omitted");
-                Vec::new()
+                tracing::debug!(error = %e, "metrics: pods unknown; no names, no leak detection");
+                (Vec::new(), false)
             }
         };
         let by_uid: BTreeMap<&str, &PodInfo> = pods.iter().map(|p| (p.uid.as_str(), p)).collect();
@@ -389,7 +391,13 @@ impl Collector {
                                 container: container_name(pod, &container, &holders, &gpu.uuid),
                             }
                         }
-                        _ => Owner::Orphan { uid: o.pod_uid },
+                        _ if pods_known => Owner::Orphan { uid: o.pod_uid },
+                        _ => Owner::Pod {
+                            namespace: String::new(),
+                            pod: String::new(),
+                            uid: o.pod_uid,
+                            container: o.container_id.unwrap_or_default(),
+                        },
                     },
                     None => Owner::Host,
                 };

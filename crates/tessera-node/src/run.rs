@@ -314,7 +314,9 @@ pub async fn once_report(
         node.to_string(),
         backend,
         procs,
-        Arc::new(crate::deviceplugin::allocate::StaticPods::default()),
+        Arc::new(crate::deviceplugin::allocate::NoPods(
+            "--once: pods are not looked up".into(),
+        )),
         None,
         rx,
         XidStats::default(),

@@ -331,3 +331,39 @@ fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
     out.retain(|n| n != "tessera_" && !n.ends_with('_') && n != "tessera_gpus");
     out
 }
+
+#[tokio::test]
+async fn without_a_pod_list_nothing_is_called_a_leak() {
+    let fake = Fake::from_yaml(GPUS, "test").unwrap();
+    let (_tx, view) = watch::channel(NodeView {
+        gpus: fake.discover().unwrap(),
+        health: BTreeMap::new(),
+    });
+    let collector = Collector::new(
+        "node-1".into(),
+        Arc::new(fake.clone()),
+        Arc::new(fake.proc_reader()),
+        Arc::new(tessera_node::deviceplugin::allocate::NoPods(
+            "no API".into(),
+        )),
+        None,
+        view,
+        XidStats::default(),
+    );
+    let text = collector.scrape().await;
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("tessera_gpu_leaked_memory_mib{")),
+        "{text}"
+    );
+    // Still attributed, by pod UID.
+    assert_eq!(
+        value(
+            &text,
+            "tessera_pod_gpu_memory_used_mib",
+            &[("UUID", "GPU-other"), ("pod_uid", UID_GONE)]
+        ),
+        Some(5_000.0)
+    );
+}

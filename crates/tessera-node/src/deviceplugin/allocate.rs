@@ -85,6 +85,21 @@ impl PodSource for StaticPods {
     }
 }
 
+/// No pod source (the agent runs without an API server): every lookup fails with
+/// the given reason, so Allocate refuses clearly and metrics skip leak detection.
+#[derive(Debug, Clone)]
+pub struct NoPods(pub String);
+
+impl PodSource for NoPods {
+    fn pods_on_node<'a>(
+        &'a self,
+        _node: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<PodInfo>, PodSourceError>> {
+        let reason = self.0.clone();
+        Box::pin(async move { Err(PodSourceError(reason)) })
+    }
+}
+
 /// Where the MPS control daemon's directories are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsConfig {

@@ -1,11 +1,433 @@
-//! `tessera node-agent` (not yet implemented).
+//! `tessera node-agent`: the per-node GPU agent (device plugin, inventory,
+//! health, metrics). Parses and validates flags, picks the backend, sets up
+//! logging and signals, then hands over to `tessera_node::run`.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_node::backend::fake::Fake;
+use tessera_node::backend::nvml::Nvml;
+use tessera_node::backend::{GpuBackend, HostProc, ProcReader, Unavailable};
+use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods, PodSource};
+use tessera_node::deviceplugin::registration::PluginConfig;
+use tessera_node::health::XidPolicy;
+use tessera_node::inventory::Inventory;
+use tessera_node::metrics::{KubeletPodResources, PodResourcesSource};
+use tessera_node::pods::KubePods;
+use tessera_node::run::{AgentConfig, AgentDeps};
+
+use super::{EXIT_BAD_CONFIG, bad_input};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// Real GPUs through NVML (libnvidia-ml.so.1, loaded at run time).
+    Nvml,
+    /// GPUs described in a YAML file (--fake-config).
+    Fake,
+}
 
 #[derive(Debug, clap::Args)]
-pub struct NodeAgentArgs {}
+pub struct NodeAgentArgs {
+    /// Where GPU facts come from.
+    #[arg(long, value_enum, default_value = "nvml")]
+    backend: BackendKind,
+    /// YAML file describing the fake GPUs (with --backend fake).
+    #[arg(long, value_name = "FILE")]
+    fake_config: Option<PathBuf>,
+    /// This node's name (defaults to $NODE_NAME, then the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Discover, print the inventory and one metrics scrape as JSON/text, and exit
+    /// (exit 1 when no GPU is found).
+    #[arg(long)]
+    once: bool,
+    /// Print the discovered inventory (JSON) at start.
+    #[arg(long)]
+    print_inventory: bool,
+    /// The kubelet's device-plugins directory.
+    #[arg(
+        long,
+        default_value = "/var/lib/kubelet/device-plugins",
+        value_name = "DIR"
+    )]
+    device_plugin_dir: PathBuf,
+    /// The kubelet's PodResources socket ("off" to not ask the kubelet which pods hold which GPUs).
+    #[arg(
+        long,
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock",
+        value_name = "PATH"
+    )]
+    pod_resources_socket: PathBuf,
+    /// Where /metrics listens ("off" to disable).
+    #[arg(long, default_value = "0.0.0.0:9400", value_name = "ADDR")]
+    metrics_addr: String,
+    /// tessera.io/gpu tokens advertised per GPU (most pods sharing one GPU).
+    #[arg(long, default_value_t = tessera_node::deviceplugin::DEFAULT_SLOTS, value_parser = clap::value_parser!(u32).range(1..=100))]
+    slots: u32,
+    /// How long a GPU stays withdrawn after its last fatal XID (e.g. 30s, 10m, 1h).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    quiet_period: Duration,
+    /// How often the backend is asked about each GPU's health.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    health_interval: Duration,
+    /// Extra XIDs that do not fail a GPU (comma-separated), besides 13,31,43,45,68,109.
+    #[arg(long, value_name = "LIST", value_parser = parse_xids)]
+    xid_ignore: Option<std::collections::BTreeSet<u64>>,
+    /// XIDs that always fail a GPU, even application ones (comma-separated).
+    #[arg(long, value_name = "LIST", value_parser = parse_xids)]
+    xid_fatal: Option<std::collections::BTreeSet<u64>>,
+    /// File holding the HMAC key shared with the scheduler (required unless --once).
+    #[arg(long, value_name = "FILE")]
+    allocation_key_file: Option<PathBuf>,
+    /// Host directory of the MPS control daemon (holds pipe/ and shm/).
+    #[arg(long, default_value = "/run/tessera/mps", value_name = "DIR")]
+    mps_root: String,
+    /// Root of the host's /proc (to map GPU processes to pods).
+    #[arg(long, default_value = "/proc", value_name = "DIR")]
+    proc_root: PathBuf,
+    /// Run without a Kubernetes API server (no inventory, no pod lookup: Allocate refuses).
+    #[arg(long)]
+    no_kube: bool,
+    /// Do not write GFD-style nvidia.com/* labels on the Node.
+    #[arg(long)]
+    no_node_labels: bool,
+}
 
-pub fn run(_args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
-    eprintln!("tessera node-agent: not implemented yet");
-    Ok(ExitCode::from(1))
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        None => (s, 1),
+        Some((i, _)) => (
+            &s[..i],
+            match &s[i..] {
+                "s" => 1,
+                "m" => 60,
+                "h" => 3600,
+                other => return Err(format!("unknown unit {other:?} (use s, m or h)")),
+            },
+        ),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s, 10m or 1h"))?;
+    Ok(Duration::from_secs(n * mult))
+}
+
+fn parse_xids(s: &str) -> Result<std::collections::BTreeSet<u64>, String> {
+    XidPolicy::parse_list(s)
+}
+
+fn default_node_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+
+    // Validate everything before touching sockets.
+    let metrics_addr: Option<SocketAddr> = match args.metrics_addr.as_str() {
+        "off" | "" => None,
+        a => match a.parse() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                return bad_input(format!(
+                    "--metrics-addr {a:?}: not an address like 0.0.0.0:9400"
+                ));
+            }
+        },
+    };
+    let (backend, procs): (Arc<dyn GpuBackend>, Arc<dyn ProcReader>) = match args.backend {
+        BackendKind::Fake => {
+            let Some(path) = &args.fake_config else {
+                return bad_input("--backend fake needs --fake-config FILE");
+            };
+            match Fake::from_file(path) {
+                Ok(f) => {
+                    let procs = Arc::new(f.proc_reader());
+                    (Arc::new(f), procs)
+                }
+                Err(e) => return bad_input(e),
+            }
+        }
+        BackendKind::Nvml => {
+            if args.fake_config.is_some() {
+                return bad_input("--fake-config is only used with --backend fake");
+            }
+            let procs: Arc<dyn ProcReader> = Arc::new(HostProc {
+                root: args.proc_root.clone(),
+            });
+            match Nvml::init() {
+                Ok(n) => (Arc::new(n), procs),
+                Err(e) => {
+                    if args.once {
+                        eprintln!("error: backend nvml: {e}");
+                        return Ok(ExitCode::from(1));
+                    }
+                    eprintln!("tessera node-agent: backend nvml: {e}; serving no GPUs");
+                    (
+                        Arc::new(Unavailable {
+                            reason: e.to_string(),
+                        }),
+                        procs,
+                    )
+                }
+            }
+        }
+    };
+    eprintln!(
+        "tessera node-agent: using backend {}{}",
+        backend.name(),
+        backend
+            .driver_version()
+            .map(|v| format!(" (driver {v})"))
+            .unwrap_or_default()
+    );
+    let node_name = args
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(default_node_name);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+
+    if args.once || args.print_inventory {
+        let (report, scrape) = rt.block_on(tessera_node::run::once_report(
+            backend.clone(),
+            procs.clone(),
+            &node_name,
+        ))?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        if args.once {
+            println!("{scrape}");
+            let n = report["gpus"].as_array().map(Vec::len).unwrap_or(0);
+            if n == 0 {
+                eprintln!("error: backend {} found no GPU", backend.name());
+                return Ok(ExitCode::from(1));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+
+    let key_file = args.allocation_key_file.clone().or_else(|| {
+        std::env::var_os("TESSERA_ALLOCATION_KEY_FILE")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    });
+    let allocation_key = match &key_file {
+        Some(path) => match std::fs::read(path) {
+            Ok(k) if !k.trim_ascii().is_empty() => k.trim_ascii().to_vec(),
+            Ok(_) => {
+                eprintln!(
+                    "error: --allocation-key-file {}: the file is empty",
+                    path.display()
+                );
+                return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+            }
+            Err(e) => {
+                eprintln!("error: --allocation-key-file {}: {e}", path.display());
+                return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+            }
+        },
+        None => {
+            eprintln!(
+                "error: --allocation-key-file (or TESSERA_ALLOCATION_KEY_FILE) is required: it is the key that proves a decision came from the scheduler"
+            );
+            return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+        }
+    };
+
+    let mut xid_policy = XidPolicy::default();
+    if let Some(extra) = &args.xid_ignore {
+        xid_policy.ignored.extend(extra);
+    }
+    if let Some(fatal) = &args.xid_fatal {
+        xid_policy.always_fatal.extend(fatal);
+    }
+    let config = AgentConfig {
+        node_name: node_name.clone(),
+        plugin: PluginConfig {
+            dir: args.device_plugin_dir.clone(),
+            poll: Duration::from_secs(1),
+        },
+        slots: args.slots,
+        metrics_addr,
+        xid_policy,
+        quiet_period: args.quiet_period,
+        health_interval: args.health_interval,
+        allocation_key,
+        mps: MpsConfig {
+            host_root: args.mps_root.clone(),
+            ..MpsConfig::default()
+        },
+        node_labels: !args.no_node_labels,
+    };
+
+    rt.block_on(async move {
+        let (pods, inventory): (Arc<dyn PodSource>, Option<Inventory>) = if args.no_kube {
+            eprintln!("tessera node-agent: --no-kube: no inventory; Allocate refuses every pod (no decisions can be read)");
+            (
+                Arc::new(NoPods("the agent runs with --no-kube: pods cannot be looked up".into())),
+                None,
+            )
+        } else {
+            match tessera_node::run::kube_client().await {
+                Ok(c) => (
+                    Arc::new(KubePods::new(c.clone())),
+                    Some(Inventory::new(c, node_name.clone())),
+                ),
+                Err(e) => {
+                    eprintln!("error: cannot reach the Kubernetes API ({e}); use --no-kube to run without it");
+                    return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+                }
+            }
+        };
+        let pod_resources: Option<Arc<dyn PodResourcesSource>> =
+            if args.pod_resources_socket.as_os_str() == "off" {
+                None
+            } else {
+                Some(Arc::new(KubeletPodResources {
+                    socket: args.pod_resources_socket.clone(),
+                }))
+            };
+        let deps = AgentDeps {
+            backend,
+            procs,
+            pods,
+            pod_resources,
+            inventory,
+        };
+        let shutdown = async {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("shutting down");
+        };
+        match tessera_node::run::run(config, deps, shutdown).await {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            Err(e) => {
+                eprintln!("error: {e}");
+                Ok(ExitCode::from(1))
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_xid_lists() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_xids("79,x").is_err());
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: NodeAgentArgs,
+    }
+
+    fn code(args: &[&str]) -> String {
+        use clap::Parser;
+        let cli = Cli::try_parse_from(std::iter::once("node-agent").chain(args.iter().copied()))
+            .expect("flags parse");
+        format!("{:?}", run(cli.args).unwrap())
+    }
+
+    #[test]
+    fn bad_input_exits_2_and_once_reports_gpus() {
+        use clap::Parser;
+        let two = format!("{:?}", ExitCode::from(2));
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(
+            &bad,
+            "gpus: [ { uuid: GPU-1, product: T4, memoryMib: lots } ]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            code(&[
+                "--backend",
+                "fake",
+                "--fake-config",
+                bad.to_str().unwrap(),
+                "--once"
+            ]),
+            two
+        );
+        assert_eq!(
+            code(&["--backend", "fake", "--once"]),
+            two,
+            "fake needs a file"
+        );
+        assert_eq!(
+            code(&["--backend", "fake", "--fake-config", "/nonexistent.yaml"]),
+            two
+        );
+        let good = dir.path().join("good.yaml");
+        std::fs::write(&good, "gpus: [ { uuid: GPU-1, product: Tesla T4 } ]\n").unwrap();
+        assert_eq!(
+            code(&[
+                "--backend",
+                "fake",
+                "--fake-config",
+                good.to_str().unwrap(),
+                "--metrics-addr",
+                "nowhere"
+            ]),
+            two
+        );
+        assert_eq!(
+            code(&[
+                "--backend",
+                "fake",
+                "--fake-config",
+                good.to_str().unwrap(),
+                "--once",
+                "--node-name",
+                "n"
+            ]),
+            format!("{:?}", ExitCode::SUCCESS)
+        );
+        // Flag errors come from clap; main.rs turns them into exit code 2.
+        for bad_flags in [
+            &["--backend", "cuda"][..],
+            &["--slots", "0"],
+            &["--quiet-period", "soon"],
+            &["--bogus"],
+        ] {
+            let e =
+                Cli::try_parse_from(std::iter::once("node-agent").chain(bad_flags.iter().copied()))
+                    .unwrap_err();
+            assert!(e.use_stderr(), "{bad_flags:?}");
+        }
+    }
 }
