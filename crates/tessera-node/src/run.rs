@@ -17,6 +17,9 @@ use crate::health::{GpuHealth, HealthTracker, XidPolicy};
 use crate::inventory::{Inventory, gpu_node_spec, gpu_node_status, node_labels};
 use crate::metrics::{Collector, PodResourcesSource, XidStats};
 
+/// How often the `GpuNode` status (free memory) is refreshed without a health change.
+const STATUS_REFRESH: Duration = Duration::from_secs(60);
+
 /// The agent's settings (validated by the binary).
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -165,6 +168,8 @@ pub async fn run(
         let stop = stopped();
         tokio::spawn(async move {
             let mut stop = std::pin::pin!(stop);
+            let mut free_mib = 0u64;
+            let mut last_status = Instant::now();
             loop {
                 let mut changes = Vec::new();
                 tokio::select! {
@@ -177,21 +182,27 @@ pub async fn run(
                     }
                     _ = tokio::time::sleep(interval) => {
                         let uuids: Vec<String> = view_tx.borrow().gpus.iter().map(|g| g.uuid.clone()).collect();
+                        let mut free = 0;
                         for uuid in uuids {
                             let b = backend.clone();
                             let u = uuid.clone();
                             let probe = tokio::task::spawn_blocking(move || b.read(&u)).await;
                             let probe = match probe {
-                                Ok(Ok(r)) => r.probe,
+                                Ok(Ok(r)) => {
+                                    free += r.memory_free_mib.unwrap_or(0);
+                                    r.probe
+                                }
                                 Ok(Err(e)) => crate::backend::Probe::Failing(e.to_string()),
                                 Err(e) => crate::backend::Probe::Failing(e.to_string()),
                             };
                             changes.extend(tracker.on_probe(&uuid, &probe, Instant::now()));
                         }
                         changes.extend(tracker.tick(Instant::now()));
+                        free_mib = free;
                     }
                 }
-                if changes.is_empty() {
+                let status_due = last_status.elapsed() >= STATUS_REFRESH;
+                if changes.is_empty() && !status_due {
                     continue;
                 }
                 for c in &changes {
@@ -202,11 +213,17 @@ pub async fn run(
                         }
                     }
                 }
-                view_tx.send_modify(|v| v.health = tracker.all());
+                if !changes.is_empty() {
+                    view_tx.send_modify(|v| v.health = tracker.all());
+                }
                 if let Some(inv) = &inventory {
+                    last_status = Instant::now();
                     let view = view_tx.borrow().clone();
                     let spec = gpu_node_spec(&node, &view);
-                    if let Err(e) = inv.publish_status(&gpu_node_status(&spec, &view, 0)).await {
+                    if let Err(e) = inv
+                        .publish_status(&gpu_node_status(&spec, &view, free_mib))
+                        .await
+                    {
                         tracing::warn!(error = %e, "inventory status not published");
                     }
                 }

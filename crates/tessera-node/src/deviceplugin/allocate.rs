@@ -235,7 +235,9 @@ impl Allocator {
         let count = request.devices_ids.len();
         let pods = self.pods.pods_on_node(&self.node).await?;
         let pod = {
-            let answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+            let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+            // Forget pods that are gone, so the map does not grow for ever.
+            answered.retain(|uid, _| pods.iter().any(|p| &p.uid == uid));
             pick_pod(&pods, &resource_name, count, &answered)
         };
         let Some(pod) = pod else {
