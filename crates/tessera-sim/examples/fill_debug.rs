@@ -12,7 +12,9 @@ use rand::rngs::SmallRng;
 use tessera_core::Scheduler;
 use tessera_core::ledger::Ledger;
 use tessera_core::policy::{self, PolicyArgs};
-use tessera_sim::experiment::fill::{FillConfig, arrival_order, permute_nodes, seeds, typical_pods};
+use tessera_sim::experiment::fill::{
+    FillConfig, arrival_order, permute_nodes, seeds, typical_pods,
+};
 use tessera_sim::trace::openb::{load_nodes, load_pods};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,7 +24,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: u32 = args.get(2).map_or(Ok(3), |s| s.parse())?;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/openb");
     let cluster0 = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
-    let pods = load_pods(&dir.join(format!("openb_pod_list_{trace}.csv")), &cluster0.catalog)?;
+    let pods = load_pods(
+        &dir.join(format!("openb_pod_list_{trace}.csv")),
+        &cluster0.catalog,
+    )?;
     let config = FillConfig::for_workload(trace);
     let cap = cluster0.gpu_count() as u64 * 1000;
     let mut failed_by_kind: BTreeMap<String, (u64, u64)> = BTreeMap::new();
@@ -30,7 +35,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut hist: BTreeMap<u32, u64> = BTreeMap::new();
     for seed in seeds(n) {
         let wl = typical_pods(&pods, config.typical_coverage);
-        let args = PolicyArgs { workload: Some(Arc::new(wl)) };
+        let args = PolicyArgs {
+            workload: Some(Arc::new(wl)),
+        };
         let mut sched = Scheduler::new(policy::by_name(policy_name, &args)?);
         let mut rng = SmallRng::seed_from_u64(seed);
         let order = arrival_order(&pods, cap, &config, &mut rng);
@@ -50,7 +57,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 None => {
                     let kind = match req.gpu.gpu_count() {
                         0 => "cpu".to_string(),
-                        1 if req.gpu.milli_per_gpu() < 1000 => format!("share{:04}", req.gpu.milli_per_gpu() / 100 * 100),
+                        1 if req.gpu.milli_per_gpu() < 1000 => {
+                            format!("share{:04}", req.gpu.milli_per_gpu() / 100 * 100)
+                        }
                         k => format!("whole{k}"),
                     };
                     let e = failed_by_kind.entry(kind).or_default();
@@ -68,7 +77,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                 } else {
                     sliver_total += u64::from(g.free_cores_milli);
-                    *hist.entry(g.free_cores_milli / 50 * 50).or_default() += u64::from(g.free_cores_milli);
+                    *hist.entry(g.free_cores_milli / 50 * 50).or_default() +=
+                        u64::from(g.free_cores_milli);
                 }
             }
         }
@@ -76,7 +86,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nf = f64::from(n);
     println!("{trace} {policy_name}: per seed at arrived 100 %");
     for (k, (c, m)) in &failed_by_kind {
-        println!("  failed {k:>10}: {:7.1} pods {:7.1} GPUs", *c as f64 / nf, *m as f64 / 1000.0 / nf);
+        println!(
+            "  failed {k:>10}: {:7.1} pods {:7.1} GPUs",
+            *c as f64 / nf,
+            *m as f64 / 1000.0 / nf
+        );
     }
     println!(
         "  idle GPUs {:.1} (of which on nodes with < 4 free CPUs: {:.1}), leftovers in used GPUs {:.1} GPUs",
@@ -88,6 +102,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|(k, v)| format!("{k}:{:.1}", *v as f64 / 1000.0 / nf))
         .collect();
-    println!("  leftover GPUs by free milli (bucket of 50: GPUs of leftover): {}", line.join(" "));
+    println!(
+        "  leftover GPUs by free milli (bucket of 50: GPUs of leftover): {}",
+        line.join(" ")
+    );
     Ok(())
 }

@@ -15,11 +15,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let policy = args.get(1).map_or("fgd", String::as_str);
     let seed: u64 = args.get(2).map_or(Ok(42), |s| s.parse())?;
     let repeats: u32 = args.get(3).map_or(Ok(3), |s| s.parse())?;
-    let dir = std::env::var("OPENB_DIR").map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/openb")
-    });
+    let dir = std::env::var("OPENB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/openb")
+        });
     let cluster = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
-    let pods = load_pods(&dir.join(format!("openb_pod_list_{trace}.csv")), &cluster.catalog)?;
+    let pods = load_pods(
+        &dir.join(format!("openb_pod_list_{trace}.csv")),
+        &cluster.catalog,
+    )?;
     let config = FillConfig::for_workload(trace);
     let mut best = f64::INFINITY;
     let mut last = None;

@@ -96,10 +96,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// (trace, policy) → unallocated % at arrived 100 for each seed, from the authors' table.
-fn published(
-    path: &std::path::Path,
-) -> Result<BTreeMap<(String, String), Vec<f64>>, Box<dyn std::error::Error>> {
+/// Unallocated % at arrived 100 for each seed, by (trace, policy label).
+type Published = BTreeMap<(String, String), Vec<f64>>;
+
+/// The authors' numbers from their merged table.
+fn published(path: &std::path::Path) -> Result<Published, Box<dyn std::error::Error>> {
     let text = std::fs::read_to_string(path)?;
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().ok_or("empty")?.split(',').collect();

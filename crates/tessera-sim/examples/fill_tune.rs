@@ -1,7 +1,8 @@
 //! Tries weights of the `tessera` policy against FGD on a few traces (mean unallocated
 //! GPU % at arrived = 100 %).
 //!
-//! `cargo run --release -p tessera-sim --example fill_tune -- --seeds 3 --traces default,gpuspec33 --fill 0 --open 0 --fgd`
+//! `cargo run --release -p tessera-sim --example fill_tune -- --seeds 3 --traces default,gpuspec33 --quantum 100 --pressure 1 --fgd`
+//! (weights default to [`TesseraParams::default`]; the workload to every pod shape, `--coverage 1.0`).
 
 use std::path::PathBuf;
 
@@ -16,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut traces: Vec<String> = vec!["default".into()];
     let mut params = TesseraParams::default();
     let mut with_fgd = false;
-    let mut coverage = 0.95;
+    let mut coverage = 1.0;
     let mut gpu_weight = 0.0;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -25,17 +26,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match args[i].as_str() {
             "--seeds" => n_seeds = v.parse()?,
             "--traces" => traces = v.split(',').map(str::to_string).collect(),
-            "--fill" => params.fill_weight = v.parse()?,
-            "--open" => params.open_penalty = v.parse()?,
             "--quantum" => params.quantum = v.parse()?,
             "--pressure" => params.pressure_weight = v.parse()?,
             "--coverage" => coverage = v.parse()?,
             "--gpu-weight" => gpu_weight = v.parse()?,
             "--gtight" => params.gpu_tight_weight = v.parse()?,
-            "--ntight" => params.node_tight_weight = v.parse()?,
+            "--cpupod" => params.cpu_pod_weight = v.parse()?,
             "--topo" => params.topology_weight = v.parse()?,
-            "--accessible-only" => {
-                params.count_inaccessible = false;
+            "--count-inaccessible" => {
+                params.count_inaccessible = true;
                 i += 1;
                 continue;
             }
@@ -52,7 +51,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cluster = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
     let mut total = (0.0, 0.0);
     for t in &traces {
-        let pods = load_pods(&dir.join(format!("openb_pod_list_{t}.csv")), &cluster.catalog)?;
+        let pods = load_pods(
+            &dir.join(format!("openb_pod_list_{t}.csv")),
+            &cluster.catalog,
+        )?;
         let config = FillConfig::for_workload(t.clone());
         let ours: Vec<f64> = seeds(n_seeds)
             .par_iter()
@@ -64,13 +66,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     |_| {
                         let mut wl = typical_pods(&pods, coverage);
                         for p in &mut wl.pods {
-                            p.weight *= 1.0 + f64::from(p.gpus) * f64::from(p.milli) / 1000.0 * gpu_weight;
+                            p.weight *=
+                                1.0 + f64::from(p.gpus) * f64::from(p.milli) / 1000.0 * gpu_weight;
                         }
                         let sum: f64 = wl.pods.iter().map(|p| p.weight).sum();
                         for p in &mut wl.pods {
                             p.weight /= sum;
                         }
-                        Ok(Box::new(Tessera::for_cluster(std::sync::Arc::new(wl), params, &cluster)))
+                        Ok(Box::new(Tessera::for_cluster(
+                            std::sync::Arc::new(wl),
+                            params,
+                            &cluster,
+                        )))
                     },
                     s,
                     &config,
@@ -90,7 +97,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect::<Result<_, _>>()?;
             let (fm, _) = mean_sd(&fgd);
             total.1 += fm;
-            println!("{t}\ttessera {m:.2} ± {sd:.2}\tfgd {fm:.2}\t{:+.1} %", (m - fm) / fm * 100.0);
+            println!(
+                "{t}\ttessera {m:.2} ± {sd:.2}\tfgd {fm:.2}\t{:+.1} %",
+                (m - fm) / fm * 100.0
+            );
         } else {
             println!("{t}\ttessera {m:.2} ± {sd:.2}");
         }

@@ -26,6 +26,7 @@ use tessera_core::Scheduler;
 use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{Ledger, LedgerError};
 use tessera_core::model::{Cluster, ClusterError};
+use tessera_core::policy::tessera::{Tessera, TesseraParams};
 use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
 use tessera_core::request::Request;
 
@@ -179,7 +180,8 @@ pub fn permute_nodes(cluster: &Cluster, rng: &mut SmallRng) -> Result<Cluster, C
 
 /// Runs the fill experiment with the policy named `policy_name` (see
 /// [`tessera_core::policy::NAMES`]). Policies that measure fragmentation get the
-/// trace's typical pods as their target workload.
+/// trace's typical pods as their target workload; `tessera` gets every pod shape of
+/// the trace and the cluster's GPU model inventory ([`Tessera::for_cluster`]).
 pub fn run_fill(
     cluster: &Cluster,
     pods: &[TracePod],
@@ -187,12 +189,21 @@ pub fn run_fill(
     seed: u64,
     config: &FillConfig,
 ) -> Result<FillResult, FillError> {
-    let name = policy_name.to_string();
     run_fill_with(
         cluster,
         pods,
-        &name,
+        policy_name,
         |workload| {
+            if policy_name == "tessera" {
+                // Tessera measures fragmentation against every pod shape of the trace
+                // (not only the 95 % most frequent) and knows the cluster's GPU models.
+                let all_shapes = Arc::new(typical_pods(pods, 1.0));
+                return Ok(Box::new(Tessera::for_cluster(
+                    all_shapes,
+                    TesseraParams::default(),
+                    cluster,
+                )));
+            }
             let args = PolicyArgs {
                 workload: Some(workload),
             };
