@@ -138,3 +138,94 @@ async fn publishes_gpunode_status_and_labels() {
     inv.publish_labels(&labels).await.unwrap();
     server.await.unwrap();
 }
+
+/// The running agent marks a failed GPU in its GpuNode status and clears the mark on recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_agent_marks_failed_gpus_in_the_inventory() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods};
+    use tessera_node::deviceplugin::registration::PluginConfig;
+    use tessera_node::health::XidPolicy;
+    use tessera_node::run::{AgentConfig, AgentDeps};
+
+    let fake = Fake::from_yaml(GPUS, "t").unwrap();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "default");
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<(String, serde_json::Value)>();
+    // The API server: answers every request and reports (path, body).
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path().to_string();
+            let body = body_json(req).await;
+            let mut reply = body.clone();
+            reply["metadata"]["name"] = "node-a".into();
+            if reply.get("spec").is_none() {
+                reply["spec"] = serde_json::json!({"nodeName": "node-a"});
+            }
+            send.send_response(Response::new(Body::from(
+                serde_json::to_vec(&reply).unwrap(),
+            )));
+            let _ = seen_tx.send((path, body));
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig {
+        node_name: "node-a".into(),
+        plugin: PluginConfig {
+            dir: dir.path().to_path_buf(),
+            poll: Duration::from_millis(100),
+        },
+        slots: 2,
+        metrics_addr: None,
+        xid_policy: XidPolicy::default(),
+        quiet_period: Duration::from_secs(3600),
+        health_interval: Duration::from_millis(50),
+        allocation_key: b"k".to_vec(),
+        mps: MpsConfig::default(),
+        node_labels: false,
+    };
+    let deps = AgentDeps {
+        backend: Arc::new(fake.clone()),
+        procs: Arc::new(fake.proc_reader()),
+        pods: Arc::new(NoPods("test".into())),
+        pod_resources: None,
+        inventory: Some(Inventory::new(client, "node-a".into())),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(tessera_node::run::run(config, deps, async {
+        let _ = stopped.await;
+    }));
+    let wait = Duration::from_secs(20);
+    // Waits for a status write satisfying `pred`.
+    let mut status_where = async |pred: &dyn Fn(&serde_json::Value) -> bool| -> serde_json::Value {
+        loop {
+            let (path, body) = tokio::time::timeout(wait, seen.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            if path.ends_with("/status") && pred(&body["status"]) {
+                return body["status"].clone();
+            }
+        }
+    };
+    let st = status_where(&|s| s["health"] == "Healthy").await;
+    assert_eq!(st["gpuCount"], 2);
+    fake.inject_xid("GPU-b", 79);
+    let st = status_where(&|s| s["health"] == "Degraded").await;
+    assert_eq!(st["gpus"][1]["health"], "Unhealthy");
+    assert_eq!(
+        st["gpus"][1]["reason"],
+        "XID 79 (GPU has fallen off the bus)"
+    );
+    assert_eq!(st["gpus"][0]["health"], "Healthy");
+    fake.recover("GPU-b").unwrap();
+    let st = status_where(&|s| s["health"] == "Healthy").await;
+    assert_eq!(st["healthyGpus"], 2);
+    let _ = stop.send(());
+    tokio::time::timeout(wait, agent)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

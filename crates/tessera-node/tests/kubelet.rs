@@ -273,7 +273,7 @@ async fn quiet_period_brings_a_gpu_back() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     // A short quiet period: the GPU returns on its own after it.
-    let agent = start_agent(dir.path(), Duration::from_millis(300));
+    let agent = start_agent(dir.path(), Duration::from_secs(2));
     registered(&mut kubelet, 2).await;
     let mut gpu = dial(&dir.path().join("tessera-gpu.sock")).await.unwrap();
     let mut stream = gpu.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
