@@ -1,0 +1,61 @@
+//! The manifests in `deploy/examples/` say what the code understands.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Pod;
+use tessera_core::model::Catalog;
+use tessera_k8s::convert::pod_request;
+
+fn read(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/examples")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn docs<T: serde::de::DeserializeOwned>(name: &str) -> Vec<T> {
+    serde_saphyr::from_multiple(&read(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[test]
+fn example_pods_parse_into_requests() {
+    let catalog = Catalog::default();
+    for (file, gpus) in [
+        ("fractional-pod.yaml", 1),
+        ("whole-gpu-pod.yaml", 2),
+        ("mig-pod.yaml", 1),
+    ] {
+        let pods: Vec<Pod> = docs(file);
+        assert!(!pods.is_empty(), "{file}");
+        for p in pods {
+            let req = pod_request(&p, &catalog).unwrap_or_else(|e| panic!("{file}: {e}"));
+            assert_eq!(req.gpu.gpu_count(), gpus, "{file}");
+            assert_eq!(
+                p.spec.as_ref().unwrap().scheduler_name.as_deref(),
+                Some("tessera")
+            );
+        }
+    }
+}
+
+#[test]
+fn example_scheduler_config_wires_every_verb() {
+    let cfg: Vec<serde_json::Value> = docs("kube-scheduler-config.yaml");
+    let ext = &cfg[0]["extenders"][0];
+    for (k, v) in [
+        ("filterVerb", "filter"),
+        ("prioritizeVerb", "prioritize"),
+        ("bindVerb", "bind"),
+        ("preemptVerb", "preempt"),
+    ] {
+        assert_eq!(ext[k], v);
+    }
+    assert_eq!(ext["nodeCacheCapable"], true);
+    let names: Vec<&str> = ext["managedResources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"tessera.io/gpu") && names.contains(&"tessera.io/gpu-memory-percent"));
+}
