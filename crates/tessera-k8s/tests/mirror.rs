@@ -169,3 +169,32 @@ fn fractional_pods_pack_onto_one_gpu_until_it_is_full() {
         "a third 40 % would make 120 %: it goes elsewhere"
     );
 }
+
+/// The extender's per-shape verdicts follow every change: a bind, a deletion, an inventory update.
+#[test]
+fn cached_verdicts_follow_the_ledger_and_the_inventory() {
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
+    let m = mirror("tessera", nodes, inv.clone(), vec![]);
+    let names = vec!["n1".to_string()];
+    let ask = [("tessera.io/gpu", "1")];
+    let mut mm = tessera_k8s::binder::lock(&m);
+    let probe = pod("ml", "probe", "uid-probe", &ask);
+    assert_eq!(mm.filter(&probe, &names).unwrap().passed, names);
+    // Another pod of the same shape takes the only GPU.
+    let other = pod("ml", "other", "uid-other", &ask);
+    mm.reserve(&other, "n1").unwrap();
+    let out = mm.filter(&probe, &names).unwrap();
+    assert!(out.passed.is_empty());
+    assert_eq!(out.failed["n1"], "fewer than 1 idle GPUs");
+    assert!(mm.prioritize(&probe, &names).unwrap().is_empty());
+    // It goes away: the GPU is free again.
+    mm.remove_pod("uid-other");
+    assert_eq!(mm.filter(&probe, &names).unwrap().passed, names);
+    // The node agent marks the GPU unhealthy: never, whatever is preempted.
+    let mut sick = inv[0].clone();
+    sick.spec.gpus[0].health = tessera_api::GpuHealth::Unhealthy;
+    mm.upsert_inventory(sick);
+    let out = mm.filter(&probe, &names).unwrap();
+    assert_eq!(out.unresolvable["n1"], "no healthy GPU");
+}
