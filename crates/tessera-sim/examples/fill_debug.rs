@@ -11,6 +11,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tessera_core::Scheduler;
 use tessera_core::ledger::Ledger;
+use tessera_core::policy::tessera::{Tessera, TesseraParams};
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_sim::experiment::fill::{
     FillConfig, arrival_order, permute_nodes, seeds, typical_pods,
@@ -38,7 +39,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let args = PolicyArgs {
             workload: Some(Arc::new(wl)),
         };
-        let mut sched = Scheduler::new(policy::by_name(policy_name, &args)?);
+        let policy: Box<dyn policy::Policy> = if policy_name == "tessera" {
+            // As run_fill builds it: every pod shape and the model inventory.
+            Box::new(Tessera::for_cluster(
+                Arc::new(typical_pods(&pods, 1.0)),
+                TesseraParams::default(),
+                &cluster0,
+            ))
+        } else {
+            policy::by_name(policy_name, &args)?
+        };
+        let mut sched = Scheduler::new(policy);
         let mut rng = SmallRng::seed_from_u64(seed);
         let order = arrival_order(&pods, cap, &config, &mut rng);
         let cluster = permute_nodes(&cluster0, &mut rng)?;

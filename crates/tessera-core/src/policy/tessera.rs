@@ -34,9 +34,10 @@
 //! The score is a pure function of the node's state and the request, so the scheduler
 //! caches it per request shape.
 //!
-//! Tried and dropped (worse on the openb traces): preferring fuller nodes or emptier
-//! nodes among ties, a cost for opening idle nodes, finer bands for shares, weighting
-//! the workload by GPU demand, and FGD's own sigmoid score as the base.
+//! Tried and dropped (no better or worse on the openb traces): preferring fuller or
+//! emptier nodes among ties, a cost for opening idle nodes (any, or only 8-GPU ones),
+//! finer bands for shares, bands of 60/80/125/200/400/1000 milli-GPU, sigmoid-shaped
+//! bands, weighting the workload by GPU demand, and FGD's own sigmoid score as the base.
 
 use std::sync::Arc;
 
