@@ -43,5 +43,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         best,
         r.at_100.map_or(f64::NAN, |p| p.unallocated_pct)
     );
+    println!("arrived%  alloc%  frag_rate%  frag_amount%");
+    for p in r.curve.iter().filter(|p| {
+        [0.0, 25.0, 50.0, 70.0, 80.0, 90.0, 95.0, 100.0, 120.0].contains(&p.arrived_pct)
+    }) {
+        println!(
+            "{:>8.0} {:>7.2} {:>11.2} {:>13.2}",
+            p.arrived_pct, p.alloc_pct, p.frag_rate_pct, p.frag_amount_pct
+        );
+    }
     Ok(())
 }
