@@ -123,7 +123,8 @@ fn pod(uid: &str, resources: serde_json::Value) -> k8s_openapi::api::core::v1::P
 }
 
 /// Builds the cluster, fills it about half with a mix of shares and whole
-/// GPUs, then times `iterations` filter + prioritize pairs for fresh pods.
+/// GPUs, then times `iterations` filter + prioritize pairs for fresh pods,
+/// binding each (untimed) where prioritize ranked it best.
 pub async fn extender_latency(
     nodes: usize,
     iterations: usize,
@@ -161,7 +162,7 @@ pub async fn extender_latency(
     let gpus = mirror.cluster().gpu_count();
     let mirror = Arc::new(Mutex::new(mirror));
     let state = ExtenderState {
-        mirror,
+        mirror: mirror.clone(),
         binder: None,
         metrics: Arc::new(Metrics::new()),
         leader: Leadership::always(),
@@ -207,6 +208,15 @@ pub async fn extender_latency(
         let t2 = Instant::now();
         if filtered.len() < 10 || scored.len() < 10 {
             return Err("the extender answered with an empty body".into());
+        }
+        // Bind the pod where prioritize put it (untimed), as kube-scheduler would:
+        // the next pod then sees one changed node, as in a live cluster.
+        let scores: Vec<super::extender::wire::HostPriority> =
+            serde_json::from_slice(&scored).map_err(|e| e.to_string())?;
+        if let Some(best) = scores.iter().max_by_key(|h| h.score) {
+            let p = pod(&format!("bench-{it}"), ask.clone());
+            let _ = crate::binder::lock(&mirror).reserve(&p, &best.host);
+            placed += 1;
         }
         if it >= 5 {
             filter_us.push((t1 - t0).as_secs_f64() * 1e6);
