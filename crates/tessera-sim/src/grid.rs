@@ -156,6 +156,19 @@ pub fn fill_grid(
         .collect())
 }
 
+/// The seeds a replay grid runs for `policy`: all of them for a policy that draws
+/// from the RNG (`random`), else only the first (every seed would give the same run).
+pub fn replay_seeds<'a>(policy: &str, seeds: &'a [u64]) -> &'a [u64] {
+    let deterministic = tessera_core::policy::by_name(policy, &Default::default())
+        .map(|pol| pol.cacheable())
+        .unwrap_or(false);
+    if deterministic && !seeds.is_empty() {
+        &seeds[..1]
+    } else {
+        seeds
+    }
+}
+
 /// Replay settings for a grid.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplayPlan {
@@ -201,7 +214,8 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { s / n as f64 }
 }
 
-/// Runs the replay for every (workload, policy, seed) and, with a bound, the
+/// Runs the replay for every (workload, policy, seed) — once for policies that do
+/// not use the RNG, whose replays are the same for every seed — and, with a bound, the
 /// sustainable-load search for every (workload, policy) with the first seed.
 /// Each policy after the first is compared with the first (the baseline).
 pub fn replay_grid(
@@ -221,8 +235,14 @@ pub fn replay_grid(
             })
         })
         .collect::<Result<_, _>>()?;
+    // A policy that never draws from the RNG gives the same replay for every seed:
+    // run it once (first seed).
+    let seeds_of: Vec<&[u64]> = policies.iter().map(|p| replay_seeds(p, seeds)).collect();
     let jobs: Vec<(usize, usize, u64)> = (0..workloads.len())
-        .flat_map(|w| (0..policies.len()).flat_map(move |p| seeds.iter().map(move |&s| (w, p, s))))
+        .flat_map(|w| {
+            let seeds_of = &seeds_of;
+            (0..policies.len()).flat_map(move |p| seeds_of[p].iter().map(move |&s| (w, p, s)))
+        })
         .collect();
     let err = |w: usize, p: usize| {
         let (w, p) = (workloads[w].name.clone(), policies[p].clone());
@@ -277,9 +297,12 @@ pub fn replay_grid(
         }
     };
     let mut comparisons = Vec::new();
-    let per = policies.len() * seeds.len();
     for (w, wl) in workloads.iter().enumerate() {
-        let of = |p: usize| &runs[w * per + p * seeds.len()..w * per + (p + 1) * seeds.len()];
+        let of = |p: usize| -> Vec<&ReplayResult> {
+            runs.iter()
+                .filter(|r| r.workload == wl.name && r.policy == policies[p])
+                .collect()
+        };
         let sus = |p: usize| {
             sustainable
                 .get(w * policies.len() + p)

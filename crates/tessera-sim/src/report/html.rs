@@ -61,8 +61,7 @@ fn axes(out: &mut String, title: &str, xl: &str, yl: &str, x: (f64, f64), y: (f6
     let (pw, ph) = (W - ML - MR, H - MT - MB);
     let _ = write!(
         out,
-        r##"<text x="{}" y="18" class="t">{}</text><rect x="{ML}" y="{MT}" width="{pw}" height="{ph}" fill="#fff" stroke="#999"/>"##,
-        W / 2.0 - MR / 2.0,
+        r##"<text x="{ML}" y="18" class="t">{}</text><rect x="{ML}" y="{MT}" width="{pw}" height="{ph}" fill="#fff" stroke="#999"/>"##,
         esc(title)
     );
     let sx = |v: f64| ML + (v - x.0) / (x.1 - x.0) * pw;
@@ -226,8 +225,7 @@ pub fn bar_chart(
     );
     let _ = write!(
         out,
-        r##"<text x="{:.1}" y="18" class="t">{}</text><rect x="{ML}" y="{MT}" width="{pw:.1}" height="{ph:.1}" fill="#fff" stroke="#999"/>"##,
-        ML + pw / 2.0,
+        r##"<text x="{ML}" y="18" class="t">{}</text><rect x="{ML}" y="{MT}" width="{pw:.1}" height="{ph:.1}" fill="#fff" stroke="#999"/>"##,
         esc(title)
     );
     let sy = |v: f64| MT + ph - v / y1 * ph;
@@ -312,7 +310,7 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px}\
 table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}\
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}\
 .charts{display:flex;flex-wrap:wrap;gap:12px}svg{background:#fafafa;border:1px solid #ddd}\
-svg .t{font-size:14px;font-weight:600;text-anchor:middle}svg .xt{font-size:11px;text-anchor:middle}\
+svg .t{font-size:14px;font-weight:600;text-anchor:start}svg .xt{font-size:11px;text-anchor:middle}\
 svg .yt{font-size:11px;text-anchor:end}svg .xl{font-size:12px;text-anchor:middle}\
 svg .lg{font-size:12px}svg .gl{font-size:11px}.note{color:#555;font-size:13px}";
 
