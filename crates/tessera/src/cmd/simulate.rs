@@ -1,11 +1,456 @@
-//! `tessera simulate` (not yet implemented).
+//! `tessera simulate`: run the fill and/or replay experiment over workloads,
+//! policies and seeds, and print a table (optionally JSON and an HTML report).
+//!
+//! With no arguments it runs the built-in synthetic workload (a scaled-down
+//! openb-shaped cluster and trace, no files needed): the fill experiment with
+//! the seven fill policies and the replay with `k8s-default` against `tessera`.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tessera_core::policy;
+use tessera_sim::experiment::fill::seeds as seed_list;
+use tessera_sim::experiment::replay::ReplayOptions;
+use tessera_sim::grid::{self, ReplayPlan, Workload};
+use tessera_sim::report::{self, Report};
+use tessera_sim::trace::{TraceError, openb};
+use tessera_sim::workload as synthetic;
+
+const FILL_POLICIES: &str = "random,dotprod,clustering,packing,bestfit,fgd,tessera";
+const REPLAY_POLICIES: &str = "k8s-default,tessera";
+/// Time-scale at which `k8s-default` queues on openb `default` (single pass).
+const TRACE_TIME_SCALE: f64 = 25_600.0;
 
 #[derive(Debug, clap::Args)]
-pub struct SimulateArgs {}
+pub struct SimulateArgs {
+    /// Directory with the openb CSVs (openb_node_list_gpu_node.csv and
+    /// openb_pod_list_<name>.csv). Without it: the built-in synthetic workload.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Pod lists to run, comma separated (`default,gpushare40`), or `all` for every
+    /// openb_pod_list_*.csv in the directory. Default: default.
+    #[arg(long)]
+    pub workload: Option<String>,
+    /// fill, replay or both. Default: fill with --trace, both without.
+    #[arg(long)]
+    pub experiment: Option<String>,
+    /// Policies, comma separated. Default: random,dotprod,clustering,packing,bestfit,fgd,tessera
+    /// for fill; k8s-default,tessera for replay (the first is the replay's baseline).
+    #[arg(long)]
+    pub policies: Option<String>,
+    /// Seeds per (workload, policy): 42, 43, … Default: 10 with --trace, 3 without.
+    #[arg(long)]
+    pub seeds: Option<u32>,
+    /// Parallel runs (default: the number of CPUs).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write a self-contained HTML report with SVG charts here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Replay: divide arrival times by this (load factor). Default: 25600 on a
+    /// trace (one pass), 1600 on the synthetic workload.
+    #[arg(long)]
+    pub time_scale: Option<f64>,
+    /// Replay: replay the trace's arrivals this many times back to back.
+    #[arg(long, default_value_t = 1)]
+    pub cycles: u32,
+    /// Replay: search the sustainable load (highest time-scale whose mean queueing
+    /// delay stays at or under this many seconds). Default: off with --trace, 30 without.
+    #[arg(long)]
+    pub delay_bound: Option<f64>,
+    /// Replay: cycles of the trace in each sustainable-load probe.
+    #[arg(long, default_value_t = 5)]
+    pub search_cycles: u32,
+    /// Replay: highest time-scale the sustainable-load search tries.
+    #[arg(long, default_value_t = 1_000_000.0)]
+    pub search_max: f64,
+    /// Seed of the built-in synthetic workload.
+    #[arg(long, default_value_t = 42)]
+    pub synthetic_seed: u64,
+}
 
-pub fn run(_args: SimulateArgs) -> anyhow::Result<ExitCode> {
-    eprintln!("tessera simulate: not implemented yet");
-    Ok(ExitCode::from(1))
+/// Errors the user can fix, with their exit codes.
+enum Fail {
+    /// A trace file is malformed (exit 2).
+    Trace(TraceError),
+    /// A bad option value (exit 64).
+    Usage(String),
+}
+
+fn split(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn workload_names(dir: &Path, spec: &str) -> Result<Vec<String>, Fail> {
+    if spec.trim() == "all" {
+        let rd = std::fs::read_dir(dir)
+            .map_err(|e| Fail::Usage(format!("--trace {}: {e}", dir.display())))?;
+        let mut names: Vec<String> = rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().to_string();
+                n.strip_prefix("openb_pod_list_")
+                    .and_then(|r| r.strip_suffix(".csv"))
+                    .map(str::to_string)
+            })
+            .collect();
+        names.sort();
+        if names.is_empty() {
+            return Err(Fail::Usage(format!(
+                "--workload all: no openb_pod_list_*.csv in {}",
+                dir.display()
+            )));
+        }
+        return Ok(names);
+    }
+    let names = split(spec);
+    if names.is_empty() {
+        return Err(Fail::Usage("--workload: no names given".into()));
+    }
+    Ok(names)
+}
+
+fn load_trace_workloads(dir: &Path, names: &[String]) -> Result<Vec<Workload>, Fail> {
+    let cluster = Arc::new(
+        openb::load_nodes(&dir.join("openb_node_list_gpu_node.csv")).map_err(Fail::Trace)?,
+    );
+    let mut out = Vec::new();
+    for n in names {
+        let path = dir.join(format!("openb_pod_list_{n}.csv"));
+        if !path.exists() {
+            return Err(Fail::Usage(format!(
+                "--workload {n}: {} does not exist",
+                path.display()
+            )));
+        }
+        let pods = openb::load_pods(&path, &cluster.catalog).map_err(Fail::Trace)?;
+        out.push(Workload {
+            name: n.clone(),
+            cluster: cluster.clone(),
+            pods: Arc::new(pods),
+        });
+    }
+    Ok(out)
+}
+
+fn check_policies(names: &[String]) -> Result<(), Fail> {
+    for n in names {
+        if !policy::NAMES.contains(&n.as_str()) {
+            return Err(Fail::Usage(format!(
+                "--policies: unknown policy {n:?} (known: {})",
+                policy::NAMES.join(", ")
+            )));
+        }
+    }
+    if names.is_empty() {
+        return Err(Fail::Usage("--policies: no names given".into()));
+    }
+    Ok(())
+}
+
+/// A progress bar on stderr that only appears once the work has taken a second.
+struct Progress {
+    bar: ProgressBar,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(total: u64, what: &str) -> Progress {
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+        if let Ok(style) =
+            ProgressStyle::with_template("{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} runs")
+        {
+            bar.set_style(style);
+        }
+        bar.set_message(what.to_string());
+        Progress {
+            bar,
+            started: Instant::now(),
+        }
+    }
+    fn tick(&self) {
+        self.bar.inc(1);
+        if self.bar.is_hidden()
+            && self.started.elapsed() > Duration::from_secs(1)
+            && std::io::IsTerminal::is_terminal(&std::io::stderr())
+        {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    }
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
+    match run_inner(args) {
+        Ok(code) => Ok(code),
+        Err(Fail::Trace(e)) => {
+            eprintln!("{e}");
+            Ok(ExitCode::from(2))
+        }
+        Err(Fail::Usage(m)) => {
+            eprintln!("tessera simulate: {m}");
+            Ok(ExitCode::from(64))
+        }
+    }
+}
+
+fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
+    let synthetic_run = args.trace.is_none();
+    let experiment = args
+        .experiment
+        .clone()
+        .unwrap_or_else(|| if synthetic_run { "both" } else { "fill" }.into());
+    let (do_fill, do_replay) = match experiment.as_str() {
+        "fill" => (true, false),
+        "replay" => (false, true),
+        "both" | "fill+replay" => (true, true),
+        other => {
+            return Err(Fail::Usage(format!(
+                "--experiment: {other:?} is not fill, replay or both"
+            )));
+        }
+    };
+    let mut notes = Vec::new();
+    let (workloads, source) = match &args.trace {
+        Some(dir) => {
+            let names = workload_names(dir, args.workload.as_deref().unwrap_or("default"))?;
+            (
+                load_trace_workloads(dir, &names)?,
+                format!("openb trace in {}", dir.display()),
+            )
+        }
+        None => {
+            if args.workload.is_some() {
+                return Err(Fail::Usage(
+                    "--workload needs --trace DIR (without it the built-in synthetic workload runs)"
+                        .into(),
+                ));
+            }
+            let s = synthetic::generate(args.synthetic_seed);
+            notes.push(format!(
+                "built-in synthetic workload (seed {}): {} pods on {} nodes / {} GPUs, calibrated to openb default",
+                args.synthetic_seed,
+                s.pods.len(),
+                s.cluster.len(),
+                s.cluster.gpu_count()
+            ));
+            (
+                vec![Workload {
+                    name: synthetic::NAME.to_string(),
+                    cluster: Arc::new(s.cluster),
+                    pods: Arc::new(s.pods),
+                }],
+                "built-in synthetic".to_string(),
+            )
+        }
+    };
+    let n_seeds = args.seeds.unwrap_or(if synthetic_run { 3 } else { 10 });
+    if n_seeds == 0 {
+        return Err(Fail::Usage("--seeds must be at least 1".into()));
+    }
+    let seeds = seed_list(n_seeds);
+    let fill_policies = split(args.policies.as_deref().unwrap_or(FILL_POLICIES));
+    let replay_policies = split(args.policies.as_deref().unwrap_or(REPLAY_POLICIES));
+    if do_fill {
+        check_policies(&fill_policies)?;
+    }
+    if do_replay {
+        check_policies(&replay_policies)?;
+    }
+    let time_scale = args.time_scale.unwrap_or(if synthetic_run {
+        1_600.0
+    } else {
+        TRACE_TIME_SCALE
+    });
+    if !(time_scale.is_finite() && time_scale > 0.0) {
+        return Err(Fail::Usage(format!(
+            "--time-scale {time_scale}: must be a positive number"
+        )));
+    }
+    let delay_bound = args
+        .delay_bound
+        .or(if synthetic_run { Some(30.0) } else { None });
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs)
+        .build()
+        .map_err(|e| Fail::Usage(format!("--jobs {jobs}: {e}")))?;
+
+    let mut report = Report {
+        experiment: match (do_fill, do_replay) {
+            (true, true) => "fill+replay",
+            (true, false) => "fill",
+            _ => "replay",
+        }
+        .to_string(),
+        workloads: workloads.iter().map(|w| w.name.clone()).collect(),
+        source,
+        seeds: seeds.clone(),
+        fill_policies: if do_fill {
+            fill_policies.clone()
+        } else {
+            Vec::new()
+        },
+        fill: Vec::new(),
+        replay_policies: if do_replay {
+            replay_policies.clone()
+        } else {
+            Vec::new()
+        },
+        replay_plan: None,
+        replay: None,
+        notes,
+    };
+
+    if do_fill {
+        let total = (workloads.len() * fill_policies.len() * seeds.len()) as u64;
+        let progress = Progress::new(total, "fill");
+        let result = pool
+            .install(|| grid::fill_grid(&workloads, &fill_policies, &seeds, &|| progress.tick()));
+        progress.finish();
+        report.fill = result.map_err(|e| Fail::Usage(e.to_string()))?;
+    }
+    if do_replay {
+        let with_times: Vec<Workload> = workloads
+            .iter()
+            .filter(|w| {
+                w.pods
+                    .iter()
+                    .all(|p| p.creation_s.is_some() && p.deletion_s.is_some())
+            })
+            .cloned()
+            .collect();
+        for w in &workloads {
+            if !with_times.iter().any(|x| x.name == w.name) {
+                let m = format!(
+                    "replay skips {}: its pods have no creation/deletion times",
+                    w.name
+                );
+                eprintln!("note: {m}");
+                report.notes.push(m);
+            }
+        }
+        let plan = ReplayPlan {
+            options: ReplayOptions {
+                time_scale,
+                cycles: args.cycles.max(1),
+                ..ReplayOptions::default()
+            },
+            delay_bound_s: delay_bound,
+            search_cycles: args.search_cycles.max(1),
+            search_max: args.search_max,
+        };
+        let searches = if delay_bound.is_some() {
+            with_times.len() * replay_policies.len()
+        } else {
+            0
+        };
+        let runs: usize = replay_policies
+            .iter()
+            .map(|p| grid::replay_seeds(p, &seeds).len())
+            .sum();
+        let total = (with_times.len() * runs + searches) as u64;
+        let progress = Progress::new(total, "replay");
+        let result = pool.install(|| {
+            grid::replay_grid(&with_times, &replay_policies, &seeds, &plan, &|| {
+                progress.tick()
+            })
+        });
+        progress.finish();
+        report.replay = Some(result.map_err(|e| Fail::Usage(e.to_string()))?);
+        report.notes.push(
+            "replay: arrivals compressed by the time-scale, run times (deletion − scheduled; deletion − creation for pods never scheduled) unchanged; FIFO queue with skipping; start at the 0.5th percentile of creation times".into(),
+        );
+        report.replay_plan = Some(plan);
+    }
+
+    print!("{}", report::table::render(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, report::json::render(&report))
+            .with_context(|| format!("writing {}", path.display()))
+            .map_err(|e| Fail::Usage(format!("{e:#}")))?;
+    }
+    if let Some(path) = &args.report {
+        std::fs::write(path, report::html::render(&report))
+            .with_context(|| format!("writing {}", path.display()))
+            .map_err(|e| Fail::Usage(format!("{e:#}")))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+
+    fn args(list: &[&str]) -> SimulateArgs {
+        Cli::try_parse_from(std::iter::once("simulate").chain(list.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn malformed_trace_line_names_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("openb_node_list_gpu_node.csv"),
+            "sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,8,G2\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("openb_pod_list_bad.csv"),
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\np1,lots,1024,1,500\n",
+        )
+        .unwrap();
+        let d = dir.path().to_str().unwrap();
+        match run_inner(args(&["--trace", d, "--workload", "bad", "--seeds", "1"])) {
+            Err(Fail::Trace(e)) => {
+                let m = e.to_string();
+                assert!(m.contains("openb_pod_list_bad.csv:3:"), "{m}");
+                assert!(m.contains("cpu_milli"), "{m}");
+            }
+            _ => panic!("expected a trace error"),
+        }
+        // The exit code is 2.
+        let code = run(args(&["--trace", d, "--workload", "bad"])).unwrap();
+        assert_eq!(code, ExitCode::from(2));
+    }
+
+    #[test]
+    fn unknown_policy_and_workload_are_usage_errors() {
+        assert!(matches!(
+            run_inner(args(&["--policies", "nope"])),
+            Err(Fail::Usage(m)) if m.contains("unknown policy \"nope\"")
+        ));
+        assert!(matches!(
+            run_inner(args(&["--workload", "default"])),
+            Err(Fail::Usage(m)) if m.contains("needs --trace")
+        ));
+        assert!(matches!(
+            run_inner(args(&["--experiment", "both", "--time-scale=-1"])),
+            Err(Fail::Usage(m)) if m.contains("--time-scale")
+        ));
+    }
 }
