@@ -53,6 +53,24 @@ pub fn mig_slot(gu: &GpuUse, geo: &MigGeometry, pi: usize) -> Option<MigSlot> {
     })
 }
 
+/// A cheap, conservative test from the ledger's per-node maxima: `true` only when
+/// [`check_gpus`] would certainly reject the node. Used where no reason is needed.
+pub fn cannot_fit(used: &NodeUse, req: &Request) -> bool {
+    let s = &used.summary;
+    match &req.gpu {
+        GpuAsk::Whole { count } => u32::from(s.idle_gpus) < *count,
+        GpuAsk::Shared {
+            memory,
+            cores_milli,
+            ..
+        } => {
+            *cores_milli > s.max_free_cores_milli
+                || matches!(memory, crate::request::GpuMemory::Mib(m) if *m > s.max_free_memory_mib)
+        }
+        GpuAsk::None | GpuAsk::Mig { .. } => false,
+    }
+}
+
 /// Checks one node. CPU-only requests only check CPU and memory.
 pub fn check(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
     check_host(view, req)?;
@@ -464,5 +482,39 @@ mod tests {
         let fit = check(v, &Request::whole(2, 0, 0)).unwrap();
         let pick = best_connected(v.node, &fit.usable, 2, Wish::Off);
         assert_eq!(pick.as_slice(), &[0, 1]);
+    }
+
+    proptest::proptest! {
+        /// `cannot_fit` never rejects a node the full filter would accept.
+        #[test]
+        fn quick_reject_is_conservative(
+            grants in proptest::collection::vec((0u8..4, 0u32..=1000, 0u64..90_000, proptest::bool::ANY), 0..10),
+            ask in (1u32..4, 0u32..=1000, 0u64..90_000, 0u8..3),
+        ) {
+            use crate::model::{Catalog, Cluster, Node};
+            use crate::placement::{GpuGrant, Placement};
+            use crate::request::GpuMemory;
+            let cat = Catalog::default();
+            let a100 = cat.find("A100-80GB").unwrap();
+            let c = Cluster::new(cat, vec![Node::uniform("n", 64_000, 1 << 20, a100, 4)]).unwrap();
+            let mut l = Ledger::new(&c);
+            for (gpu, cores, mem, whole) in grants {
+                let g = if whole { GpuGrant::whole(gpu, 81_920) } else { GpuGrant::shared(gpu, mem, cores) };
+                let _ = l.apply(&c, &Placement { node: NodeId(0), grants: [g].into_iter().collect(), ..Default::default() });
+            }
+            let (count, cores, mem, kind) = ask;
+            let mut req = Request::whole(count, 0, 0);
+            if kind > 0 {
+                req.gpu = GpuAsk::Shared {
+                    count,
+                    memory: if kind == 1 { GpuMemory::Mib(mem) } else { GpuMemory::PerMille(cores) },
+                    cores_milli: cores,
+                };
+            }
+            let v = NodeView { node: c.node(NodeId(0)), used: l.node(NodeId(0)), catalog: &c.catalog };
+            if cannot_fit(v.used, &req) {
+                proptest::prop_assert!(check_gpus(v, &req).is_err());
+            }
+        }
     }
 }

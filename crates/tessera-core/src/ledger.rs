@@ -64,6 +64,31 @@ pub struct NodeUse {
     pub classes: SmallVec<[(u32, u16); 4]>,
     /// Allocations on this node.
     pub allocations: u32,
+    /// Upper bounds over the node's GPUs, kept current by the ledger, so that a
+    /// scheduler can skip nodes that cannot fit a request without a pass over the GPUs.
+    pub summary: GpuSummary,
+}
+
+/// Per-node maxima over its GPUs (counting every GPU, healthy or not, MIG or not:
+/// they bound what the fit filter can find, they do not replace it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuSummary {
+    /// GPUs nobody holds any part of.
+    pub idle_gpus: u8,
+    /// Largest free compute on one GPU, per-mille.
+    pub max_free_cores_milli: u32,
+    /// Largest free memory on one GPU, MiB.
+    pub max_free_memory_mib: u64,
+}
+
+impl GpuSummary {
+    fn of(gpus: &[GpuUse]) -> GpuSummary {
+        GpuSummary {
+            idle_gpus: gpus.iter().filter(|g| g.is_idle()).count().min(255) as u8,
+            max_free_cores_milli: gpus.iter().map(|g| g.free_cores_milli).max().unwrap_or(0),
+            max_free_memory_mib: gpus.iter().map(|g| g.free_memory_mib).max().unwrap_or(0),
+        }
+    }
 }
 
 impl NodeUse {
@@ -144,16 +169,20 @@ impl Ledger {
         let nodes = cluster
             .nodes()
             .iter()
-            .map(|n| NodeUse {
-                free_cpu_milli: n.cpu_milli,
-                free_memory_mib: n.memory_mib,
-                gpus: n
+            .map(|n| {
+                let gpus: SmallVec<[GpuUse; 8]> = n
                     .gpus
                     .iter()
                     .map(|g| GpuUse::idle(cluster.catalog.spec(g.model).memory_mib))
-                    .collect(),
-                classes: SmallVec::new(),
-                allocations: 0,
+                    .collect();
+                NodeUse {
+                    free_cpu_milli: n.cpu_milli,
+                    free_memory_mib: n.memory_mib,
+                    summary: GpuSummary::of(&gpus),
+                    gpus,
+                    classes: SmallVec::new(),
+                    allocations: 0,
+                }
             })
             .collect();
         Ledger {
@@ -325,6 +354,8 @@ impl Ledger {
             }
         }
         self.allocations.insert(id, p.clone());
+        let node = &mut self.nodes[p.node.0 as usize];
+        node.summary = GpuSummary::of(&node.gpus);
         self.log_change(p.node);
         Ok(())
     }
@@ -371,6 +402,8 @@ impl Ledger {
                 node.classes.swap_remove(pos);
             }
         }
+        let node = &mut self.nodes[p.node.0 as usize];
+        node.summary = GpuSummary::of(&node.gpus);
         self.log_change(p.node);
         Ok(p)
     }

@@ -205,7 +205,7 @@ impl Scheduler {
         shape: &Request,
         rng: &mut dyn RngCore,
     ) -> Option<Scored> {
-        if shape.cpu_milli > view.used.free_cpu_milli {
+        if shape.cpu_milli > view.used.free_cpu_milli || fit::cannot_fit(view.used, shape) {
             return None;
         }
         let fit = fit::check_gpus(view, shape).ok()?;
