@@ -31,6 +31,10 @@ pub struct BenchReport {
     pub filter_p99_us: f64,
     pub prioritize_p50_us: f64,
     pub prioritize_p99_us: f64,
+    /// Of which: decoding one request body (JSON to `ExtenderArgs`).
+    pub decode_p50_us: f64,
+    /// Of which: the mirror's filter + prioritize on decoded input (no HTTP, no JSON).
+    pub decide_p50_us: f64,
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -173,6 +177,8 @@ pub async fn extender_latency(
     let mut filter_us = Vec::with_capacity(iterations);
     let mut prio_us = Vec::with_capacity(iterations);
     let mut total_us = Vec::with_capacity(iterations);
+    let mut decode_us = Vec::with_capacity(iterations);
+    let mut decide_us = Vec::with_capacity(iterations);
     let post = |path: &'static str, body: Vec<u8>| {
         http::Request::post(path)
             .header("content-type", "application/json")
@@ -187,6 +193,7 @@ pub async fn extender_latency(
             "NodeNames": names,
         }))
         .map_err(|e| e.to_string())?;
+        let body_copy = body.clone();
         let t0 = Instant::now();
         let r = app
             .clone()
@@ -218,13 +225,33 @@ pub async fn extender_latency(
             let _ = crate::binder::lock(&mirror).reserve(&p, &best.host);
             placed += 1;
         }
+        // The parts, measured apart (same pod, after the bind, so one node changed).
+        let t3 = Instant::now();
+        let args: crate::extender::wire::ExtenderArgs =
+            serde_json::from_slice(&body_copy).map_err(|e| e.to_string())?;
+        let t4 = Instant::now();
+        {
+            let mut m = crate::binder::lock(&mirror);
+            let names = args.candidate_names();
+            let _ = m.filter(&args.pod, &names);
+            let _ = m.prioritize(&args.pod, &names);
+        }
+        let t5 = Instant::now();
         if it >= 5 {
+            decode_us.push((t4 - t3).as_secs_f64() * 1e6);
+            decide_us.push((t5 - t4).as_secs_f64() * 1e6);
             filter_us.push((t1 - t0).as_secs_f64() * 1e6);
             prio_us.push((t2 - t1).as_secs_f64() * 1e6);
             total_us.push((t2 - t0).as_secs_f64() * 1e6);
         }
     }
-    for v in [&mut filter_us, &mut prio_us, &mut total_us] {
+    for v in [
+        &mut filter_us,
+        &mut prio_us,
+        &mut total_us,
+        &mut decode_us,
+        &mut decide_us,
+    ] {
         v.sort_by(f64::total_cmp);
     }
     Ok(BenchReport {
@@ -240,5 +267,7 @@ pub async fn extender_latency(
         filter_p99_us: quantile(&filter_us, 0.99),
         prioritize_p50_us: quantile(&prio_us, 0.5),
         prioritize_p99_us: quantile(&prio_us, 0.99),
+        decode_p50_us: quantile(&decode_us, 0.5),
+        decide_p50_us: quantile(&decide_us, 0.5),
     })
 }
