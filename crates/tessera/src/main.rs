@@ -41,7 +41,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // Help and version go to stdout with success; usage errors exit 2.
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     let result = match cli.command {
