@@ -1,0 +1,817 @@
+#!/usr/bin/env bash
+# Validates every manifest under deploy/ for Kubernetes 1.28 and later.
+#
+#   scripts/validate-deploy.sh
+#
+# Tools (installed once from PyPI into a virtual environment outside the repo,
+# $TESSERA_DEPLOY_TOOLS or ~/.cache/tessera/deploy-tools):
+#   helm-python-sdk     Helm's own Go SDK (v4) as a shared library: renders the
+#                       chart exactly as `helm install --dry-run=client` and runs
+#                       `helm lint --strict`.
+#   kubernetes-validate the official Kubernetes OpenAPI schemas per release,
+#                       as strict JSON schemas (unknown fields are errors).
+#
+# Checks:
+#   - helm lint --strict (kube-version 1.28.0) for each values scenario;
+#   - each scenario renders, every object has no duplicate YAML keys and passes
+#     the strict schema of every Kubernetes release from 1.28 to the newest one
+#     bundled; a kind without a schema (a removed API) is an error;
+#   - API-server rules the schemas do not carry: names, labels, port names,
+#     resource names, selectors matching their pod templates;
+#   - references inside a render: ServiceAccounts, ConfigMaps, Secrets, the
+#     webhook's Service and port, RBAC role references, volume mounts;
+#   - the KubeSchedulerConfiguration in the chart and in deploy/examples
+#     (strict v1 fields of 1.28, kube-scheduler's extender validation, the
+#     extender URL reaching the chart's Service), and the example equals the
+#     chart's default render;
+#   - the CRD: the apiextensions.k8s.io/v1 schema plus structural-schema rules,
+#     and deploy/examples/gpunode.yaml against the CRD's own schema;
+#   - the Grafana dashboard: JSON, unique panel ids, datasource variable, and
+#     that every metric it queries is one the code exports;
+#   - when a tessera binary is at hand ($TESSERA_BIN, $CARGO_TARGET_DIR or
+#     target/, debug or release), every flag the chart passes to
+#     `tessera scheduler` and `tessera node-agent` is one their --help lists.
+# Exits non-zero on any failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+TOOLS="${TESSERA_DEPLOY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/deploy-tools}"
+HELM_SDK_VERSION=0.2.2
+KUBERNETES_VALIDATE_VERSION=1.37.0
+STAMP="$TOOLS/.installed-helm-python-sdk-$HELM_SDK_VERSION-kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
+
+PYTHON="${PYTHON:-python3}"
+if [[ ! -f "$STAMP" ]]; then
+    echo "== installing tools into $TOOLS (helm-python-sdk $HELM_SDK_VERSION, kubernetes-validate $KUBERNETES_VALIDATE_VERSION)"
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+        { echo "error: $PYTHON is older than 3.10 (helm-python-sdk needs 3.10+)" >&2; exit 1; }
+    rm -rf "$TOOLS"
+    "$PYTHON" -m venv "$TOOLS" ||
+        { echo "error: '$PYTHON -m venv' failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
+    "$TOOLS/bin/pip" install --quiet --disable-pip-version-check \
+        "helm-python-sdk==$HELM_SDK_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+    touch "$STAMP"
+fi
+
+BIN="${TESSERA_BIN:-}"
+if [[ -z "$BIN" ]]; then
+    for dir in "${CARGO_TARGET_DIR:-}" "$ROOT/target"; do
+        for profile in debug release; do
+            if [[ -n "$dir" && -x "$dir/$profile/tessera" && -z "$BIN" ]]; then BIN="$dir/$profile/tessera"; fi
+        done
+    done
+fi
+
+exec "$TOOLS/bin/python" - "$ROOT" "$BIN" <<'PY'
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import helm_python as helm
+import jsonschema
+import yaml
+from kubernetes_validate import utils as kvu
+from referencing import Registry, Resource
+
+ROOT = Path(sys.argv[1])
+TESSERA_BIN = sys.argv[2]
+CHART = ROOT / "deploy/helm/tessera"
+EXAMPLES = ROOT / "deploy/examples"
+DASHBOARDS = ROOT / "deploy/grafana"
+RELEASE, NAMESPACE = "tessera", "tessera-system"
+MIN_KUBE = (1, 28)
+
+failures = []
+checked = {"objects": 0, "schema validations": 0}
+
+
+def fail(where, msg):
+    failures.append(f"{where}: {msg}")
+    print(f"FAIL {where}: {msg}")
+
+
+def vtuple(v):
+    return tuple(int(x) for x in v.split(".")[:2])
+
+
+KUBE_VERSIONS = sorted({v for v in kvu.all_versions() if vtuple(v) >= MIN_KUBE}, key=vtuple)
+if not KUBE_VERSIONS:
+    sys.exit("kubernetes-validate bundles no schema for Kubernetes 1.28 or later")
+
+
+# ---------------------------------------------------------------- YAML
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (the API server's strict decoding does)."""
+
+
+def _mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def load_docs(text, where):
+    try:
+        return [d for d in yaml.load_all(text, Loader=StrictLoader) if d is not None]
+    except yaml.YAMLError as e:
+        fail(where, f"invalid YAML: {e}")
+        return []
+
+
+# ---------------------------------------------------------------- schemas
+_validators = {}
+
+
+def k8s_validator(api_version, kind, version):
+    key = (api_version, kind, version)
+    if key not in _validators:
+        group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+        d = f"kubernetes-json-schema/v{version}-local-strict"
+        try:
+            schema = kvu.schema_contents(f"{d}/{kind.lower()}-{group}.json", version)
+        except FileNotFoundError:
+            _validators[key] = None
+        else:
+            defs = kvu.schema_contents(f"{d}/_definitions.json", version)
+            registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
+            _validators[key] = jsonschema.Draft202012Validator(schema, registry=registry)
+    return _validators[key]
+
+
+def describe(obj):
+    md = obj.get("metadata") or {}
+    return f"{obj.get('kind')}/{md.get('name')}"
+
+
+def schema_check(obj, where):
+    for version in KUBE_VERSIONS:
+        v = k8s_validator(obj.get("apiVersion", ""), obj.get("kind", ""), version)
+        if v is None:
+            fail(where, f"{describe(obj)}: no {obj.get('apiVersion')} {obj.get('kind')} in Kubernetes {version}")
+            continue
+        checked["schema validations"] += 1
+        for err in sorted(v.iter_errors(obj), key=lambda e: list(e.path)):
+            path = ".".join(str(p) for p in err.path)
+            fail(where, f"{describe(obj)} (Kubernetes {version}): {path}: {err.message}")
+
+
+# ---------------------------------------------------------------- API-server rules
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+IANA_SVC_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+
+def qualified_name_errors(name):
+    errs = []
+    parts = name.split("/")
+    if len(parts) > 2:
+        return ["has more than one '/'"]
+    if len(parts) == 2:
+        prefix, short = parts
+        if not prefix or len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix):
+            errs.append(f"prefix {prefix!r} is not a DNS-1123 subdomain")
+    else:
+        short = parts[0]
+    if not short or len(short) > 63 or not QUALIFIED_NAME_PART.match(short):
+        errs.append(f"name part {short!r} is not a qualified name")
+    return errs
+
+
+def check_labels(labels, where, what):
+    for k, v in (labels or {}).items():
+        for e in qualified_name_errors(str(k)):
+            fail(where, f"{what} key {k!r}: {e}")
+        if not isinstance(v, str):
+            fail(where, f"{what} {k!r}: value {v!r} is not a string")
+        elif len(v) > 63 or not LABEL_VALUE.match(v):
+            fail(where, f"{what} {k!r}: value {v!r} is not a valid label value")
+
+
+def check_name(obj, where):
+    md = obj.get("metadata") or {}
+    name = md.get("name", "")
+    kind = obj.get("kind")
+    if kind == "Service":
+        ok = len(name) <= 63 and DNS1035_LABEL.match(name)
+        rule = "a DNS-1035 label"
+    elif kind in ("Namespace",):
+        ok = len(name) <= 63 and DNS1123_LABEL.match(name)
+        rule = "a DNS-1123 label"
+    elif kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+        ok = bool(name) and "/" not in name and "%" not in name and name not in (".", "..")
+        rule = "a path segment name"
+    else:
+        ok = len(name) <= 253 and DNS1123_SUBDOMAIN.match(name)
+        rule = "a DNS-1123 subdomain"
+    if not ok:
+        fail(where, f"{describe(obj)}: name {name!r} is not {rule}")
+    if kind in ("Deployment", "DaemonSet") and len(name) > 63:
+        fail(where, f"{describe(obj)}: name longer than 63 characters (pod names derive from it)")
+    check_labels(md.get("labels"), where, f"{describe(obj)} label")
+    for k in (md.get("annotations") or {}):
+        for e in qualified_name_errors(str(k)):
+            fail(where, f"{describe(obj)} annotation key {k!r}: {e}")
+
+
+def extended_resource_errors(name):
+    errs = qualified_name_errors(name)
+    native = "/" not in name or "kubernetes.io/" in name
+    if native or name.startswith("requests."):
+        errs.append("is not an extended resource name")
+    elif qualified_name_errors("requests." + name):
+        errs.append("'requests.' + name is not a qualified name")
+    return errs
+
+
+def check_pod_spec(spec, where, owner):
+    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    for n in volumes:
+        if not n or len(n) > 63 or not DNS1123_LABEL.match(n):
+            fail(where, f"{owner}: volume name {n!r} is not a DNS-1123 label")
+    names = set()
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        cn = c.get("name", "")
+        if cn in names:
+            fail(where, f"{owner}: duplicate container name {cn!r}")
+        names.add(cn)
+        if not DNS1123_LABEL.match(cn) or len(cn) > 63:
+            fail(where, f"{owner}: container name {cn!r} is not a DNS-1123 label")
+        ports = {}
+        for p in c.get("ports") or []:
+            pn = p.get("name")
+            if pn is not None:
+                if len(pn) > 15 or not IANA_SVC_NAME.match(pn) or "--" in pn or not re.search("[a-z]", pn):
+                    fail(where, f"{owner}/{cn}: port name {pn!r} is not an IANA service name")
+                ports[pn] = p.get("containerPort")
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            port = ((c.get(probe) or {}).get("httpGet") or {}).get("port")
+            if isinstance(port, str) and port not in ports:
+                fail(where, f"{owner}/{cn}: {probe} uses port {port!r}, which the container does not name")
+        for e in c.get("env") or []:
+            if not ENV_NAME.match(e.get("name", "")):
+                fail(where, f"{owner}/{cn}: env name {e.get('name')!r} is invalid")
+        for m in c.get("volumeMounts") or []:
+            if m.get("name") not in volumes:
+                fail(where, f"{owner}/{cn}: mounts volume {m.get('name')!r}, which the pod does not declare")
+        for section in ("requests", "limits"):
+            for rname, q in ((c.get("resources") or {}).get(section) or {}).items():
+                if rname in ("cpu", "memory", "ephemeral-storage") or rname.startswith("hugepages-"):
+                    continue
+                for e in extended_resource_errors(rname):
+                    fail(where, f"{owner}/{cn}: resource {rname!r} {e}")
+                if not re.fullmatch(r"[0-9]+", str(q)):
+                    fail(where, f"{owner}/{cn}: extended resource {rname} must be a whole number, not {q!r}")
+        req = (c.get("resources") or {}).get("requests") or {}
+        lim = (c.get("resources") or {}).get("limits") or {}
+        for rname in set(req) & set(lim):
+            if "/" in rname and str(req[rname]) != str(lim[rname]):
+                fail(where, f"{owner}/{cn}: extended resource {rname} must have requests == limits")
+    return volumes
+
+
+def check_object(obj, where):
+    checked["objects"] += 1
+    check_name(obj, where)
+    kind = obj.get("kind")
+    owner = describe(obj)
+    if kind == "Pod":
+        check_pod_spec(obj.get("spec") or {}, where, owner)
+    if kind in ("Deployment", "DaemonSet", "StatefulSet"):
+        spec = obj.get("spec") or {}
+        tmpl = spec.get("template") or {}
+        tlabels = (tmpl.get("metadata") or {}).get("labels") or {}
+        check_labels(tlabels, where, f"{owner} pod template label")
+        sel = (spec.get("selector") or {}).get("matchLabels") or {}
+        check_labels(sel, where, f"{owner} selector")
+        if not sel:
+            fail(where, f"{owner}: empty selector")
+        for k, v in sel.items():
+            if tlabels.get(k) != v:
+                fail(where, f"{owner}: selector {k}={v} does not match the pod template's labels")
+        check_pod_spec(tmpl.get("spec") or {}, where, owner)
+    if kind == "Service":
+        check_labels((obj.get("spec") or {}).get("selector"), where, f"{owner} selector")
+
+
+# ---------------------------------------------------------------- references in one render
+SYSTEM_CLUSTER_ROLES = {"system:auth-delegator"}
+SYSTEM_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
+
+
+def check_references(objs, where, values):
+    by_kind = {}
+    for o in objs:
+        md = o.get("metadata") or {}
+        by_kind.setdefault(o["kind"], {})[(md.get("namespace"), md.get("name"))] = o
+    def has(kind, ns, name):
+        return (ns, name) in by_kind.get(kind, {})
+    existing_secrets = {values.get("signingKey", {}).get("existingSecret"),
+                        values.get("webhook", {}).get("existingTlsSecret"),
+                        (values.get("nodeAgent", {}).get("allocationKeySecret") or {}).get("name")} - {None, ""}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                      "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "PriorityClass"}
+    for o in objs:
+        md = o.get("metadata") or {}
+        ns = md.get("namespace")
+        if o["kind"] in cluster_scoped:
+            if ns:
+                fail(where, f"{describe(o)} is cluster-scoped but has namespace {ns!r}")
+        elif ns != NAMESPACE and not (o["kind"] == "RoleBinding" and ns == "kube-system"):
+            fail(where, f"{describe(o)}: namespace {ns!r}, expected the release namespace {NAMESPACE!r}")
+        if o["kind"] in ("Deployment", "DaemonSet"):
+            pod = o["spec"]["template"]["spec"]
+            sa = pod.get("serviceAccountName")
+            if sa and not has("ServiceAccount", ns, sa):
+                fail(where, f"{describe(o)}: ServiceAccount {sa!r} is not in the chart")
+            for v in pod.get("volumes") or []:
+                if "configMap" in v and not has("ConfigMap", ns, v["configMap"]["name"]):
+                    fail(where, f"{describe(o)}: ConfigMap {v['configMap']['name']!r} is not in the chart")
+                if "secret" in v:
+                    name = v["secret"]["secretName"]
+                    if not has("Secret", ns, name) and name not in existing_secrets:
+                        fail(where, f"{describe(o)}: Secret {name!r} is neither in the chart nor named in values")
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            ref = o["roleRef"]
+            if ref["kind"] == "ClusterRole":
+                if not has("ClusterRole", None, ref["name"]) and ref["name"] not in SYSTEM_CLUSTER_ROLES:
+                    fail(where, f"{describe(o)}: ClusterRole {ref['name']!r} is neither in the chart nor built in")
+            elif not has("Role", ns, ref["name"]) and (ns, ref["name"]) not in SYSTEM_ROLES:
+                fail(where, f"{describe(o)}: Role {ref['name']!r} is neither in the chart nor built in")
+            for s in o.get("subjects") or []:
+                if s["kind"] == "ServiceAccount" and not has("ServiceAccount", s.get("namespace"), s["name"]):
+                    fail(where, f"{describe(o)}: subject ServiceAccount {s['name']!r} is not in the chart")
+        if o["kind"] in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+            for w in o.get("webhooks") or []:
+                svc_ref = (w.get("clientConfig") or {}).get("service") or {}
+                svc = by_kind.get("Service", {}).get((svc_ref.get("namespace"), svc_ref.get("name")))
+                if svc is None:
+                    fail(where, f"{describe(o)}: webhook {w['name']} points at Service {svc_ref} that is not in the chart")
+                    continue
+                if svc_ref.get("port", 443) not in [p["port"] for p in svc["spec"]["ports"]]:
+                    fail(where, f"{describe(o)}: webhook {w['name']}: Service {svc_ref['name']} has no port {svc_ref.get('port', 443)}")
+                if not (w.get("clientConfig") or {}).get("caBundle"):
+                    fail(where, f"{describe(o)}: webhook {w['name']} has no caBundle")
+    for svc in by_kind.get("Service", {}).values():
+        sel = svc["spec"].get("selector") or {}
+        targets = [o for o in objs if o["kind"] in ("Deployment", "DaemonSet")
+                   and all(o["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+        if not targets:
+            fail(where, f"{describe(svc)}: its selector matches no pod template in the chart")
+        for p in svc["spec"]["ports"]:
+            tp = p.get("targetPort")
+            if isinstance(tp, str):
+                for t in targets:
+                    names = [cp.get("name") for c in t["spec"]["template"]["spec"]["containers"] for cp in c.get("ports") or []]
+                    if tp not in names:
+                        fail(where, f"{describe(svc)}: targetPort {tp!r} is no port of {describe(t)}")
+
+
+# ---------------------------------------------------------------- KubeSchedulerConfiguration
+def _obj(props, required=()):
+    return {"type": "object", "additionalProperties": False, "properties": props, "required": list(required)}
+
+
+_DURATION = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"}
+_PLUGIN = _obj({"name": {"type": "string"}, "weight": {"type": "integer"}}, ["name"])
+_PLUGIN_SET = _obj({"enabled": {"type": "array", "items": _PLUGIN}, "disabled": {"type": "array", "items": _PLUGIN}})
+# kubescheduler.config.k8s.io/v1 as kube-scheduler 1.28 decodes it (strictly: unknown or
+# duplicate fields are errors), from k8s.io/kube-scheduler/config/v1/types.go and
+# k8s.io/component-base/config/v1alpha1.
+KUBE_SCHEDULER_CONFIG_V1_128 = _obj({
+    "apiVersion": {"const": "kubescheduler.config.k8s.io/v1"},
+    "kind": {"const": "KubeSchedulerConfiguration"},
+    "parallelism": {"type": "integer", "minimum": 1},
+    "leaderElection": _obj({
+        "leaderElect": {"type": "boolean"},
+        "leaseDuration": _DURATION, "renewDeadline": _DURATION, "retryPeriod": _DURATION,
+        "resourceLock": {"enum": ["leases"]},
+        "resourceName": {"type": "string"}, "resourceNamespace": {"type": "string"},
+    }),
+    "clientConnection": _obj({
+        "kubeconfig": {"type": "string"}, "acceptContentTypes": {"type": "string"},
+        "contentType": {"type": "string"}, "qps": {"type": "number"}, "burst": {"type": "integer"},
+    }),
+    "enableProfiling": {"type": "boolean"},
+    "enableContentionProfiling": {"type": "boolean"},
+    "percentageOfNodesToScore": {"type": "integer", "minimum": 0, "maximum": 100},
+    "podInitialBackoffSeconds": {"type": "integer", "minimum": 1},
+    "podMaxBackoffSeconds": {"type": "integer", "minimum": 1},
+    "profiles": {"type": "array", "items": _obj({
+        "schedulerName": {"type": "string", "minLength": 1},
+        "percentageOfNodesToScore": {"type": "integer", "minimum": 0, "maximum": 100},
+        "plugins": _obj({k: _PLUGIN_SET for k in (
+            "preEnqueue", "queueSort", "preFilter", "filter", "postFilter", "preScore", "score",
+            "reserve", "permit", "preBind", "bind", "postBind", "multiPoint")}),
+        "pluginConfig": {"type": "array", "items": _obj({"name": {"type": "string"}, "args": {"type": "object"}}, ["name"])},
+    })},
+    "extenders": {"type": "array", "items": _obj({
+        "urlPrefix": {"type": "string", "minLength": 1},
+        "filterVerb": {"type": "string"}, "preemptVerb": {"type": "string"},
+        "prioritizeVerb": {"type": "string"}, "bindVerb": {"type": "string"},
+        "weight": {"type": "integer"},
+        "enableHTTPS": {"type": "boolean"},
+        "tlsConfig": _obj({k: {"type": "string"} for k in (
+            "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData")} | {"insecure": {"type": "boolean"}}),
+        "httpTimeout": _DURATION,
+        "nodeCacheCapable": {"type": "boolean"},
+        "managedResources": {"type": "array", "items": _obj(
+            {"name": {"type": "string"}, "ignoredByScheduler": {"type": "boolean"}}, ["name"])},
+        "ignorable": {"type": "boolean"},
+    }, ["urlPrefix"])},
+}, ["apiVersion", "kind"])
+
+
+def check_scheduler_config(cfg, where):
+    """Strict v1 decoding, then kube-scheduler's own validation of profiles and extenders."""
+    checked["schema validations"] += 1
+    for err in jsonschema.Draft202012Validator(KUBE_SCHEDULER_CONFIG_V1_128).iter_errors(cfg):
+        fail(where, f"KubeSchedulerConfiguration: {'.'.join(map(str, err.path))}: {err.message}")
+    names = [p.get("schedulerName", "default-scheduler") for p in cfg.get("profiles") or []]
+    if len(set(names)) != len(names):
+        fail(where, f"KubeSchedulerConfiguration: duplicate profile schedulerName in {names}")
+    binders, managed = 0, set()
+    for i, ext in enumerate(cfg.get("extenders") or []):
+        if ext.get("prioritizeVerb") and ext.get("weight", 0) <= 0:
+            fail(where, f"extenders[{i}].weight must be positive with a prioritizeVerb")
+        binders += bool(ext.get("bindVerb"))
+        for j, r in enumerate(ext.get("managedResources") or []):
+            for e in extended_resource_errors(r["name"]):
+                fail(where, f"extenders[{i}].managedResources[{j}].name {r['name']!r} {e}")
+            if r["name"] in managed:
+                fail(where, f"extenders[{i}].managedResources[{j}].name {r['name']!r} is a duplicate")
+            managed.add(r["name"])
+    if binders > 1:
+        fail(where, "only one extender may have a bindVerb")
+
+
+PROTOCOL_VERBS = {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "preemptVerb": "preempt"}
+
+
+def tessera_extender(cfg, where):
+    exts = cfg.get("extenders") or []
+    if len(exts) != 1:
+        fail(where, f"expected one extender (Tessera), found {len(exts)}")
+        return None
+    ext = exts[0]
+    for k, v in PROTOCOL_VERBS.items():
+        if ext.get(k) != v:
+            fail(where, f"extender {k} is {ext.get(k)!r}; Tessera serves /{v}")
+    if ext.get("nodeCacheCapable") is not True:
+        fail(where, "extender nodeCacheCapable must be true (Tessera keeps its own node and pod cache)")
+    if ext.get("ignorable") is not False:
+        fail(where, "extender ignorable must be false (Tessera binds: its errors must fail the attempt)")
+    names = {r["name"]: r.get("ignoredByScheduler", False) for r in ext.get("managedResources") or []}
+    for r in ("tessera.io/gpu", "tessera.io/gpu-memory", "tessera.io/gpu-memory-percent",
+              "tessera.io/gpu-cores", "tessera.io/gpu-milli"):
+        if names.get(r) is not True:
+            fail(where, f"managedResources must list {r} with ignoredByScheduler: true")
+    if names.get("nvidia.com/gpu") is not False:
+        fail(where, "managedResources must list nvidia.com/gpu with ignoredByScheduler: false")
+    return ext
+
+
+# ---------------------------------------------------------------- CRD
+def structural_errors(s, path, root=False):
+    errs = []
+    if not isinstance(s, dict):
+        return [f"{path}: not a schema object"]
+    if "type" not in s and not s.get("x-kubernetes-int-or-string") and not s.get("x-kubernetes-preserve-unknown-fields"):
+        errs.append(f"{path}: no type (structural schemas need one at every level)")
+    if "properties" in s and isinstance(s.get("additionalProperties"), (dict, bool)) and s.get("additionalProperties") is not False:
+        errs.append(f"{path}: properties and additionalProperties are mutually exclusive")
+    for bad in ("$ref", "definitions", "dependencies", "patternProperties", "id", "$schema"):
+        if bad in s:
+            errs.append(f"{path}: {bad} is not allowed in a CRD schema")
+    if root and "metadata" in (s.get("properties") or {}):
+        md = s["properties"]["metadata"]
+        if set(md.get("properties") or {}) - {"name", "generateName"}:
+            errs.append(f"{path}.properties.metadata: only name and generateName may be specified")
+    for k, sub in (s.get("properties") or {}).items():
+        errs += structural_errors(sub, f"{path}.properties.{k}")
+    if "items" in s:
+        errs += structural_errors(s["items"], f"{path}.items")
+    if isinstance(s.get("additionalProperties"), dict):
+        errs += structural_errors(s["additionalProperties"], f"{path}.additionalProperties")
+    return errs
+
+
+def to_json_schema(s):
+    """The CRD's OpenAPI v3 schema as a JSON schema: nullable becomes a null type, and
+    objects that do not preserve unknown fields reject unknown ones (the API server prunes
+    them; an example that relies on pruning is wrong)."""
+    if not isinstance(s, dict):
+        return s
+    out = {k: v for k, v in s.items() if not k.startswith("x-kubernetes-") and k not in ("nullable", "format", "default")}
+    if s.get("nullable") and "type" in s:
+        out["type"] = [s["type"], "null"]
+    if "properties" in s:
+        out["properties"] = {k: to_json_schema(v) for k, v in s["properties"].items()}
+        if "additionalProperties" not in s and not s.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    if "items" in s:
+        out["items"] = to_json_schema(s["items"])
+    if isinstance(s.get("additionalProperties"), dict):
+        out["additionalProperties"] = to_json_schema(s["additionalProperties"])
+    return out
+
+
+def check_defaults(s, path, where):
+    """Every default must be valid against its own schema (the API server checks this)."""
+    if not isinstance(s, dict):
+        return
+    if "default" in s:
+        for err in jsonschema.Draft202012Validator(to_json_schema(s)).iter_errors(s["default"]):
+            fail(where, f"{path}: default {s['default']!r} is invalid: {err.message}")
+    for k, sub in (s.get("properties") or {}).items():
+        check_defaults(sub, f"{path}.properties.{k}", where)
+    if "items" in s:
+        check_defaults(s["items"], f"{path}.items", where)
+
+
+def check_crds():
+    crds = {}
+    files = sorted((CHART / "crds").glob("*.yaml"))
+    if not files:
+        fail("crds", "no CRD under deploy/helm/tessera/crds")
+    for f in files:
+        where = str(f.relative_to(ROOT))
+        for crd in load_docs(f.read_text(), where):
+            schema_check(crd, where)
+            check_object(crd, where)
+            spec = crd["spec"]
+            if crd["metadata"]["name"] != f"{spec['names']['plural']}.{spec['group']}":
+                fail(where, "metadata.name must be <plural>.<group>")
+            storage = [v["name"] for v in spec["versions"] if v.get("storage")]
+            if len(storage) != 1:
+                fail(where, f"exactly one version must be the storage version, found {storage}")
+            for v in spec["versions"]:
+                s = (v.get("schema") or {}).get("openAPIV3Schema")
+                if s is None:
+                    fail(where, f"version {v['name']}: no openAPIV3Schema")
+                    continue
+                for e in structural_errors(s, f"{v['name']}.openAPIV3Schema", root=True):
+                    fail(where, e)
+                check_defaults(s, f"{v['name']}.openAPIV3Schema", where)
+                crds[(f"{spec['group']}/{v['name']}", spec["names"]["kind"])] = (s, spec["scope"])
+            print(f"ok   {where}: {describe(crd)}")
+    return crds
+
+
+def check_custom_object(obj, crds, where):
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    if key not in crds:
+        fail(where, f"{describe(obj)}: no CRD in the chart serves {key[0]} {key[1]}")
+        return
+    schema, scope = crds[key]
+    check_name(obj, where)
+    checked["schema validations"] += 1
+    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+    for err in jsonschema.Draft202012Validator(to_json_schema(schema)).iter_errors(body):
+        fail(where, f"{describe(obj)}: {'.'.join(map(str, err.path))}: {err.message}")
+    if scope == "Cluster" and (obj.get("metadata") or {}).get("namespace"):
+        fail(where, f"{describe(obj)}: cluster-scoped, must not have a namespace")
+
+
+# ---------------------------------------------------------------- chart
+def render(values, where):
+    try:
+        with helm.Config(namespace=NAMESPACE) as cfg:
+            rel = cfg.install(str(CHART), RELEASE, values, namespace=NAMESPACE, dry_run="client")
+    except helm.HelmError as e:
+        fail(where, f"does not render: {e}")
+        return None
+    return rel["manifest"]
+
+
+def lint(values, where):
+    report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v1.28.0")
+    for m in report.get("messages") or []:
+        if m.get("severity", 0) >= 2:
+            fail(where, f"helm lint: {m.get('path')}: {m.get('error')}")
+    for e in report.get("errors") or []:
+        fail(where, f"helm lint: {e}")
+
+
+SCENARIOS = {
+    "defaults": {},
+    "webhook off": {"webhook": {"enabled": False}},
+    "webhook without setSchedulerName": {"webhook": {"setSchedulerName": False}},
+    "node agent off": {"nodeAgent": {"enabled": False}},
+    "webhook and node agent off": {"webhook": {"enabled": False}, "nodeAgent": {"enabled": False}},
+    "standalone": {"scheduler": {"mode": "standalone"}},
+    "existing secrets": {"signingKey": {"existingSecret": "my-key"},
+                         "webhook": {"existingTlsSecret": "my-tls", "caBundle": "Q0EK"},
+                         "nodeAgent": {"allocationKeySecret": {"name": "agent-key", "key": "hmac"}}},
+    "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
+                                     "nodeSelector": {"kubernetes.io/os": "linux"},
+                                     "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
+                       "nodeAgent": {"nodeLabels": False, "xidIgnore": "94", "xidFatal": "109",
+                                     "extraArgs": ["--pod-resources-socket=off"],
+                                     "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                                     "resources": {"limits": {"memory": "512Mi"}}}},
+}
+
+MUST_FAIL = {
+    "existing TLS Secret without its CA": {"webhook": {"existingTlsSecret": "my-tls"}},
+}
+
+
+def help_flags(sub):
+    out = subprocess.run([TESSERA_BIN, sub, "--help"], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        fail("flags", f"`tessera {sub} --help` exited {out.returncode}: {out.stderr.strip()[:200]}")
+        return None
+    return set(re.findall(r"--([a-z][a-z0-9-]*)", out.stdout))
+
+
+def check_flags(objs, where, helps):
+    for o in objs:
+        if o["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for c in o["spec"]["template"]["spec"]["containers"]:
+            args = c.get("args") or []
+            if not args or args[0] not in helps:
+                continue
+            known = helps[args[0]]
+            if known is None:
+                continue
+            for a in args[1:]:
+                m = re.match(r"--([a-z0-9-]+)", a)
+                if not m or m.group(1) not in known:
+                    fail(where, f"{describe(o)}/{c['name']}: `tessera {args[0]}` does not accept {a!r}")
+
+
+def check_chart():
+    helps = {}
+    if TESSERA_BIN:
+        helps = {"scheduler": help_flags("scheduler"), "node-agent": help_flags("node-agent")}
+        print(f"flags: checked against {TESSERA_BIN}")
+    else:
+        print("flags: SKIP (no tessera binary: set TESSERA_BIN or build -p tessera)")
+    defaults_cfg = None
+    for name, values in SCENARIOS.items():
+        where = f"chart[{name}]"
+        lint(values, where)
+        manifest = render(values, where)
+        if manifest is None:
+            continue
+        objs = load_docs(manifest, where)
+        if not objs:
+            fail(where, "renders nothing")
+        for o in objs:
+            schema_check(o, where)
+            check_object(o, where)
+        check_references(objs, where, values)
+        check_flags(objs, where, helps)
+        cms = [o for o in objs if o["kind"] == "ConfigMap" and "config.yaml" in (o.get("data") or {})]
+        mode = (values.get("scheduler") or {}).get("mode", "extender")
+        if mode == "extender":
+            if len(cms) != 1:
+                fail(where, "extender mode renders no kube-scheduler ConfigMap")
+            else:
+                cfg_docs = load_docs(cms[0]["data"]["config.yaml"], f"{where} config.yaml")
+                if len(cfg_docs) == 1:
+                    cfg = cfg_docs[0]
+                    check_scheduler_config(cfg, f"{where} config.yaml")
+                    ext = tessera_extender(cfg, f"{where} config.yaml")
+                    svc = next((o for o in objs if o["kind"] == "Service"), None)
+                    if ext and svc:
+                        port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "extender")
+                        want = f"http://{svc['metadata']['name']}.{NAMESPACE}.svc:{port}"
+                        if ext["urlPrefix"].rstrip("/") != want:
+                            fail(where, f"extender urlPrefix {ext['urlPrefix']!r} does not reach the chart's Service ({want})")
+                    if name == "defaults":
+                        defaults_cfg = cfg
+        elif cms:
+            fail(where, "standalone mode renders a kube-scheduler ConfigMap")
+        kinds = sorted({o["kind"] for o in objs})
+        print(f"ok   {where}: {len(objs)} objects ({', '.join(kinds)})")
+    for name, values in MUST_FAIL.items():
+        try:
+            with helm.Config(namespace=NAMESPACE) as cfg:
+                cfg.install(str(CHART), RELEASE, values, namespace=NAMESPACE, dry_run="client")
+            fail(f"chart[{name}]", "rendered, but must be refused")
+        except helm.HelmError:
+            print(f"ok   chart[{name}]: refused as it must be")
+    return defaults_cfg
+
+
+def check_examples(crds, chart_cfg):
+    for f in sorted(EXAMPLES.glob("*.yaml")):
+        where = str(f.relative_to(ROOT))
+        for obj in load_docs(f.read_text(), where):
+            kind = obj.get("kind")
+            if kind == "KubeSchedulerConfiguration":
+                check_scheduler_config(obj, where)
+                tessera_extender(obj, where)
+                if chart_cfg is not None:
+                    for k in ("profiles", "extenders"):
+                        if obj.get(k) != chart_cfg.get(k):
+                            fail(where, f"{k} differ from the chart's default render (release {RELEASE!r}, namespace {NAMESPACE!r})")
+            elif (obj.get("apiVersion"), kind) in crds:
+                check_custom_object(obj, crds, where)
+            else:
+                schema_check(obj, where)
+                check_object(obj, where)
+            print(f"ok   {where}: {describe(obj)}")
+
+
+def exported_metrics():
+    """Metric names in the node agent's and the scheduler's sources: literal names, and
+    prometheus-client registrations under Registry::with_prefix (with the series suffixes
+    counters and histograms add)."""
+    base = set()
+    for crate in ("tessera-node", "tessera-k8s"):
+        for src in (ROOT / "crates" / crate / "src").rglob("*.rs"):
+            text = src.read_text()
+            base |= set(re.findall(r'"((?:DCGM_FI_[A-Z0-9_]+)|(?:tessera_[a-z0-9_]+))"', text))
+            for prefix in re.findall(r'with_prefix\(\s*"([a-z0-9_]+)"', text):
+                base |= {f"{prefix}_{n}" for n in re.findall(r'\.register\(\s*"([a-z0-9_]+)"', text)}
+    return {n + sfx for n in base for sfx in ("", "_total", "_bucket", "_sum", "_count")}
+
+
+PROMQL_WORDS = {"sum", "avg", "min", "max", "count", "by", "without", "or", "and", "unless", "on",
+                "ignoring", "vector", "rate", "irate", "increase", "label_values", "bool", "topk",
+                "bottomk", "group_left", "group_right", "offset", "histogram_quantile", "clamp_min",
+                "clamp_max", "abs", "time", "delta", "deriv", "changes", "resets", "avg_over_time",
+                "max_over_time", "min_over_time", "sum_over_time", "count_over_time", "quantile", "stddev"}
+
+
+def check_dashboards():
+    exported = exported_metrics()
+    for f in sorted(DASHBOARDS.glob("*.json")):
+        where = str(f.relative_to(ROOT))
+        try:
+            d = json.loads(f.read_text())
+        except json.JSONDecodeError as e:
+            fail(where, f"invalid JSON: {e}")
+            continue
+        for k in ("title", "uid", "panels", "schemaVersion"):
+            if k not in d:
+                fail(where, f"no {k!r}")
+        variables = {v.get("name") for v in (d.get("templating") or {}).get("list") or []}
+        ids, exprs = [], []
+
+        def walk(panels):
+            for p in panels:
+                ids.append(p.get("id"))
+                if p.get("type") != "row":
+                    if "gridPos" not in p:
+                        fail(where, f"panel {p.get('id')} has no gridPos")
+                    ds = p.get("datasource") or {}
+                    if ds.get("uid") not in ("${datasource}", "$datasource"):
+                        fail(where, f"panel {p.get('id')} does not use the $datasource variable")
+                for t in p.get("targets") or []:
+                    exprs.append((p.get("id"), t.get("expr", "")))
+                walk(p.get("panels") or [])
+
+        walk(d.get("panels") or [])
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup or None in ids:
+            fail(where, f"panel ids must be unique and set (duplicates: {dup})")
+        for v in (d.get("templating") or {}).get("list") or []:
+            q = v.get("query")
+            exprs.append((f"variable {v.get('name')}", q.get("query", "") if isinstance(q, dict) else ""))
+        for pid, expr in exprs:
+            for var in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expr):
+                if var not in variables and not var.startswith("__"):
+                    fail(where, f"{pid}: uses undefined variable ${var}")
+            stripped = re.sub(r'"[^"]*"', '""', expr)
+            stripped = re.sub(r"\{[^}]*\}", "{}", stripped)
+            stripped = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", stripped)
+            stripped = re.sub(r"label_values\(([^,]*),[^)]*\)", r"(\1)", stripped)
+            for ident in re.findall(r"\b[A-Za-z_][A-Za-z0-9_:]*\b", stripped):
+                if ident in PROMQL_WORDS or ident.isdigit():
+                    continue
+                if ident not in exported:
+                    fail(where, f"{pid}: queries {ident!r}, which no Tessera component exports")
+        print(f"ok   {where}: {len(ids)} panels, {len(exprs)} queries")
+
+
+print(f"helm SDK {helm.helm_sdk_version()} (helm-python-sdk), Kubernetes schemas {', '.join(KUBE_VERSIONS)}")
+crds = check_crds()
+chart_cfg = check_chart()
+check_examples(crds, chart_cfg)
+check_dashboards()
+print(f"{checked['objects']} objects, {checked['schema validations']} schema validations, {len(failures)} failures")
+if failures:
+    print(f"{len(failures)} failed:")
+    for f in failures:
+        print(f"  {f}")
+    sys.exit(1)
+print("deploy/ is valid")
+PY
