@@ -53,13 +53,20 @@ if [[ ! -f "$STAMP" ]]; then
     touch "$STAMP"
 fi
 
+# The flag check uses $TESSERA_BIN as given, or the newest built binary when no source
+# file is newer than it (a stale binary would report flags that no longer exist).
 BIN="${TESSERA_BIN:-}"
 if [[ -z "$BIN" ]]; then
     for dir in "${CARGO_TARGET_DIR:-}" "$ROOT/target"; do
         for profile in debug release; do
-            if [[ -n "$dir" && -x "$dir/$profile/tessera" && -z "$BIN" ]]; then BIN="$dir/$profile/tessera"; fi
+            candidate="$dir/$profile/tessera"
+            if [[ -n "$dir" && -x "$candidate" && ( -z "$BIN" || "$candidate" -nt "$BIN" ) ]]; then BIN="$candidate"; fi
         done
     done
+    if [[ -n "$BIN" ]] && [[ -n "$(find "$ROOT/crates" "$ROOT/Cargo.lock" -newer "$BIN" \( -name '*.rs' -o -name 'Cargo.*' \) -print -quit)" ]]; then
+        echo "flags: $BIN is older than the sources; not used (rebuild, or set TESSERA_BIN)"
+        BIN=""
+    fi
 fi
 
 exec "$TOOLS/bin/python" - "$ROOT" "$BIN" <<'PY'
