@@ -632,8 +632,9 @@ SCENARIOS = {
                                      "resources": {"limits": {"memory": "512Mi"}}}},
 }
 
-MUST_FAIL = {
-    "existing TLS Secret without its CA": {"webhook": {"existingTlsSecret": "my-tls"}},
+MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
+    "existing TLS Secret without its CA": ({"webhook": {"existingTlsSecret": "my-tls"}}, "webhook.caBundle must"),
+    "two replicas without leader election": ({"scheduler": {"leaderElection": False}}, "needs scheduler.replicas=1"),
 }
 
 
@@ -707,13 +708,16 @@ def check_chart():
             fail(where, "standalone mode renders a kube-scheduler ConfigMap")
         kinds = sorted({o["kind"] for o in objs})
         print(f"ok   {where}: {len(objs)} objects ({', '.join(kinds)})")
-    for name, values in MUST_FAIL.items():
+    for name, (values, phrase) in MUST_FAIL.items():
         try:
             with helm.Config(namespace=NAMESPACE) as cfg:
                 cfg.install(str(CHART), RELEASE, values, namespace=NAMESPACE, dry_run="client")
             fail(f"chart[{name}]", "rendered, but must be refused")
-        except helm.HelmError:
-            print(f"ok   chart[{name}]: refused as it must be")
+        except helm.HelmError as e:
+            if phrase in str(e):
+                print(f"ok   chart[{name}]: refused as it must be")
+            else:
+                fail(f"chart[{name}]", f"refused for another reason: {e}")
     return defaults_cfg
 
 
