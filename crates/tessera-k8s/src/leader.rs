@@ -69,6 +69,9 @@ pub async fn run(
     let manager = LeaseManagerBuilder::new(client, &config.name)
         .with_namespace(&config.namespace)
         .with_identity(&config.identity)
+        // The builder keeps the field manager of its random default identity;
+        // name ours after this replica, as the crate documents.
+        .with_field_manager(format!("kube-lease-manager-{}", config.identity))
         .with_duration(config.duration.as_secs())
         .with_grace(config.grace.as_secs())
         .build()

@@ -313,6 +313,21 @@ pub async fn serve(
     let tcp = TcpListener::bind(addr)
         .await
         .map_err(|source| TlsError::Bind { addr, source })?;
+    serve_on(tcp, tls, config, shutdown).await
+}
+
+/// [`serve`] on a listener that is already bound (e.g. to port 0, whose
+/// address the caller reads back with `local_addr`).
+pub async fn serve_on(
+    tcp: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    config: Arc<WebhookConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), TlsError> {
+    let addr = tcp.local_addr().map_err(|source| TlsError::Bind {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })?;
     let listener = TlsListener {
         tcp,
         acceptor: TlsAcceptor::from(tls),
