@@ -501,13 +501,21 @@ pub fn parse<'a>(
                     if n > 1 {
                         return Err(err(key, value, "a pod may ask for one MIG instance"));
                     }
-                    if catalog.models_with_profile(profile).0 == 0 {
+                    // Resource names spell `+` as `.` (`mig-1g.10gb.me` is `1g.10gb+me`).
+                    let plus = profile
+                        .rsplit_once('.')
+                        .map(|(head, tail)| format!("{head}+{tail}"));
+                    let profile = if catalog.models_with_profile(profile).0 > 0 {
+                        profile.to_string()
+                    } else if let Some(p) = plus.filter(|p| catalog.models_with_profile(p).0 > 0) {
+                        p
+                    } else {
                         return Err(err(key, value, format!("unknown MIG profile {profile:?}")));
-                    }
+                    };
                     if mig.is_some() {
                         return Err(err(key, value, "a pod may ask for one MIG profile"));
                     }
-                    mig = Some(profile.to_string());
+                    mig = Some(profile);
                 }
             }
         }
@@ -771,6 +779,20 @@ mod tests {
             }
         );
         assert_eq!(r.isolation, Isolation::Mig);
+
+        // The node agent and NVIDIA's plugin spell `+` as `.` in resource names.
+        for key in ["tessera.io/mig-1g.10gb.me", "nvidia.com/mig-1g.10gb.me"] {
+            let r = p(&[(key, "1")], &[]).unwrap();
+            assert_eq!(
+                r.gpu,
+                GpuAsk::Mig {
+                    profile: "1g.10gb+me".into()
+                },
+                "{key}"
+            );
+        }
+        let e = p(&[("tessera.io/mig-1g.10gb.xx", "1")], &[]).unwrap_err();
+        assert!(e.to_string().contains("unknown MIG profile"), "{e}");
     }
 
     #[test]

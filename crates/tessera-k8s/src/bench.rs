@@ -218,7 +218,7 @@ pub async fn extender_latency(
         }
         // Bind the pod where prioritize put it (untimed), as kube-scheduler would:
         // the next pod then sees one changed node, as in a live cluster.
-        let scores: Vec<super::extender::wire::HostPriority> =
+        let scores: Vec<super::extender::wire::HostPriority<'_>> =
             serde_json::from_slice(&scored).map_err(|e| e.to_string())?;
         if let Some(best) = scores.iter().max_by_key(|h| h.score) {
             let p = pod(&format!("bench-{it}"), ask.clone());
@@ -227,7 +227,7 @@ pub async fn extender_latency(
         }
         // The parts, measured apart (same pod, after the bind, so one node changed).
         let t3 = Instant::now();
-        let args: crate::extender::wire::ExtenderArgs =
+        let args: crate::extender::wire::ExtenderArgs<'_> =
             serde_json::from_slice(&body_copy).map_err(|e| e.to_string())?;
         let t4 = Instant::now();
         {

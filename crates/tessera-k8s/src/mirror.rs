@@ -13,10 +13,12 @@
 //! held allocation (O(pods), and rare). Pod changes apply to the ledger in place.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock};
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rustc_hash::FxHashMap;
 use tessera_api::GpuNode;
 use tessera_core::allocation::{ANNOTATION, Allocation};
 use tessera_core::explain::{Explanation, Reason};
@@ -79,16 +81,31 @@ pub enum ReserveError {
     Ledger { pod: String, problem: String },
 }
 
-/// The per-node verdict of a filter.
+/// The per-node verdict of a filter, borrowing the caller's node names.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FilterOutcome {
+pub struct FilterOutcome<'a> {
     /// Nodes that fit, in input order.
-    pub passed: Vec<String>,
-    /// Nodes rejected for want of free resources (preemption may help).
-    pub failed: BTreeMap<String, String>,
-    /// Nodes that can never take the pod as it is.
-    pub unresolvable: BTreeMap<String, String>,
+    pub passed: Vec<&'a str>,
+    /// Nodes rejected for want of free resources (preemption may help), in input order.
+    pub failed: Vec<(&'a str, Arc<str>)>,
+    /// Nodes that can never take the pod as it is, in input order.
+    pub unresolvable: Vec<(&'a str, Arc<str>)>,
 }
+
+impl FilterOutcome<'_> {
+    /// Why `node` was rejected, if it was.
+    pub fn reason(&self, node: &str) -> Option<&str> {
+        self.failed
+            .iter()
+            .chain(&self.unresolvable)
+            .find(|(n, _)| *n == node)
+            .map(|(_, m)| &**m)
+    }
+}
+
+/// The rejection of a node the mirror has no inventory for.
+static NO_INVENTORY: LazyLock<Arc<str>> =
+    LazyLock::new(|| Arc::from("no GPU inventory (GpuNode) known for the node"));
 
 /// Most request shapes whose verdicts are kept (the cache is dropped when full).
 const MAX_SHAPES: usize = 128;
@@ -97,10 +114,7 @@ const MAX_SHAPES: usize = 128;
 #[derive(Debug, Clone)]
 enum Verdict {
     Fit(f64),
-    No {
-        message: std::sync::Arc<str>,
-        resolvable: bool,
-    },
+    No { message: Arc<str>, resolvable: bool },
 }
 
 /// Verdicts of every node for one request shape, valid as of a ledger cursor.
@@ -148,7 +162,7 @@ pub struct Mirror {
     /// The verdicts of the last request a non-cacheable policy judged.
     uncached: Option<ShapeCache>,
     /// Node name to id, for the extender's name lists.
-    by_name: HashMap<String, NodeId>,
+    by_name: FxHashMap<String, NodeId>,
     generation: u64,
     /// Things wrong with nodes, inventory or replays at the last rebuild.
     node_problems: Vec<String>,
@@ -174,7 +188,7 @@ impl Mirror {
             rng: SmallRng::seed_from_u64(0x7e55e7a),
             shapes: HashMap::new(),
             uncached: None,
-            by_name: HashMap::new(),
+            by_name: FxHashMap::default(),
             generation: 0,
             node_problems: Vec::new(),
         }
@@ -593,15 +607,19 @@ impl Mirror {
             .map_or(&[], |c| c.verdicts.as_slice())
     }
 
-    fn ids_of(&self, names: &[String]) -> Vec<Option<NodeId>> {
+    fn ids_of(&self, names: &[&str]) -> Vec<Option<NodeId>> {
         names
             .iter()
-            .map(|n| self.by_name.get(n.as_str()).copied())
+            .map(|n| self.by_name.get(*n).copied())
             .collect()
     }
 
     /// The extender's filter: which of `names` can take the pod.
-    pub fn filter(&mut self, pod: &Pod, names: &[String]) -> Result<FilterOutcome, RequestError> {
+    pub fn filter<'a>(
+        &mut self,
+        pod: &Pod,
+        names: &[&'a str],
+    ) -> Result<FilterOutcome<'a>, RequestError> {
         self.refresh();
         let mut out = FilterOutcome::default();
         let req = convert::pod_request(pod, &self.cluster.catalog)?;
@@ -619,7 +637,7 @@ impl Mirror {
                 .and_then(|id| verdicts.get(id.0 as usize))
                 .and_then(Option::as_ref)
             {
-                Some(Verdict::Fit(_)) => out.passed.push(name.clone()),
+                Some(Verdict::Fit(_)) => out.passed.push(name),
                 Some(Verdict::No {
                     message,
                     resolvable,
@@ -629,14 +647,9 @@ impl Mirror {
                     } else {
                         &mut out.unresolvable
                     };
-                    into.insert(name.clone(), message.to_string());
+                    into.push((name, message.clone()));
                 }
-                None => {
-                    out.unresolvable.insert(
-                        name.clone(),
-                        "no GPU inventory (GpuNode) known for the node".into(),
-                    );
-                }
+                None => out.unresolvable.push((name, NO_INVENTORY.clone())),
             }
         }
         Ok(out)
@@ -644,25 +657,25 @@ impl Mirror {
 
     /// The extender's prioritize: scores 0..=10 for the nodes of `names` that fit,
     /// the best node 10, the worst that fits 0 (linear in the policy's score).
-    pub fn prioritize(
+    pub fn prioritize<'a>(
         &mut self,
         pod: &Pod,
-        names: &[String],
-    ) -> Result<Vec<(String, i64)>, RequestError> {
+        names: &[&'a str],
+    ) -> Result<Vec<(&'a str, i64)>, RequestError> {
         self.refresh();
         let req = convert::pod_request(pod, &self.cluster.catalog)?;
         if req.gpu == GpuAsk::None {
-            return Ok(names.iter().map(|n| (n.clone(), 0)).collect());
+            return Ok(names.iter().map(|n| (*n, 0)).collect());
         }
         let ids = self.ids_of(names);
         self.ensure_verdicts(&req, &ids);
         let verdicts = self.verdicts(&req);
-        let raw: Vec<(&String, f64)> = names
+        let raw: Vec<(&'a str, f64)> = names
             .iter()
             .zip(&ids)
             .filter_map(
                 |(name, id)| match id.and_then(|id| verdicts.get(id.0 as usize)) {
-                    Some(Some(Verdict::Fit(s))) => Some((name, *s)),
+                    Some(Some(Verdict::Fit(s))) => Some((*name, *s)),
                     _ => None,
                 },
             )
@@ -680,7 +693,7 @@ impl Mirror {
                 } else {
                     10
                 };
-                (n.clone(), score)
+                (n, score)
             })
             .collect())
     }

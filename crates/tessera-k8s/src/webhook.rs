@@ -265,10 +265,30 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, 
     Ok(Arc::new(config))
 }
 
-/// A TCP listener that hands axum TLS streams (handshake failures are logged and skipped).
+/// Most TLS handshakes in flight at once; further connections wait in the kernel's backlog.
+const MAX_HANDSHAKES: usize = 256;
+/// How long a client may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+type Handshake = (Result<TlsStream<tokio::net::TcpStream>, String>, SocketAddr);
+
+/// A TCP listener that hands axum TLS streams. Handshakes run concurrently, each
+/// in its own task, so a client that connects and stalls does not hold up the
+/// API server's other admission calls; failures are logged and skipped.
 pub struct TlsListener {
     tcp: TcpListener,
     acceptor: TlsAcceptor,
+    handshakes: tokio::task::JoinSet<Handshake>,
+}
+
+impl TlsListener {
+    fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> TlsListener {
+        TlsListener {
+            tcp,
+            acceptor,
+            handshakes: tokio::task::JoinSet::new(),
+        }
+    }
 }
 
 impl axum::serve::Listener for TlsListener {
@@ -277,23 +297,35 @@ impl axum::serve::Listener for TlsListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
-            let (stream, addr) = match self.tcp.accept().await {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "webhook accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            match tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                self.acceptor.accept(stream),
-            )
-            .await
-            {
-                Ok(Ok(tls)) => return (tls, addr),
-                Ok(Err(e)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
+            let room = self.handshakes.len() < MAX_HANDSHAKES;
+            tokio::select! {
+                accepted = self.tcp.accept(), if room => match accepted {
+                    Ok((stream, addr)) => {
+                        let acceptor = self.acceptor.clone();
+                        self.handshakes.spawn(async move {
+                            let tls = match tokio::time::timeout(
+                                HANDSHAKE_TIMEOUT,
+                                acceptor.accept(stream),
+                            )
+                            .await
+                            {
+                                Ok(Ok(tls)) => Ok(tls),
+                                Ok(Err(e)) => Err(e.to_string()),
+                                Err(_) => Err("timed out".to_string()),
+                            };
+                            (tls, addr)
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "webhook accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                },
+                Some(done) = self.handshakes.join_next() => match done {
+                    Ok((Ok(tls), addr)) => return (tls, addr),
+                    Ok((Err(e), addr)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
+                    Err(e) => tracing::warn!(error = %e, "TLS handshake task failed"),
+                },
             }
         }
     }
@@ -328,10 +360,7 @@ pub async fn serve_on(
         addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         source,
     })?;
-    let listener = TlsListener {
-        tcp,
-        acceptor: TlsAcceptor::from(tls),
-    };
+    let listener = TlsListener::new(tcp, TlsAcceptor::from(tls));
     axum::serve(listener, router(config))
         .with_graceful_shutdown(shutdown)
         .await

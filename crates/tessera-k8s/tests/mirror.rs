@@ -133,7 +133,7 @@ fn fractional_pods_pack_onto_one_gpu_until_it_is_full() {
         gpu_node("n2", "A100-80GB", 81_920, 2),
     ];
     let m = mirror("tessera", nodes, inv, vec![]);
-    let names = vec!["n1".to_string(), "n2".to_string()];
+    let names = vec!["n1", "n2"];
     let ask = [
         ("tessera.io/gpu", "1"),
         ("tessera.io/gpu-memory-percent", "40"),
@@ -147,7 +147,7 @@ fn fractional_pods_pack_onto_one_gpu_until_it_is_full() {
         let passed = mm.filter(&p, &names).unwrap().passed;
         assert_eq!(passed.len(), 2, "pod {i}: both nodes can take 40 %");
         let scores = mm.prioritize(&p, &passed).unwrap();
-        let best = scores.iter().max_by_key(|(_, s)| *s).unwrap().0.clone();
+        let best = scores.iter().max_by_key(|(_, s)| *s).unwrap().0.to_string();
         let Reservation::Write {
             annotation: Some(a),
         } = mm.reserve(&p, &best).unwrap()
@@ -176,7 +176,7 @@ fn cached_verdicts_follow_the_ledger_and_the_inventory() {
     let nodes = vec![kube_node("n1", "32", "64Gi")];
     let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
     let m = mirror("tessera", nodes, inv.clone(), vec![]);
-    let names = vec!["n1".to_string()];
+    let names = vec!["n1"];
     let ask = [("tessera.io/gpu", "1")];
     let mut mm = tessera_k8s::binder::lock(&m);
     let probe = pod("ml", "probe", "uid-probe", &ask);
@@ -186,7 +186,7 @@ fn cached_verdicts_follow_the_ledger_and_the_inventory() {
     mm.reserve(&other, "n1").unwrap();
     let out = mm.filter(&probe, &names).unwrap();
     assert!(out.passed.is_empty());
-    assert_eq!(out.failed["n1"], "fewer than 1 idle GPUs");
+    assert_eq!(out.reason("n1"), Some("fewer than 1 idle GPUs"));
     assert!(mm.prioritize(&probe, &names).unwrap().is_empty());
     // It goes away: the GPU is free again.
     mm.remove_pod("uid-other");
@@ -196,5 +196,9 @@ fn cached_verdicts_follow_the_ledger_and_the_inventory() {
     sick.spec.gpus[0].health = tessera_api::GpuHealth::Unhealthy;
     mm.upsert_inventory(sick);
     let out = mm.filter(&probe, &names).unwrap();
-    assert_eq!(out.unresolvable["n1"], "no healthy GPU");
+    assert_eq!(out.reason("n1"), Some("no healthy GPU"));
+    assert!(
+        out.failed.is_empty(),
+        "an unhealthy GPU is not resolvable by preemption"
+    );
 }

@@ -470,3 +470,37 @@ async fn serve_reports_an_address_in_use() {
     assert!(matches!(e, TlsError::Bind { .. }), "{e:?}");
     assert!(e.to_string().contains(&addr.to_string()), "{e}");
 }
+
+/// A client that connects and never starts its handshake must not hold up the
+/// others: handshakes run concurrently. (Before, one stalled client blocked
+/// every admission call for the 10 s handshake timeout; the bound below is
+/// half that, a liveness check, not a speed figure.)
+#[tokio::test]
+async fn a_stalled_client_does_not_block_other_handshakes() {
+    let pki = make_pki();
+    let server = start(&pki, config()).await;
+    let stalled: Vec<TcpStream> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(TcpStream::connect(server.addr).await.expect("connect"));
+        }
+        v
+    };
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        https(
+            server.addr,
+            &pki.cert_der,
+            localhost(),
+            "GET",
+            "/healthz",
+            None,
+        ),
+    )
+    .await
+    .expect("served while three clients stall in their handshakes")
+    .expect("TLS request");
+    assert_eq!(answered.0, StatusCode::OK);
+    drop(stalled);
+    server.shutdown().await.expect("serve_on returns Ok");
+}

@@ -17,12 +17,11 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
-    ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, NodeList,
+    ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, NodeList, NodeMessages, Text,
 };
 use crate::binder::{Binder, lock};
 use crate::leader::Leadership;
@@ -57,24 +56,34 @@ pub fn router(state: ExtenderState) -> Router {
         .with_state(state)
 }
 
-fn decode<T: DeserializeOwned>(verb: &str, body: &[u8]) -> Result<T, (StatusCode, String)> {
-    serde_json::from_slice(body).map_err(|e| {
+fn decode<'a, T: Deserialize<'a>>(verb: &str, body: &'a [u8]) -> Result<T, (StatusCode, String)> {
+    let bad = |e: &dyn std::fmt::Display| {
         (
             StatusCode::BAD_REQUEST,
             format!("{verb}: request body is not a valid extender message: {e}\n"),
         )
-    })
+    };
+    // One UTF-8 check of the whole body, not one per string (thousands of node names).
+    let text = std::str::from_utf8(body).map_err(|e| bad(&e))?;
+    serde_json::from_str(text).map_err(|e| bad(&e))
 }
 
-fn json<T: Serialize>(value: &T) -> Response {
-    match serde_json::to_vec(value) {
-        Ok(v) => ([(header::CONTENT_TYPE, "application/json")], v).into_response(),
+/// Encodes `value` into a buffer sized for it up front (`bytes_hint`), so a
+/// 5,000-node answer is not copied over and over as the buffer grows.
+fn json_sized<T: Serialize>(value: &T, bytes_hint: usize) -> Response {
+    let mut buf = Vec::with_capacity(bytes_hint.max(128));
+    match serde_json::to_writer(&mut buf, value) {
+        Ok(()) => ([(header::CONTENT_TYPE, "application/json")], buf).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
+fn json<T: Serialize>(value: &T) -> Response {
+    json_sized(value, 128)
+}
+
 async fn filter(State(st): State<ExtenderState>, body: Bytes) -> Response {
-    let args: ExtenderArgs = match decode("filter", &body) {
+    let args: ExtenderArgs<'_> = match decode("filter", &body) {
         Ok(a) => a,
         Err(r) => return r.into_response(),
     };
@@ -97,46 +106,61 @@ async fn filter(State(st): State<ExtenderState>, body: Bytes) -> Response {
         m.filter(&args.pod, &names)
     };
     st.metrics.observe_decision("filter", started.elapsed());
-    let result = match outcome {
-        Err(e) => ExtenderFilterResult {
-            error: e.to_string(),
-            ..ExtenderFilterResult::default()
-        },
-        Ok(o) => {
-            let (nodes, node_names) = match (&args.node_names, &args.nodes) {
-                (Some(_), _) | (None, None) => (None, Some(o.passed)),
-                (None, Some(list)) => {
-                    let keep: std::collections::HashSet<&str> =
-                        o.passed.iter().map(String::as_str).collect();
-                    let items = list
-                        .items
-                        .iter()
-                        .filter(|n| n.metadata.name.as_deref().is_some_and(|x| keep.contains(x)))
-                        .cloned()
-                        .collect();
-                    (
-                        Some(NodeList {
-                            metadata: list.metadata.clone(),
-                            items,
-                        }),
-                        None,
-                    )
-                }
-            };
-            ExtenderFilterResult {
-                nodes,
-                node_names,
-                failed_nodes: o.failed,
-                failed_and_unresolvable_nodes: o.unresolvable,
-                error: String::new(),
-            }
+    let o = match outcome {
+        Err(e) => {
+            return json(&ExtenderFilterResult {
+                error: e.to_string(),
+                ..ExtenderFilterResult::default()
+            });
+        }
+        Ok(o) => o,
+    };
+    let (nodes, node_names) = match (&args.node_names, &args.nodes) {
+        (Some(_), _) | (None, None) => (
+            None,
+            Some(o.passed.iter().map(|n| Text::from(*n)).collect()),
+        ),
+        (None, Some(list)) => {
+            let keep: std::collections::HashSet<&str> = o.passed.iter().copied().collect();
+            let items = list
+                .items
+                .iter()
+                .filter(|n| n.metadata.name.as_deref().is_some_and(|x| keep.contains(x)))
+                .cloned()
+                .collect();
+            (
+                Some(NodeList {
+                    metadata: list.metadata.clone(),
+                    items,
+                }),
+                None,
+            )
         }
     };
-    json(&result)
+    let hint = 128 + (o.passed.len() + o.failed.len() + o.unresolvable.len()) * 48;
+    json_sized(
+        &ExtenderFilterResult {
+            nodes,
+            node_names,
+            failed_nodes: messages(&o.failed),
+            failed_and_unresolvable_nodes: messages(&o.unresolvable),
+            error: String::new(),
+        },
+        hint,
+    )
+}
+
+/// Messages as the wire map, borrowing names and texts.
+fn messages<'a>(list: &'a [(&str, Arc<str>)]) -> NodeMessages<'a> {
+    NodeMessages(
+        list.iter()
+            .map(|(n, m)| (Text::from(*n), Text::from(&**m)))
+            .collect(),
+    )
 }
 
 async fn prioritize(State(st): State<ExtenderState>, body: Bytes) -> Response {
-    let args: ExtenderArgs = match decode("prioritize", &body) {
+    let args: ExtenderArgs<'_> = match decode("prioritize", &body) {
         Ok(a) => a,
         Err(r) => return r.into_response(),
     };
@@ -145,10 +169,14 @@ async fn prioritize(State(st): State<ExtenderState>, body: Bytes) -> Response {
     let scores = { lock(&st.mirror).prioritize(&args.pod, &names) };
     st.metrics.observe_decision("prioritize", started.elapsed());
     match scores {
-        Ok(s) => json(
-            &s.into_iter()
-                .map(|(host, score)| HostPriority { host, score })
+        Ok(s) => json_sized(
+            &s.iter()
+                .map(|(host, score)| HostPriority {
+                    host: (*host).into(),
+                    score: *score,
+                })
                 .collect::<Vec<_>>(),
+            64 + s.len() * (32 + s.first().map_or(0, |(h, _)| h.len())),
         ),
         // Prioritize has no error field; kube-scheduler ignores a failed call.
         Err(e) => (StatusCode::BAD_REQUEST, format!("prioritize: {e}\n")).into_response(),

@@ -5,11 +5,19 @@
 //! nil pointers. We accept that form (and the lower-case one, as Go's decoder
 //! would), treat `null` and absent alike, and always answer capitalised.
 //! Nested Kubernetes objects keep their normal camelCase API JSON.
+//!
+//! `filter` and `prioritize` carry one name per candidate node (thousands per
+//! call), so their node names are [`Text`]: borrowed from the request body,
+//! not copied, and the answers borrow them back.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Deref;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `MaxExtenderPriority`: the highest score an extender should give.
 pub const MAX_EXTENDER_PRIORITY: i64 = 10;
@@ -20,6 +28,124 @@ where
     T: Default + Deserialize<'de>,
 {
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// A string of a message: borrowed from the bytes it was decoded from when it
+/// has no escapes (node names never do), owned otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Text<'a>(pub Cow<'a, str>);
+
+impl Deref for Text<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'a> From<&'a str> for Text<'a> {
+    fn from(s: &'a str) -> Self {
+        Text(Cow::Borrowed(s))
+    }
+}
+
+impl From<String> for Text<'_> {
+    fn from(s: String) -> Self {
+        Text(Cow::Owned(s))
+    }
+}
+
+impl PartialEq<str> for Text<'_> {
+    fn eq(&self, other: &str) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl PartialEq<&str> for Text<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl Serialize for Text<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Node name to message, as a JSON object (`FailedNodes`). Kept as a list in
+/// the order the nodes were judged: building a sorted map of thousands of
+/// entries per call would cost more than the decision.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeMessages<'a>(pub Vec<(Text<'a>, Text<'a>)>);
+
+impl NodeMessages<'_> {
+    /// The message for `node`, if it has one.
+    pub fn get(&self, node: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| **n == *node).map(|(_, m)| &**m)
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for NodeMessages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(n, m)| (n, m)))
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for NodeMessages<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NodeMessages<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of node name to message, or null")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(NodeMessages::default())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(NodeMessages::default())
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_map(self)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(entry) = map.next_entry::<Text<'de>, Text<'de>>()? {
+                    out.push(entry);
+                }
+                Ok(NodeMessages(out))
+            }
+        }
+        d.deserialize_option(V)
+    }
 }
 
 /// A `v1.NodeList` as the scheduler sends it (`{"metadata":{},"items":[…]}`).
@@ -33,7 +159,7 @@ pub struct NodeList {
 
 /// Request body of `filter` and `prioritize`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ExtenderArgs {
+pub struct ExtenderArgs<'a> {
     #[serde(rename = "Pod", alias = "pod")]
     pub pod: Pod,
     /// Full node objects (when the extender is not `nodeCacheCapable`).
@@ -44,20 +170,21 @@ pub struct ExtenderArgs {
         rename = "NodeNames",
         alias = "nodeNames",
         alias = "nodenames",
-        default
+        default,
+        borrow
     )]
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<Vec<Text<'a>>>,
 }
 
-impl ExtenderArgs {
-    /// The candidate node names, whichever way they came.
-    pub fn candidate_names(&self) -> Vec<String> {
+impl ExtenderArgs<'_> {
+    /// The candidate node names, whichever way they came (borrowed, not copied).
+    pub fn candidate_names(&self) -> Vec<&str> {
         match (&self.node_names, &self.nodes) {
-            (Some(names), _) => names.clone(),
+            (Some(names), _) => names.iter().map(|n| &**n).collect(),
             (None, Some(list)) => list
                 .items
                 .iter()
-                .filter_map(|n| n.metadata.name.clone())
+                .filter_map(|n| n.metadata.name.as_deref())
                 .collect(),
             (None, None) => Vec::new(),
         }
@@ -66,30 +193,26 @@ impl ExtenderArgs {
 
 /// Response body of `filter`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ExtenderFilterResult {
+pub struct ExtenderFilterResult<'a> {
     #[serde(rename = "Nodes", alias = "nodes", default)]
     pub nodes: Option<NodeList>,
     #[serde(
         rename = "NodeNames",
         alias = "nodeNames",
         alias = "nodenames",
-        default
-    )]
-    pub node_names: Option<Vec<String>>,
-    #[serde(
-        rename = "FailedNodes",
-        alias = "failedNodes",
         default,
-        deserialize_with = "null_as_default"
+        borrow
     )]
-    pub failed_nodes: BTreeMap<String, String>,
+    pub node_names: Option<Vec<Text<'a>>>,
+    #[serde(rename = "FailedNodes", alias = "failedNodes", default, borrow)]
+    pub failed_nodes: NodeMessages<'a>,
     #[serde(
         rename = "FailedAndUnresolvableNodes",
         alias = "failedAndUnresolvableNodes",
         default,
-        deserialize_with = "null_as_default"
+        borrow
     )]
-    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    pub failed_and_unresolvable_nodes: NodeMessages<'a>,
     #[serde(
         rename = "Error",
         alias = "error",
@@ -101,15 +224,15 @@ pub struct ExtenderFilterResult {
 
 /// One entry of the `prioritize` response (a bare JSON array of these).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostPriority {
-    #[serde(rename = "Host", alias = "host")]
-    pub host: String,
+pub struct HostPriority<'a> {
+    #[serde(rename = "Host", alias = "host", borrow)]
+    pub host: Text<'a>,
     #[serde(rename = "Score", alias = "score")]
     pub score: i64,
 }
 
 /// Response body of `prioritize`.
-pub type HostPriorityList = Vec<HostPriority>;
+pub type HostPriorityList<'a> = Vec<HostPriority<'a>>;
 
 /// Request body of `bind`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -292,8 +415,8 @@ mod tests {
         let f = ExtenderFilterResult {
             nodes: None,
             node_names: Some(vec!["node1".into()]),
-            failed_nodes: [("foo".to_string(), "bar".to_string())].into(),
-            failed_and_unresolvable_nodes: [("baz".to_string(), "qux".to_string())].into(),
+            failed_nodes: NodeMessages(vec![("foo".into(), "bar".into())]),
+            failed_and_unresolvable_nodes: NodeMessages(vec![("baz".into(), "qux".into())]),
             error: "myerror".into(),
         };
         assert_eq!(
@@ -305,11 +428,20 @@ mod tests {
     /// Go decodes keys case-insensitively; upstream's `TestCompatibility` lower-cases payloads.
     #[test]
     fn lower_case_and_null_forms_are_accepted() {
-        let f: ExtenderFilterResult =
+        let f: ExtenderFilterResult<'_> =
             serde_json::from_str(r#"{"nodenames":["a"],"failedNodes":null,"error":null}"#).unwrap();
-        assert_eq!(f.node_names, Some(vec!["a".to_string()]));
+        assert_eq!(f.node_names, Some(vec![Text::from("a")]));
         assert!(f.failed_nodes.is_empty());
-        let a: ExtenderArgs = serde_json::from_str(
+        let f: ExtenderFilterResult<'_> =
+            serde_json::from_str(r#"{"FailedNodes":{"n\u0031":"full","n2":"no"}}"#).unwrap();
+        assert_eq!(
+            f.failed_nodes.get("n1"),
+            Some("full"),
+            "escaped names decode owned"
+        );
+        assert_eq!(f.failed_nodes.get("n2"), Some("no"));
+        assert_eq!(f.failed_nodes.get("n3"), None);
+        let a: ExtenderArgs<'_> = serde_json::from_str(
             r#"{"pod":{"metadata":{"name":"p"}},"nodes":null,"nodenames":null}"#,
         )
         .unwrap();
