@@ -37,6 +37,26 @@ pub fn least_allocated_whole(view: NodeView<'_>, req: &Request) -> f64 {
     (cpu_free + idle_after as f64 / gpus as f64) / 2.0
 }
 
+/// The GPUs the stock device plugin would hand out: the lowest-index *idle* ones
+/// (a GPU with any tenant is taken); `None` when too few are idle or the pod asks
+/// for a MIG instance (not something the whole-GPU plugin offers).
+pub fn device_plugin_gpus(view: NodeView<'_>, req: &Request, fit: &Fit) -> Option<GpuSet> {
+    match &req.gpu {
+        GpuAsk::Mig { .. } => None,
+        GpuAsk::None => Some(GpuSet::new()),
+        GpuAsk::Whole { .. } | GpuAsk::Shared { .. } => {
+            let idle: GpuSet = fit
+                .usable
+                .iter()
+                .copied()
+                .filter(|&g| view.used.gpus[g as usize].is_idle())
+                .take(fit.need as usize)
+                .collect();
+            (idle.len() >= fit.need as usize).then_some(idle)
+        }
+    }
+}
+
 impl Policy for K8sDefault {
     fn name(&self) -> &'static str {
         "k8s-default"
@@ -49,24 +69,7 @@ impl Policy for K8sDefault {
         fit: &Fit,
         _rng: &mut dyn RngCore,
     ) -> Option<Scored> {
-        let gpus: GpuSet = match &req.gpu {
-            // MIG is not something the whole-GPU device plugin offers.
-            GpuAsk::Mig { .. } => return None,
-            GpuAsk::None => GpuSet::new(),
-            GpuAsk::Whole { .. } | GpuAsk::Shared { .. } => {
-                let idle: GpuSet = fit
-                    .usable
-                    .iter()
-                    .copied()
-                    .filter(|&g| view.used.gpus[g as usize].is_idle())
-                    .take(fit.need as usize)
-                    .collect();
-                if idle.len() < fit.need as usize {
-                    return None;
-                }
-                idle
-            }
-        };
+        let gpus = device_plugin_gpus(view, req, fit)?;
         let score = least_allocated_whole(view, req);
         Some(Scored {
             score,

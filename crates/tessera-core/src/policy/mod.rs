@@ -11,6 +11,7 @@ pub mod binpack;
 pub mod clustering;
 pub mod dotprod;
 pub mod fgd;
+pub mod k8s_binpack;
 pub mod k8s_default;
 pub mod packing;
 pub mod random;
@@ -78,6 +79,7 @@ pub const NAMES: &[&str] = &[
     "topology",
     "tessera",
     "k8s-default",
+    "k8s-binpack",
 ];
 
 /// An unknown policy name.
@@ -101,6 +103,7 @@ pub fn by_name(name: &str, args: &PolicyArgs) -> Result<Box<dyn Policy>, Unknown
         "topology" => Box::new(topology::Topology),
         "tessera" => Box::new(tessera::Tessera::new(args.workload())),
         "k8s-default" => Box::new(k8s_default::K8sDefault),
+        "k8s-binpack" => Box::new(k8s_binpack::K8sBinpack),
         other => {
             return Err(UnknownPolicy {
                 name: other.to_string(),
