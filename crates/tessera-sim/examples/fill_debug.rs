@@ -18,6 +18,29 @@ use tessera_sim::experiment::fill::{
 };
 use tessera_sim::trace::openb::{load_nodes, load_pods};
 
+/// Tessera's weights: the defaults, with `TP="multi_gpu_cap=0,quantum=80"` overrides.
+fn params_from_env() -> Result<TesseraParams, Box<dyn std::error::Error>> {
+    let mut p = TesseraParams::default();
+    let Ok(spec) = std::env::var("TP") else {
+        return Ok(p);
+    };
+    for kv in spec.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or("TP: expected name=value")?;
+        let v: f64 = v.parse()?;
+        match k {
+            "quantum" => p.quantum = v,
+            "multi_gpu_cap" => p.multi_gpu_cap = v,
+            "cpu_pod_weight" => p.cpu_pod_weight = v,
+            "gpu_tight_weight" => p.gpu_tight_weight = v,
+            other => return Err(format!("TP: unknown weight {other}").into()),
+        }
+    }
+    Ok(p)
+}
+
+/// With `SHOW_IDLE` set: GPUs with at least this much free are listed by node state.
+const HOLE: u32 = 300;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let trace = args.first().map_or("default", String::as_str);
@@ -34,6 +57,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut failed_by_kind: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let (mut idle_total, mut sliver_total, mut cpu_stranded) = (0u64, 0u64, 0u64);
     let mut hist: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut idle_nodes: BTreeMap<String, u32> = BTreeMap::new();
+    // Share placements by ask (bucket of 100): on an idle GPU, leaving < 100 free, other.
+    let mut share_landing: BTreeMap<u32, [u64; 3]> = BTreeMap::new();
+    // Free GPU at the end by why it is left: no pod shape's per-GPU ask fits it, a shape
+    // fits the GPU but not the node's free CPU, or it could still be used.
+    let (mut no_shape, mut no_cpu, mut usable) = (0u64, 0u64, 0u64);
+    let shapes: Vec<(u32, u64)> = pods
+        .iter()
+        .filter(|p| p.request.gpu.gpu_count() == 1)
+        .map(|p| (p.request.gpu.milli_per_gpu(), p.request.cpu_milli))
+        .collect();
     for seed in seeds(n) {
         let wl = typical_pods(&pods, config.typical_coverage);
         let args = PolicyArgs {
@@ -43,7 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // As run_fill builds it: every pod shape and the model inventory.
             Box::new(Tessera::for_cluster(
                 Arc::new(typical_pods(&pods, 1.0)),
-                TesseraParams::default(),
+                params_from_env()?,
                 &cluster0,
             ))
         } else {
@@ -63,6 +97,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             match sched.place(&cluster, &ledger, req, &mut rng) {
                 Some(p) => {
+                    let per = req.gpu.milli_per_gpu();
+                    if req.gpu.gpu_count() == 1 && per < 1000 {
+                        let g = p.grants[0].gpu as usize;
+                        let before = ledger.node(p.node).gpus[g].free_cores_milli;
+                        let e = share_landing.entry(per / 100 * 100).or_default();
+                        e[if before == 1000 {
+                            0
+                        } else if before - per < 100 {
+                            1
+                        } else {
+                            2
+                        }] += 1;
+                    }
                     ledger.apply(&cluster, &p)?;
                 }
                 None => {
@@ -79,8 +126,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         }
-        for u in ledger.nodes() {
+        for (id, u) in cluster.ids().zip(ledger.nodes()) {
+            let idle = u.gpus.iter().filter(|g| g.free_cores_milli >= HOLE).count();
+            if idle > 0 && std::env::var_os("SHOW_IDLE").is_some() {
+                let node = cluster.node(id);
+                let model = node.primary_model().map_or("-".to_string(), |m| {
+                    format!("{:?}", cluster.catalog.spec(m).name)
+                });
+                *idle_nodes
+                    .entry(format!(
+                        "{model} {}gpu free>={HOLE} {idle} cpu {:>3} mem {:>4}G",
+                        node.gpus.len(),
+                        u.free_cpu_milli / 1000,
+                        u.free_memory_mib / 1024
+                    ))
+                    .or_default() += 1;
+            }
             for g in &u.gpus {
+                let f = g.free_cores_milli;
+                if f > 0 {
+                    let fits = shapes.iter().filter(|s| s.0 <= f);
+                    let mut any = false;
+                    let mut cpu_ok = false;
+                    for s in fits {
+                        any = true;
+                        cpu_ok |= s.1 <= u.free_cpu_milli;
+                    }
+                    let slot = if !any {
+                        &mut no_shape
+                    } else if !cpu_ok {
+                        &mut no_cpu
+                    } else {
+                        &mut usable
+                    };
+                    *slot += u64::from(f);
+                }
                 if g.free_cores_milli == 1000 {
                     idle_total += 1000;
                     if u.free_cpu_milli < 4000 {
@@ -109,6 +189,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cpu_stranded as f64 / 1000.0 / nf,
         sliver_total as f64 / 1000.0 / nf
     );
+    println!(
+        "  free GPU by cause: no shape fits the GPU {:.1}, shapes fit but not the CPU {:.1}, usable {:.1} GPUs",
+        no_shape as f64 / 1000.0 / nf,
+        no_cpu as f64 / 1000.0 / nf,
+        usable as f64 / 1000.0 / nf
+    );
+    for (k, [idle, tight, other]) in &share_landing {
+        println!(
+            "  shares {k:04}: on idle GPU {:.1}, leaving < 100 free {:.1}, other {:.1}",
+            *idle as f64 / nf,
+            *tight as f64 / nf,
+            *other as f64 / nf
+        );
+    }
+    for (k, v) in &idle_nodes {
+        println!("  idle on {k}: {v}");
+    }
     let line: Vec<String> = hist
         .iter()
         .map(|(k, v)| format!("{k}:{:.1}", *v as f64 / 1000.0 / nf))

@@ -12,6 +12,43 @@ use tessera_sim::experiment::fill::{FillConfig, run_fill, run_fill_with, seeds, 
 use tessera_sim::metrics::mean_sd;
 use tessera_sim::trace::openb::{load_nodes, load_pods};
 
+const ALL: [&str; 17] = [
+    "cpu050",
+    "cpu100",
+    "cpu200",
+    "cpu250",
+    "default",
+    "gpushare100",
+    "gpushare40",
+    "gpushare60",
+    "gpushare80",
+    "gpuspec10",
+    "gpuspec20",
+    "gpuspec25",
+    "gpuspec33",
+    "multigpu20",
+    "multigpu30",
+    "multigpu40",
+    "multigpu50",
+];
+
+/// FGD's mean for a trace, cached under the system temp folder (FGD does not change).
+fn fgd_mean(
+    t: &str,
+    n_seeds: u32,
+    run: impl FnOnce() -> Result<f64, Box<dyn std::error::Error>>,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let path = std::env::temp_dir().join(format!("fill_tune_fgd_{t}_{n_seeds}.txt"));
+    if let Ok(s) = std::fs::read_to_string(&path)
+        && let Ok(v) = s.trim().parse()
+    {
+        return Ok(v);
+    }
+    let v = run()?;
+    std::fs::write(&path, format!("{v}"))?;
+    Ok(v)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut n_seeds = 3;
     let mut traces: Vec<String> = vec!["default".into()];
@@ -33,6 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--gtight" => params.gpu_tight_weight = v.parse()?,
             "--cpupod" => params.cpu_pod_weight = v.parse()?,
             "--topo" => params.topology_weight = v.parse()?,
+            "--multi-cap" => params.multi_gpu_cap = v.parse()?,
             "--count-inaccessible" => {
                 params.count_inaccessible = true;
                 i += 1;
@@ -47,9 +85,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         i += 2;
     }
+    if traces == ["all"] {
+        traces = ALL.iter().map(|s| s.to_string()).collect();
+    }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/openb");
     let cluster = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
     let mut total = (0.0, 0.0);
+    let mut rels: Vec<f64> = Vec::new();
     for t in &traces {
         let pods = load_pods(
             &dir.join(format!("openb_pod_list_{t}.csv")),
@@ -88,22 +130,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (m, sd) = mean_sd(&ours);
         total.0 += m;
         if with_fgd {
-            let fgd: Vec<f64> = seeds(n_seeds)
-                .par_iter()
-                .map(|&s| {
-                    run_fill(&cluster, &pods, "fgd", s, &config)
-                        .map(|r| r.at_100.map_or(f64::NAN, |p| p.unallocated_pct))
-                })
-                .collect::<Result<_, _>>()?;
-            let (fm, _) = mean_sd(&fgd);
+            let fm = fgd_mean(t, n_seeds, || {
+                let fgd: Vec<f64> = seeds(n_seeds)
+                    .par_iter()
+                    .map(|&s| {
+                        run_fill(&cluster, &pods, "fgd", s, &config)
+                            .map(|r| r.at_100.map_or(f64::NAN, |p| p.unallocated_pct))
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(mean_sd(&fgd).0)
+            })?;
             total.1 += fm;
-            println!(
-                "{t}\ttessera {m:.2} ± {sd:.2}\tfgd {fm:.2}\t{:+.1} %",
-                (m - fm) / fm * 100.0
-            );
+            let rel = (m - fm) / fm * 100.0;
+            rels.push(rel);
+            println!("{t}\ttessera {m:.2} ± {sd:.2}\tfgd {fm:.2}\t{rel:+.1} %");
         } else {
             println!("{t}\ttessera {m:.2} ± {sd:.2}");
         }
+    }
+    if !rels.is_empty() {
+        let worse = rels.iter().filter(|&&r| r >= 0.0).count();
+        let worst = rels.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        println!(
+            "mean rel {:+.2} %  worst {worst:+.2} %  not better on {worse}/{}",
+            rels.iter().sum::<f64>() / rels.len() as f64,
+            rels.len()
+        );
     }
     println!("sum\t{:.2}\t{:.2}\t{params:?}", total.0, total.1);
     Ok(())
