@@ -9,27 +9,8 @@ use std::path::PathBuf;
 
 use tessera_sim::experiment::fill::{FillConfig, run_fill_seeds, seeds};
 use tessera_sim::metrics::mean_sd;
-use tessera_sim::trace::openb::{load_nodes, load_pods};
+use tessera_sim::trace::openb::{WORKLOADS, load_nodes, load_pods};
 
-const TRACES: [&str; 17] = [
-    "cpu050",
-    "cpu100",
-    "cpu200",
-    "cpu250",
-    "default",
-    "gpushare100",
-    "gpushare40",
-    "gpushare60",
-    "gpushare80",
-    "gpuspec10",
-    "gpuspec20",
-    "gpuspec25",
-    "gpuspec33",
-    "multigpu20",
-    "multigpu30",
-    "multigpu40",
-    "multigpu50",
-];
 const POLICIES: [(&str, &str); 6] = [
     ("random", "01-Random"),
     ("dotprod", "02-DotProd"),
@@ -41,7 +22,7 @@ const POLICIES: [(&str, &str); 6] = [
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut n_seeds = 10;
-    let mut traces: Vec<String> = TRACES.iter().map(|s| s.to_string()).collect();
+    let mut traces: Vec<String> = WORKLOADS.iter().map(|s| s.to_string()).collect();
     let mut policies: Vec<String> = POLICIES.iter().map(|p| p.0.to_string()).collect();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;

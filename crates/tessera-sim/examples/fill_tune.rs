@@ -13,27 +13,7 @@ use rayon::prelude::*;
 use tessera_core::policy::tessera::{Tessera, TesseraParams};
 use tessera_sim::experiment::fill::{FillConfig, run_fill, run_fill_with, seeds, typical_pods};
 use tessera_sim::metrics::mean_sd;
-use tessera_sim::trace::openb::{load_nodes, load_pods};
-
-const ALL: [&str; 17] = [
-    "cpu050",
-    "cpu100",
-    "cpu200",
-    "cpu250",
-    "default",
-    "gpushare100",
-    "gpushare40",
-    "gpushare60",
-    "gpushare80",
-    "gpuspec10",
-    "gpuspec20",
-    "gpuspec25",
-    "gpuspec33",
-    "multigpu20",
-    "multigpu30",
-    "multigpu40",
-    "multigpu50",
-];
+use tessera_sim::trace::openb::{WORKLOADS, load_nodes, load_pods};
 
 /// FGD's mean for a trace, cached under the system temp folder (FGD does not change).
 fn fgd_mean(
@@ -89,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         i += 2;
     }
     if traces == ["all"] {
-        traces = ALL.iter().map(|s| s.to_string()).collect();
+        traces = WORKLOADS.iter().map(|s| s.to_string()).collect();
     }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/openb");
     let cluster = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;

@@ -196,6 +196,28 @@ pub fn read_pods(
     Ok(pods)
 }
 
+/// The 17 pod lists of the openb trace (`openb_pod_list_<name>.csv`), in the order
+/// of the FGD authors' tables.
+pub const WORKLOADS: [&str; 17] = [
+    "cpu050",
+    "cpu100",
+    "cpu200",
+    "cpu250",
+    "default",
+    "gpushare100",
+    "gpushare40",
+    "gpushare60",
+    "gpushare80",
+    "gpuspec10",
+    "gpuspec20",
+    "gpuspec25",
+    "gpuspec33",
+    "multigpu20",
+    "multigpu30",
+    "multigpu40",
+    "multigpu50",
+];
+
 /// [`read_nodes`] from a file.
 pub fn load_nodes(path: &Path) -> Result<Cluster, TraceError> {
     read_nodes(open(path)?, &path.display().to_string())
