@@ -1,7 +1,7 @@
 //! Tries weights of the `tessera` policy against FGD on a few traces (mean unallocated
 //! GPU % at arrived = 100 %).
 //!
-//! `cargo run --release -p tessera-sim --example fill_tune -- --seeds 3 --traces default,gpuspec33 --quantum 100 --pressure 1 --multi-cap 0.006 --fgd`
+//! `cargo run --release -p tessera-sim --example fill_tune -- --seeds 3 --traces default,gpuspec33 --quantum 100 --pressure 1 --multi-cap 0.006 --share-q-scale 0.285 --fgd`
 //! (weights default to [`TesseraParams::default`]; the workload to every pod shape, `--coverage 1.0`).
 //! `--traces all` runs the 17 openb traces. With `--fgd`, FGD's mean per trace and seed
 //! count is computed once and cached in the system temp folder (`fill_tune_fgd_*.txt`);
@@ -54,6 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--cpupod" => params.cpu_pod_weight = v.parse()?,
             "--topo" => params.topology_weight = v.parse()?,
             "--multi-cap" => params.multi_gpu_cap = v.parse()?,
+            "--share-q-scale" => params.share_quantum_scale = v.parse()?,
             "--count-inaccessible" => {
                 params.count_inaccessible = true;
                 i += 1;
