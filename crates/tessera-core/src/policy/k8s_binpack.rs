@@ -9,9 +9,9 @@
 use rand::RngCore;
 
 use super::Policy;
-use super::k8s_default::{device_plugin_gpus, least_allocated_whole};
+use super::k8s_default::{device_plugin_scored, least_allocated_whole};
 use crate::fit::{Fit, NodeView};
-use crate::placement::{ScoreTerm, Scored};
+use crate::placement::Scored;
 use crate::request::Request;
 
 pub struct K8sBinpack;
@@ -28,18 +28,13 @@ impl Policy for K8sBinpack {
         fit: &Fit,
         _rng: &mut dyn RngCore,
     ) -> Option<Scored> {
-        let gpus = device_plugin_gpus(view, req, fit)?;
-        let score = 1.0 - least_allocated_whole(view, req);
-        Some(Scored {
-            score,
-            gpus,
-            terms: [ScoreTerm {
-                name: "most-allocated",
-                value: score,
-            }]
-            .into_iter()
-            .collect(),
-        })
+        device_plugin_scored(
+            view,
+            req,
+            fit,
+            "most-allocated",
+            1.0 - least_allocated_whole(view, req),
+        )
     }
 }
 
@@ -47,24 +42,15 @@ impl Policy for K8sBinpack {
 mod tests {
     use super::*;
     use crate::ledger::Ledger;
-    use crate::model::{Catalog, Cluster, Node};
     use crate::placement::{Decision, Scheduler};
+    use crate::policy::k8s_default::tests::two_t4_nodes;
     use rand::SeedableRng;
 
     /// MostAllocated packs: the second whole GPU joins the first on its node, and a
     /// share still holds a whole GPU of its own.
     #[test]
     fn packs_whole_gpus_onto_used_nodes() {
-        let cat = Catalog::default();
-        let t4 = cat.find("T4").unwrap();
-        let c = Cluster::new(
-            cat,
-            vec![
-                Node::uniform("a", 8000, 64_000, t4, 2),
-                Node::uniform("b", 8000, 64_000, t4, 2),
-            ],
-        )
-        .unwrap();
+        let c = two_t4_nodes();
         let mut l = Ledger::new(&c);
         let mut s = Scheduler::new(Box::new(K8sBinpack));
         let mut rng = rand::rngs::SmallRng::seed_from_u64(0);

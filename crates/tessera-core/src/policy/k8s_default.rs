@@ -37,6 +37,27 @@ pub fn least_allocated_whole(view: NodeView<'_>, req: &Request) -> f64 {
     (cpu_free + idle_after as f64 / gpus as f64) / 2.0
 }
 
+/// The stock set-up's answer on a node: the device plugin's GPUs
+/// ([`device_plugin_gpus`]) with the node score `score`, reported as `term`.
+pub fn device_plugin_scored(
+    view: NodeView<'_>,
+    req: &Request,
+    fit: &Fit,
+    term: &'static str,
+    score: f64,
+) -> Option<Scored> {
+    Some(Scored {
+        score,
+        gpus: device_plugin_gpus(view, req, fit)?,
+        terms: [ScoreTerm {
+            name: term,
+            value: score,
+        }]
+        .into_iter()
+        .collect(),
+    })
+}
+
 /// The GPUs the stock device plugin would hand out: the lowest-index *idle* ones
 /// (a GPU with any tenant is taken); `None` when too few are idle or the pod asks
 /// for a MIG instance (not something the whole-GPU plugin offers).
@@ -69,30 +90,26 @@ impl Policy for K8sDefault {
         fit: &Fit,
         _rng: &mut dyn RngCore,
     ) -> Option<Scored> {
-        let gpus = device_plugin_gpus(view, req, fit)?;
-        let score = least_allocated_whole(view, req);
-        Some(Scored {
-            score,
-            gpus,
-            terms: [ScoreTerm {
-                name: "least-allocated",
-                value: score,
-            }]
-            .into_iter()
-            .collect(),
-        })
+        device_plugin_scored(
+            view,
+            req,
+            fit,
+            "least-allocated",
+            least_allocated_whole(view, req),
+        )
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ledger::Ledger;
     use crate::model::{Catalog, Cluster, Node, NodeId};
     use crate::placement::{Decision, Scheduler};
     use rand::SeedableRng;
 
-    fn two_t4_nodes() -> Cluster {
+    /// Two nodes of two T4 GPUs and 8 CPUs each.
+    pub(crate) fn two_t4_nodes() -> Cluster {
         let cat = Catalog::default();
         let t4 = cat.find("T4").unwrap();
         Cluster::new(
