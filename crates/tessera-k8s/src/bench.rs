@@ -159,6 +159,8 @@ pub async fn extender_latency(
                 shapes[(i + round) % shapes.len()].clone(),
             );
             if let Ok(Reservation::Write { .. }) = mirror.reserve(&p, &format!("node-{i:05}")) {
+                // As if the API accepted the bind: the fill must not expire mid-run.
+                mirror.mark_accepted(crate::convert::pod_uid(&p));
                 placed += 1;
             }
         }
@@ -170,6 +172,8 @@ pub async fn extender_latency(
         binder: None,
         metrics: Arc::new(Metrics::new()),
         leader: Leadership::always(),
+        gate: crate::gate::SyncGate::synced(),
+        scheduler_names: Arc::from([]),
     };
     let app = router(state);
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();
@@ -222,7 +226,9 @@ pub async fn extender_latency(
             serde_json::from_slice(&scored).map_err(|e| e.to_string())?;
         if let Some(best) = scores.iter().max_by_key(|h| h.score) {
             let p = pod(&format!("bench-{it}"), ask.clone());
-            let _ = crate::binder::lock(&mirror).reserve(&p, &best.host);
+            let mut m = crate::binder::lock(&mirror);
+            let _ = m.reserve(&p, &best.host);
+            m.mark_accepted(crate::convert::pod_uid(&p));
             placed += 1;
         }
         // The parts, measured apart (same pod, after the bind, so one node changed).

@@ -1,19 +1,36 @@
-//! Applying a decision: write the signed allocation annotation, then bind.
+//! Applying a decision: one atomic write that binds the pod and carries its
+//! signed allocation.
+//!
+//! The `pods/binding` subresource merges the Binding's `metadata.annotations`
+//! into the pod in the same update that sets `nodeName`, and checks the
+//! Binding's `metadata.uid` and `metadata.resourceVersion` as preconditions
+//! (API server `BindingREST`; recorded in the v1.28 fixtures 01, 04, 12, 16).
+//! So there is no state in which a pod has a grant but no node, or a node but
+//! no grant, and a pod that was replaced, changed, deleted, gated or bound by
+//! someone else since we decided is refused by the server itself.
 //!
 //! The decision and the reservation happen under the mirror's lock, so two
-//! concurrent binds can never both take the same GPU share; the API calls
-//! happen outside it. The annotation is written before the Binding so that the
-//! node agent, which reads it when the kubelet asks for devices, always finds
-//! it. A failed call drops the reservation. A repeated bind of a pod that is
-//! already bound where asked is answered without a second allocation.
+//! concurrent binds can never both take the same GPU share; the API call
+//! happens outside it. What happens to the reservation after the call:
+//! - accepted: kept until the watch shows the pod bound (or deleted);
+//! - refused (409, 404, 422, …): dropped at once;
+//! - unknown (timeout, connection lost, the caller went away mid-call): kept
+//!   until its deadline, because the write may still have landed; the watch
+//!   settles it either way (see `mirror::RESERVATION_TTL`).
+//!
+//! Fencing: leadership is checked right before the write, and leadership is a
+//! deadline (see [`crate::leader`]), so a replica that stopped renewing its Lease
+//! stops writing before another may start.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use serde_json::json;
+use kube::api::{Api, ObjectMeta, PostParams};
 use tessera_core::allocation::ANNOTATION;
 
+use crate::convert;
+use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::mirror::{Mirror, Reservation, ReserveError};
 
@@ -22,6 +39,8 @@ use crate::mirror::{Mirror, Reservation, ReserveError};
 pub enum BindError {
     #[error("this replica is not the leader; only the leader binds")]
     NotLeader,
+    #[error("{0}")]
+    NotSynced(String),
     #[error("pod {pod} not found: {source}")]
     PodNotFound { pod: String, source: kube::Error },
     #[error("pod {pod} has UID {found}, not {expected} (it was replaced)")]
@@ -30,24 +49,38 @@ pub enum BindError {
         expected: String,
         found: String,
     },
+    #[error(
+        "pod {pod} has schedulerName {found:?}; this Tessera serves only {served:?} (--scheduler-name)"
+    )]
+    NotOurs {
+        pod: String,
+        found: String,
+        served: Vec<String>,
+    },
+    #[error("pod {pod} is being deleted")]
+    Deleting { pod: String },
     #[error(transparent)]
     Reserve(#[from] ReserveError),
-    #[error("writing the allocation annotation of pod {pod}: {source}")]
-    Annotate { pod: String, source: kube::Error },
     #[error("binding pod {pod} to node {node}: {source}")]
     Binding {
         pod: String,
         node: String,
         source: kube::Error,
     },
-}
-
-/// Binds pods through the API server.
-#[derive(Clone)]
-pub struct Binder {
-    client: kube::Client,
-    mirror: Arc<Mutex<Mirror>>,
-    leader: Leadership,
+    #[error("binding pod {pod} to node {node}: refused by the API server: {message}")]
+    Refused {
+        pod: String,
+        node: String,
+        message: String,
+    },
+    #[error(
+        "binding pod {pod} to node {node}: no answer within {secs} s; its GPUs stay reserved until the watch shows the outcome"
+    )]
+    Timeout {
+        pod: String,
+        node: String,
+        secs: u64,
+    },
 }
 
 /// Locks the mirror; a panic in another holder does not make the data unusable
@@ -56,13 +89,76 @@ pub fn lock(mirror: &Mutex<Mirror>) -> std::sync::MutexGuard<'_, Mirror> {
     mirror.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Binds pods through the API server.
+#[derive(Clone)]
+pub struct Binder {
+    client: kube::Client,
+    mirror: Arc<Mutex<Mirror>>,
+    leader: Leadership,
+    gate: SyncGate,
+    /// The `schedulerName`s whose pods we bind; empty: any.
+    scheduler_names: Arc<[String]>,
+    /// Longest wait for the API's answer to a Binding.
+    request_timeout: Duration,
+}
+
+/// Until the API call has started, dropping a bind (its caller went away)
+/// releases the reservation; afterwards the outcome is unknown and the
+/// reservation waits for its deadline or the watch.
+struct Pending<'a> {
+    mirror: &'a Mutex<Mirror>,
+    uid: &'a str,
+    armed: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(self.mirror).unreserve(self.uid);
+        }
+    }
+}
+
 impl Binder {
+    /// A binder with an open sync gate and no scheduler-name restriction (tests, tools).
     pub fn new(client: kube::Client, mirror: Arc<Mutex<Mirror>>, leader: Leadership) -> Binder {
         Binder {
             client,
             mirror,
             leader,
+            gate: SyncGate::synced(),
+            scheduler_names: Arc::from([]),
+            request_timeout: Duration::from_secs(10),
         }
+    }
+
+    /// Waits on `gate` before every bind.
+    pub fn with_gate(mut self, gate: SyncGate) -> Binder {
+        self.gate = gate;
+        self
+    }
+
+    /// Binds only pods with one of these `schedulerName`s.
+    pub fn with_scheduler_names(mut self, names: Vec<String>) -> Binder {
+        self.scheduler_names = names.into();
+        self
+    }
+
+    pub fn mirror(&self) -> &Arc<Mutex<Mirror>> {
+        &self.mirror
+    }
+
+    pub fn leadership(&self) -> &Leadership {
+        &self.leader
+    }
+
+    /// Whether a pod is one this binder serves.
+    pub fn serves(&self, pod: &Pod) -> bool {
+        self.scheduler_names.is_empty()
+            || self
+                .scheduler_names
+                .iter()
+                .any(|n| n == convert::scheduler_name(pod))
     }
 
     /// Binds pod `namespace/name` (UID `uid`; empty means any) to `node`.
@@ -73,12 +169,22 @@ impl Binder {
         uid: &str,
         node: &str,
     ) -> Result<(), BindError> {
+        if !self.gate.wait(Duration::from_secs(5)).await {
+            return Err(BindError::NotSynced(self.gate.not_synced_message()));
+        }
         if !self.leader.is_leader() {
             return Err(BindError::NotLeader);
         }
         let key = format!("{namespace}/{name}");
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let known = { lock(&self.mirror).pod(uid).cloned() };
+        let known = {
+            let m = lock(&self.mirror);
+            if uid.is_empty() {
+                m.pod_by_name(namespace, name).cloned()
+            } else {
+                m.pod(uid).cloned()
+            }
+        };
         let pod = match known {
             Some(p) => p,
             None => api
@@ -89,7 +195,7 @@ impl Binder {
                     source,
                 })?,
         };
-        let found = pod.metadata.uid.clone().unwrap_or_default();
+        let found = convert::pod_uid(&pod).to_string();
         if !uid.is_empty() && found != uid {
             return Err(BindError::UidMismatch {
                 pod: key,
@@ -97,50 +203,98 @@ impl Binder {
                 found,
             });
         }
+        if !self.serves(&pod) {
+            return Err(BindError::NotOurs {
+                pod: key,
+                found: convert::scheduler_name(&pod).to_string(),
+                served: self.scheduler_names.to_vec(),
+            });
+        }
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Err(BindError::Deleting { pod: key });
+        }
         let reservation = { lock(&self.mirror).reserve(&pod, node)? };
         let annotation = match reservation {
             Reservation::AlreadyBound => return Ok(()),
             Reservation::Write { annotation } => annotation,
         };
-        let result = self
-            .write_and_bind(&api, &key, name, &found, node, annotation)
-            .await;
-        let mut m = lock(&self.mirror);
-        match result {
-            Ok(()) => {
-                m.mark_bound(&found);
+        let mut pending = Pending {
+            mirror: &self.mirror,
+            uid: &found,
+            armed: true,
+        };
+        // Fencing: the last moment to find out we no longer lead.
+        if !self.leader.is_leader() {
+            return Err(BindError::NotLeader);
+        }
+        pending.armed = false;
+        let call = self.post_binding(&api, &pod, node, annotation.as_deref());
+        let outcome = tokio::time::timeout(self.request_timeout, call).await;
+        match outcome {
+            Ok(Ok(())) => {
+                lock(&self.mirror).mark_accepted(&found);
                 Ok(())
             }
-            Err(e) => {
-                m.unreserve(&found);
-                Err(e)
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                // A retried bind whose first answer was lost looks like this too: check.
+                match api.get_opt(name).await {
+                    Ok(Some(now))
+                        if convert::pod_uid(&now) == found
+                            && convert::pod_node(&now) == Some(node)
+                            && annotation_of(&now) == annotation.as_deref() =>
+                    {
+                        lock(&self.mirror).mark_accepted(&found);
+                        Ok(())
+                    }
+                    _ => {
+                        lock(&self.mirror).unreserve(&found);
+                        Err(BindError::Refused {
+                            pod: key,
+                            node: node.to_string(),
+                            message: s.message,
+                        })
+                    }
+                }
             }
+            Ok(Err(kube::Error::Api(s))) => {
+                // The server answered: nothing was written.
+                lock(&self.mirror).unreserve(&found);
+                Err(BindError::Refused {
+                    pod: key,
+                    node: node.to_string(),
+                    message: format!("{} ({})", s.message, s.code),
+                })
+            }
+            // Transport errors and timeouts: the write may have landed; keep the reservation.
+            Ok(Err(source)) => Err(BindError::Binding {
+                pod: key,
+                node: node.to_string(),
+                source,
+            }),
+            Err(_) => Err(BindError::Timeout {
+                pod: key,
+                node: node.to_string(),
+                secs: self.request_timeout.as_secs(),
+            }),
         }
     }
 
-    async fn write_and_bind(
+    /// POSTs the Binding with the allocation annotation and the pod's UID and
+    /// resourceVersion as preconditions.
+    async fn post_binding(
         &self,
         api: &Api<Pod>,
-        key: &str,
-        name: &str,
-        uid: &str,
+        pod: &Pod,
         node: &str,
-        annotation: Option<String>,
-    ) -> Result<(), BindError> {
-        if let Some(value) = annotation {
-            // The UID in the patch is a precondition: a pod recreated under the same name is refused.
-            let patch = json!({"metadata": {"uid": uid, "annotations": {ANNOTATION: value}}});
-            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|source| BindError::Annotate {
-                    pod: key.to_string(),
-                    source,
-                })?;
-        }
+        annotation: Option<&str>,
+    ) -> Result<(), kube::Error> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
         let binding = Binding {
             metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                uid: Some(uid.to_string()).filter(|u| !u.is_empty()),
+                name: Some(name.clone()),
+                uid: pod.metadata.uid.clone().filter(|u| !u.is_empty()),
+                resource_version: pod.metadata.resource_version.clone(),
+                annotations: annotation.map(|v| [(ANNOTATION.to_string(), v.to_string())].into()),
                 ..ObjectMeta::default()
             },
             target: ObjectReference {
@@ -150,23 +304,21 @@ impl Binder {
                 ..ObjectReference::default()
             },
         };
-        match api
-            .create_subresource::<Binding, serde_json::Value>(
-                "binding",
-                name,
-                &PostParams::default(),
-                &binding,
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            // 409: already bound (a retried bind whose first answer was lost).
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            Err(source) => Err(BindError::Binding {
-                pod: key.to_string(),
-                node: node.to_string(),
-                source,
-            }),
-        }
+        api.create_subresource::<Binding, serde_json::Value>(
+            "binding",
+            &name,
+            &PostParams::default(),
+            &binding,
+        )
+        .await
+        .map(|_| ())
     }
+}
+
+fn annotation_of(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION))
+        .map(String::as_str)
 }

@@ -170,6 +170,9 @@ pub struct NodeFacts {
     pub taints: Vec<Taint>,
     pub unschedulable: bool,
     pub ready: bool,
+    /// Countable resources the node offers besides CPU and memory (`pods`,
+    /// `ephemeral-storage` in MiB, device-plugin resources), see [`crate::hostfit`].
+    pub allocatable: BTreeMap<String, u64>,
 }
 
 /// Labels, taints, cordon and readiness of a node.
@@ -195,6 +198,7 @@ pub fn node_facts(node: &KubeNode) -> NodeFacts {
             .and_then(|s| s.unschedulable)
             .unwrap_or(false),
         ready,
+        allocatable: crate::hostfit::allocatable(node),
     }
 }
 

@@ -208,7 +208,8 @@ pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
             };
         }
     };
-    match mirror.decide(&req, |facts| node_allows(pod, facts)) {
+    let host = crate::hostfit::host_ask(pod).unwrap_or_default();
+    match mirror.decide(&req, &host, |facts| node_allows(pod, facts)) {
         Ok((p, e)) => Report::WouldFit {
             pod: key,
             node: mirror.cluster().node(p.node).name.clone(),

@@ -13,6 +13,8 @@ pub mod binder;
 pub mod convert;
 pub mod explain;
 pub mod extender;
+pub mod gate;
+pub mod hostfit;
 pub mod leader;
 pub mod metrics;
 pub mod mirror;

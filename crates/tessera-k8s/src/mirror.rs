@@ -8,12 +8,18 @@
 //! our own is a reservation between deciding a bind and the watch stream
 //! showing the bound pod; it is dropped if the bind fails.
 //!
+//! Reservations expire: one not confirmed by the API server within
+//! [`RESERVATION_TTL`] is dropped (a caller that went away, a bind whose outcome
+//! is unknown and never showed up in the watch), as kube-scheduler's assume
+//! cache does. One the API accepted is kept until the watch shows the pod.
+//!
 //! Node or inventory changes renumber the core cluster, so they mark the mirror
 //! dirty and the next decision rebuilds cluster and ledger by replaying every
 //! held allocation (O(pods), and rare). Pod changes apply to the ledger in place.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use rand::SeedableRng;
@@ -29,7 +35,14 @@ use tessera_core::placement::{Placement, Scored};
 use tessera_core::request::{GpuAsk, Request, RequestError};
 use tessera_core::{AllocId, Cluster, Ledger, NodeId, Policy};
 
+use tokio::time::Instant;
+
 use crate::convert::{self, NodeFacts};
+use crate::hostfit::{self, HostAsk};
+
+/// How long a reservation waits for the API server to accept its bind: longer
+/// than the binder's request timeout and kube-scheduler's extender timeout.
+pub const RESERVATION_TTL: Duration = Duration::from_secs(30);
 
 /// One pod's hold on the cluster (bound, or reserved by a bind in flight).
 #[derive(Debug, Clone)]
@@ -47,6 +60,10 @@ pub struct Held {
     pub annotation: Option<String>,
     /// What was wrong with the pod's objects when it was taken up (bad request, forged annotation).
     pub problem: Option<String>,
+    /// Countable node resources the pod takes (pod slot, device-plugin resources).
+    pub host: HostAsk,
+    /// A reservation not yet accepted by the API server is dropped at this time.
+    pub expires: Option<Instant>,
 }
 
 /// A reservation the binder must now write and bind.
@@ -79,6 +96,12 @@ pub enum ReserveError {
     },
     #[error("pod {pod}: {problem}")]
     Ledger { pod: String, problem: String },
+    #[error("pod {pod} cannot go to node {node}: {why}")]
+    NodeRefuses {
+        pod: String,
+        node: String,
+        why: String,
+    },
 }
 
 /// The per-node verdict of a filter, borrowing the caller's node names.
@@ -166,6 +189,8 @@ pub struct Mirror {
     generation: u64,
     /// Things wrong with nodes, inventory or replays at the last rebuild.
     node_problems: Vec<String>,
+    /// Per node name, the countable resources the held pods take.
+    host_used: FxHashMap<String, BTreeMap<String, u64>>,
 }
 
 impl Mirror {
@@ -191,6 +216,7 @@ impl Mirror {
             by_name: FxHashMap::default(),
             generation: 0,
             node_problems: Vec::new(),
+            host_used: FxHashMap::default(),
         }
     }
 
@@ -273,7 +299,10 @@ impl Mirror {
         self.pods.insert(uid.clone(), pod);
         let Some(node) = node else { return };
         match self.held.get_mut(&uid) {
-            Some(h) if h.node == node => h.bound = true,
+            Some(h) if h.node == node => {
+                h.bound = true;
+                h.expires = None;
+            }
             Some(_) => {
                 // Bound somewhere other than we reserved: the API server wins.
                 self.release(&uid);
@@ -289,8 +318,9 @@ impl Mirror {
         self.release(uid);
     }
 
-    /// Replaces all pods (a relist): holds of pods that vanished are released,
-    /// reservations of binds in flight are kept.
+    /// Replaces all pods (a relist): holds of pods that vanished are released
+    /// (bound, or accepted by the API), reservations of binds in flight are
+    /// kept until their deadline.
     pub fn replace_pods(&mut self, pods: impl IntoIterator<Item = Pod>) {
         let fresh: HashMap<String, Pod> = pods
             .into_iter()
@@ -300,7 +330,7 @@ impl Mirror {
         let gone: Vec<String> = self
             .held
             .iter()
-            .filter(|(u, h)| h.bound && !fresh.contains_key(*u))
+            .filter(|(u, h)| (h.bound || h.expires.is_none()) && !fresh.contains_key(*u))
             .map(|(u, _)| u.clone())
             .collect();
         for u in gone {
@@ -357,7 +387,11 @@ impl Mirror {
             // Bound without our decision (another scheduler, or no GPUs): count host resources only.
             request.gpu = GpuAsk::None;
         }
-        self.held.insert(
+        let host = hostfit::host_ask(pod).unwrap_or_else(|e| {
+            problem.get_or_insert(format!("pod {key}: {e}"));
+            HostAsk([("pods".to_string(), 1)].into())
+        });
+        self.insert_held(
             uid.to_string(),
             Held {
                 pod: key,
@@ -368,6 +402,8 @@ impl Mirror {
                 bound: true,
                 annotation: None,
                 problem,
+                host,
+                expires: None,
             },
         );
         if !self.dirty {
@@ -411,13 +447,53 @@ impl Mirror {
         }
     }
 
-    fn release(&mut self, uid: &str) {
-        if let Some(h) = self.held.remove(uid)
-            && let Some(id) = h.id
-            && !self.dirty
-        {
-            let _ = self.ledger.release(id);
+    fn insert_held(&mut self, uid: String, h: Held) {
+        hostfit::account(
+            self.host_used.entry(h.node.clone()).or_default(),
+            &h.host,
+            true,
+        );
+        if let Some(old) = self.held.insert(uid, h) {
+            self.unaccount(&old);
         }
+    }
+
+    fn unaccount(&mut self, h: &Held) {
+        if let Some(used) = self.host_used.get_mut(&h.node) {
+            hostfit::account(used, &h.host, false);
+        }
+    }
+
+    fn release(&mut self, uid: &str) {
+        if let Some(h) = self.held.remove(uid) {
+            self.unaccount(&h);
+            if let Some(id) = h.id
+                && !self.dirty
+            {
+                let _ = self.ledger.release(id);
+            }
+        }
+    }
+
+    /// Drops reservations the API server did not accept before their deadline.
+    pub fn expire_reservations(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, h)| !h.bound && h.expires.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for u in expired {
+            tracing::warn!(pod = %self.held[&u].pod, "reservation expired without a confirmed bind; its GPUs are free again");
+            self.release(&u);
+        }
+    }
+
+    /// Whether the node's countable resources (pod slots, device-plugin
+    /// resources such as `tessera.io/gpu`) take `ask` besides what is held there.
+    pub fn host_fits(&self, facts: &NodeFacts, ask: &HostAsk) -> Result<(), String> {
+        hostfit::check(&facts.allocatable, self.host_used.get(&facts.name), ask)
     }
 
     /// Rebuilds the core cluster and ledger if nodes or inventory changed.
@@ -621,8 +697,11 @@ impl Mirror {
         names: &[&'a str],
     ) -> Result<FilterOutcome<'a>, RequestError> {
         self.refresh();
+        self.expire_reservations();
         let mut out = FilterOutcome::default();
         let req = convert::pod_request(pod, &self.cluster.catalog)?;
+        // A pod whose countable asks cannot even be read is judged by the API server's validation.
+        let host = hostfit::host_ask(pod).unwrap_or_default();
         if req.gpu == GpuAsk::None {
             // No GPUs: kube-scheduler's own plugins judge CPU and memory.
             out.passed = names.to_vec();
@@ -637,7 +716,14 @@ impl Mirror {
                 .and_then(|id| verdicts.get(id.0 as usize))
                 .and_then(Option::as_ref)
             {
-                Some(Verdict::Fit(_)) => out.passed.push(name),
+                Some(Verdict::Fit(_)) => {
+                    // Device-plugin slots are not in the per-shape cache: check them per pod.
+                    let facts = id.map(|id| &self.facts[id.0 as usize]);
+                    match facts.map(|f| self.host_fits(f, &host)) {
+                        Some(Err(why)) => out.failed.push((name, Arc::from(why))),
+                        _ => out.passed.push(name),
+                    }
+                }
                 Some(Verdict::No {
                     message,
                     resolvable,
@@ -701,6 +787,7 @@ impl Mirror {
     /// Decides the pod's GPUs on `node` and reserves them (the binder then writes and binds).
     pub fn reserve(&mut self, pod: &Pod, node: &str) -> Result<Reservation, ReserveError> {
         self.refresh();
+        self.expire_reservations();
         let uid = convert::pod_uid(pod).to_string();
         let key = convert::pod_key(pod);
         if let Some(h) = self.held.get(&uid) {
@@ -711,7 +798,8 @@ impl Mirror {
                     held: h.node.clone(),
                 });
             }
-            return Ok(if h.bound {
+            // Accepted by the API (not yet seen in the watch) counts as bound: a retried bind is a no-op.
+            return Ok(if h.bound || h.expires.is_none() {
                 Reservation::AlreadyBound
             } else {
                 Reservation::Write {
@@ -725,15 +813,24 @@ impl Mirror {
                 source,
             }
         })?;
+        // Every node a pod may go to is a Kubernetes node we mirror (GPU or not):
+        // a bind to anything else is refused, not passed through.
         let Some(id) = self.cluster.node_id(node) else {
-            if req.gpu == GpuAsk::None {
-                return Ok(Reservation::Write { annotation: None });
-            }
             return Err(ReserveError::UnknownNode {
                 pod: key,
                 node: node.to_string(),
             });
         };
+        let refuses = |why: String| ReserveError::NodeRefuses {
+            pod: key.clone(),
+            node: node.to_string(),
+            why,
+        };
+        let facts = &self.facts[id.0 as usize];
+        // kube-scheduler checked these too; a bind is also judged on its own.
+        crate::standalone::node_allows(pod, facts).map_err(refuses)?;
+        let host = hostfit::host_ask(pod).map_err(refuses)?;
+        self.host_fits(facts, &host).map_err(refuses)?;
         let placement = if req.gpu == GpuAsk::None {
             Placement {
                 node: id,
@@ -764,7 +861,7 @@ impl Mirror {
                 terms: scored.terms.to_vec(),
             }
         };
-        self.hold(pod, placement, req)
+        self.hold(pod, placement, req, host)
     }
 
     /// Records a decided placement as a reservation and returns what to write.
@@ -773,6 +870,7 @@ impl Mirror {
         pod: &Pod,
         placement: Placement,
         req: Request,
+        host: HostAsk,
     ) -> Result<Reservation, ReserveError> {
         let uid = convert::pod_uid(pod).to_string();
         let key = convert::pod_key(pod);
@@ -787,7 +885,7 @@ impl Mirror {
             convert::allocation_of(&placement, &self.cluster, pod, &req, self.policy.name())
         });
         let annotation = allocation.as_ref().map(|a| a.encode_signed(&self.key));
-        self.held.insert(
+        self.insert_held(
             uid,
             Held {
                 pod: key,
@@ -798,6 +896,8 @@ impl Mirror {
                 bound: false,
                 annotation: annotation.clone(),
                 problem: None,
+                host,
+                expires: Some(Instant::now() + RESERVATION_TTL),
             },
         );
         Ok(Reservation::Write { annotation })
@@ -810,11 +910,20 @@ impl Mirror {
         }
     }
 
-    /// Marks a reservation bound (the API accepted the binding).
-    pub fn mark_bound(&mut self, uid: &str) {
+    /// The API server accepted the reservation's bind: it no longer expires and
+    /// stays until the watch shows the pod (bound, or deleted).
+    pub fn mark_accepted(&mut self, uid: &str) {
         if let Some(h) = self.held.get_mut(uid) {
-            h.bound = true;
+            h.expires = None;
         }
+    }
+
+    /// A pod by namespace and name.
+    pub fn pod_by_name(&self, namespace: &str, name: &str) -> Option<&Pod> {
+        self.pods.values().find(|p| {
+            p.metadata.name.as_deref() == Some(name)
+                && p.metadata.namespace.as_deref().unwrap_or("default") == namespace
+        })
     }
 
     /// Places a pod on the best node among those `eligible` allows (standalone
@@ -823,14 +932,18 @@ impl Mirror {
     pub fn decide(
         &mut self,
         req: &Request,
+        host: &HostAsk,
         eligible: impl Fn(&NodeFacts) -> Result<(), String>,
     ) -> Result<(Placement, Explanation), Explanation> {
         self.refresh();
+        self.expire_reservations();
         let mut e = Explanation::new(self.cluster.len());
         let mut best: Option<(NodeId, Scored)> = None;
         for i in 0..self.cluster.len() {
             let id = NodeId(i as u32);
-            if let Err(why) = eligible(&self.facts[i]) {
+            if let Err(why) =
+                eligible(&self.facts[i]).and_then(|()| self.host_fits(&self.facts[i], host))
+            {
                 e.add(Reason::Excluded { why });
                 continue;
             }

@@ -19,8 +19,9 @@ use tessera_core::policy::{self, PolicyArgs};
 use tokio::sync::{Notify, watch};
 
 use crate::binder::{Binder, lock};
-use crate::extender::{ExtenderState, router};
-use crate::leader::{self, Leadership, LeaseConfig};
+use crate::extender::{ExtenderState, ops_router, router};
+use crate::gate::{Kind, SyncGate};
+use crate::leader::{self, Leadership, LeaseConfig, LeaseRole};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::standalone::Standalone;
@@ -37,11 +38,24 @@ pub enum Mode {
 #[derive(Debug, Clone, Default)]
 pub struct RawConfig {
     pub mode: Option<String>,
+    /// The extender's verbs (loopback by default: kube-scheduler runs in the same pod).
     pub listen: Option<String>,
+    /// Health, readiness and metrics.
+    pub metrics_listen: Option<String>,
     pub policy: Option<String>,
     pub signing_key_file: Option<PathBuf>,
     pub scheduler_name: Option<String>,
+    /// More `schedulerName`s whose pods the extender judges and binds (a
+    /// kube-scheduler profile other than `scheduler_name` wired to Tessera).
+    pub serve_scheduler_names: Vec<String>,
     pub leader_elect: Option<bool>,
+    /// `elect` (compete for the Lease) or `follow` (lead while kube-scheduler in
+    /// this pod holds its Lease); default: follow in extender mode, elect in standalone.
+    pub lease_role: Option<String>,
+    /// client-go's LeaseDuration / RenewDeadline / RetryPeriod (15 s / 10 s / 2 s).
+    pub lease_duration: Option<Duration>,
+    pub renew_deadline: Option<Duration>,
+    pub retry_period: Option<Duration>,
     pub lease_namespace: Option<String>,
     pub lease_name: Option<String>,
     pub identity: Option<String>,
@@ -84,9 +98,12 @@ pub struct WebhookServe {
 pub struct Config {
     pub mode: Mode,
     pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
     pub policy: String,
     pub signing_key: Vec<u8>,
     pub scheduler_name: String,
+    /// Every `schedulerName` whose pods are judged and bound (`scheduler_name` first).
+    pub scheduler_names: Vec<String>,
     /// `None`: no election, this replica always leads.
     pub lease: Option<LeaseConfig>,
     pub webhook: Option<WebhookServe>,
@@ -105,10 +122,20 @@ impl RawConfig {
                 ));
             }
         };
-        let listen_s = self.listen.unwrap_or_else(|| "0.0.0.0:8888".into());
+        let listen_s = self.listen.unwrap_or_else(|| "127.0.0.1:8888".into());
         let listen: SocketAddr = listen_s
             .parse()
             .map_err(|e| invalid("listen", format!("{listen_s:?}: {e}")))?;
+        let metrics_s = self.metrics_listen.unwrap_or_else(|| "0.0.0.0:9090".into());
+        let metrics_listen: SocketAddr = metrics_s
+            .parse()
+            .map_err(|e| invalid("metrics-listen", format!("{metrics_s:?}: {e}")))?;
+        if metrics_listen == listen {
+            return Err(invalid(
+                "metrics-listen",
+                format!("{metrics_s} is also --listen; use two ports"),
+            ));
+        }
         let policy = self.policy.unwrap_or_else(|| "tessera".into());
         policy::by_name(&policy, &PolicyArgs::default())
             .map_err(|e| invalid("policy", e.to_string()))?;
@@ -142,17 +169,41 @@ impl RawConfig {
                     "is required with leader election (use the pod name)",
                 )
             })?;
-            Some(LeaseConfig {
-                namespace: self
+            let role = match self.lease_role.as_deref() {
+                None => match mode {
+                    Mode::Extender => LeaseRole::Follow,
+                    Mode::Standalone => LeaseRole::Elect,
+                },
+                Some("elect") => LeaseRole::Elect,
+                Some("follow") => LeaseRole::Follow,
+                Some(other) => {
+                    return Err(invalid(
+                        "lease-role",
+                        format!("{other:?} is not elect or follow"),
+                    ));
+                }
+            };
+            let mut lease = LeaseConfig::new(
+                &self
                     .lease_namespace
                     .unwrap_or_else(|| "tessera-system".into()),
-                name: self
+                &self
                     .lease_name
                     .unwrap_or_else(|| "tessera-scheduler".into()),
-                identity,
-                duration: Duration::from_secs(15),
-                grace: Duration::from_secs(5),
-            })
+                &identity,
+                role,
+            );
+            lease.duration = self.lease_duration.unwrap_or(lease.duration);
+            lease.renew_deadline = self.renew_deadline.unwrap_or(lease.renew_deadline);
+            lease.retry_period = self.retry_period.unwrap_or(lease.retry_period);
+            if lease.renew_deadline >= lease.duration || lease.retry_period >= lease.renew_deadline
+            {
+                return Err(invalid(
+                    "lease-duration",
+                    "needs retry period < renew deadline < lease duration (fencing depends on it)",
+                ));
+            }
+            Some(lease)
         } else {
             None
         };
@@ -183,12 +234,20 @@ impl RawConfig {
                 ));
             }
         };
+        let mut scheduler_names = vec![scheduler_name.clone()];
+        for n in self.serve_scheduler_names {
+            if !scheduler_names.contains(&n) {
+                scheduler_names.push(n);
+            }
+        }
         Ok(Config {
             mode,
             listen,
+            metrics_listen,
             policy,
             signing_key,
             scheduler_name,
+            scheduler_names,
             lease,
             webhook,
         })
@@ -229,8 +288,13 @@ pub async fn connect() -> Result<kube::Client, kube::Error> {
 }
 
 /// Feeds one kind of object into the mirror until the stream ends (it does not: the watcher retries).
-async fn feed<K, F>(api: Api<K>, mirror: Arc<Mutex<Mirror>>, wake: Arc<Notify>, apply: F)
-where
+async fn feed<K, F>(
+    api: Api<K>,
+    mirror: Arc<Mutex<Mirror>>,
+    wake: Arc<Notify>,
+    gate: (SyncGate, Kind),
+    apply: F,
+) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     F: Fn(&mut Mirror, Change<K>),
 {
@@ -244,6 +308,7 @@ where
             Ok(Event::InitDone) => {
                 let all = std::mem::take(&mut buffer);
                 apply(&mut lock(&mirror), Change::Replace(all));
+                gate.0.mark(gate.1);
                 wake.notify_one();
             }
             Ok(Event::Apply(o)) => {
@@ -290,6 +355,7 @@ pub async fn run(
     let mirror = Arc::new(Mutex::new(Mirror::new(policy, config.signing_key.clone())));
     let metrics = Arc::new(Metrics::new());
     let wake = Arc::new(Notify::new());
+    let gate = SyncGate::new();
     let leader = match &config.lease {
         None => Leadership::always(),
         Some(_) => Leadership::default(),
@@ -300,6 +366,7 @@ pub async fn run(
         Api::<Node>::all(client.clone()),
         mirror.clone(),
         wake.clone(),
+        (gate.clone(), Kind::Nodes),
         |m, c| match c {
             Change::Replace(v) => m.replace_nodes(v),
             Change::Upsert(n) => m.upsert_node(n),
@@ -310,6 +377,7 @@ pub async fn run(
         Api::<GpuNode>::all(client.clone()),
         mirror.clone(),
         wake.clone(),
+        (gate.clone(), Kind::Inventory),
         |m, c| match c {
             Change::Replace(v) => m.replace_inventory(v),
             Change::Upsert(n) => m.upsert_inventory(n),
@@ -320,6 +388,7 @@ pub async fn run(
         Api::<Pod>::all(client.clone()),
         mirror.clone(),
         wake.clone(),
+        (gate.clone(), Kind::Pods),
         |m, c| match c {
             Change::Replace(v) => m.replace_pods(v.into_iter().map(slim)),
             Change::Upsert(p) => m.upsert_pod(slim(p)),
@@ -327,25 +396,40 @@ pub async fn run(
         },
     ));
 
-    let binder = Binder::new(client.clone(), mirror.clone(), leader.clone());
+    let binder = Binder::new(client.clone(), mirror.clone(), leader.clone())
+        .with_gate(gate.clone())
+        .with_scheduler_names(config.scheduler_names.clone());
     let state = ExtenderState {
         mirror: mirror.clone(),
         binder: Some(binder.clone()),
         metrics: metrics.clone(),
         leader: leader.clone(),
+        gate: gate.clone(),
+        scheduler_names: config.scheduler_names.clone().into(),
     };
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| RunError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    tracing::info!(addr = %config.listen, mode = ?config.mode, policy = %config.policy, "serving");
-    let http = tokio::spawn(
-        axum::serve(listener, router(state))
+    let bind = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::Bind { addr, source })
+    };
+    let ops_listener = bind(config.metrics_listen).await?;
+    let verbs_listener = match config.mode {
+        Mode::Extender => Some(bind(config.listen).await?),
+        Mode::Standalone => None,
+    };
+    tracing::info!(extender = ?verbs_listener.as_ref().map(|_| config.listen), metrics = %config.metrics_listen, mode = ?config.mode, policy = %config.policy, "serving");
+    let ops = tokio::spawn(
+        axum::serve(ops_listener, ops_router(state.clone()))
             .with_graceful_shutdown(stopped())
             .into_future(),
     );
+    let http = verbs_listener.map(|l| {
+        tokio::spawn(
+            axum::serve(l, router(state))
+                .with_graceful_shutdown(stopped())
+                .into_future(),
+        )
+    });
 
     let hook = config.webhook.clone().map(|w| {
         tracing::info!(addr = %w.addr, "serving the admission webhook");
@@ -373,7 +457,8 @@ pub async fn run(
             metrics.clone(),
             Some(recorder),
             wake.clone(),
-        );
+        )
+        .with_gate(gate.clone());
         tokio::spawn(s.run(stopped()))
     });
 
@@ -395,10 +480,13 @@ pub async fn run(
     {
         r?;
     }
-    match http.await {
-        Ok(r) => r.map_err(RunError::Serve),
-        Err(e) => Err(RunError::Serve(std::io::Error::other(e))),
+    for h in http.into_iter().chain([ops]) {
+        match h.await {
+            Ok(r) => r.map_err(RunError::Serve)?,
+            Err(e) => return Err(RunError::Serve(std::io::Error::other(e))),
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,7 +6,16 @@
 //! and tolerations, cordoned and not-ready nodes. A pod that fits nowhere gets a
 //! `FailedScheduling` event with the aggregated reason sentence and is retried
 //! with exponential backoff (1 s doubling to 60 s); a malformed request gets the
-//! parser's message. Only the leader places pods.
+//! parser's message. Only the leader places pods; it starts the moment it
+//! gains leadership, and nothing is placed before the initial lists are in.
+//!
+//! Also checked, as the kubelet would refuse otherwise: the node's pod count,
+//! ephemeral storage and extended resources (device-plugin slots), see
+//! [`crate::hostfit`]. Not evaluated here — such pods are refused with a clear
+//! event rather than placed wrongly (use extender mode, where kube-scheduler
+//! judges them): host ports, required inter-pod (anti-)affinity, hard topology
+//! spread constraints, and volumes whose PersistentVolumes may carry node
+//! affinity (persistentVolumeClaim, ephemeral). Preferred (soft) terms are ignored.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -20,6 +29,8 @@ use tokio::sync::Notify;
 
 use crate::binder::{Binder, lock};
 use crate::convert::{self, NodeFacts};
+use crate::gate::SyncGate;
+use crate::hostfit;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
@@ -115,6 +126,63 @@ pub fn node_allows(pod: &Pod, node: &NodeFacts) -> Result<(), String> {
     Ok(())
 }
 
+/// What a pod asks that this mode does not evaluate (see the module docs).
+pub fn unsupported(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    let mut what = Vec::new();
+    let ports = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten());
+    if ports.clone().any(|p| p.host_port.is_some_and(|h| h > 0)) {
+        what.push("host ports");
+    }
+    let aff = spec.affinity.as_ref();
+    if aff
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_some_and(|t| !t.is_empty())
+    {
+        what.push("required pod affinity");
+    }
+    if aff
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_some_and(|t| !t.is_empty())
+    {
+        what.push("required pod anti-affinity");
+    }
+    if spec
+        .topology_spread_constraints
+        .iter()
+        .flatten()
+        .any(|t| t.when_unsatisfiable == "DoNotSchedule")
+    {
+        what.push("topology spread constraints (DoNotSchedule)");
+    }
+    if spec
+        .volumes
+        .iter()
+        .flatten()
+        .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
+    {
+        what.push("persistent volume claims");
+    }
+    (!what.is_empty()).then(|| {
+        format!(
+            "Tessera's standalone mode does not evaluate {} (kube-scheduler does: use the extender mode for such pods)",
+            what.join(", ")
+        )
+    })
+}
+
 /// The outcome of one attempt to place a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
@@ -136,6 +204,8 @@ pub struct Standalone {
     pub wake: Arc<Notify>,
     /// Failed pods: failures so far, when to retry, the last reason.
     retries: HashMap<String, (u32, Instant, String)>,
+    /// Closed until the initial lists are in.
+    gate: SyncGate,
 }
 
 impl Standalone {
@@ -157,7 +227,14 @@ impl Standalone {
             recorder,
             wake,
             retries: HashMap::new(),
+            gate: SyncGate::synced(),
         }
+    }
+
+    /// Places nothing before `gate` opens.
+    pub fn with_gate(mut self, gate: SyncGate) -> Standalone {
+        self.gate = gate;
+        self
     }
 
     /// Pods of ours waiting for a node, oldest (then highest priority) first.
@@ -194,9 +271,16 @@ impl Standalone {
         let decided = {
             let mut m = lock(&self.mirror);
             let catalog = m.cluster().catalog.clone();
-            match convert::pod_request(pod, &catalog) {
-                Err(e) => Err((e.to_string(), "invalid request".to_string())),
-                Ok(req) => match m.decide(&req, |facts| node_allows(pod, facts)) {
+            let host = hostfit::host_ask(pod);
+            match (convert::pod_request(pod, &catalog), host) {
+                (Err(e), _) => Err((e.to_string(), "invalid request".to_string())),
+                (_, Err(e)) => Err((e, "invalid request".to_string())),
+                _ if unsupported(pod).is_some() => Err((
+                    unsupported(pod).unwrap_or_default(),
+                    "unsupported".to_string(),
+                )),
+                (Ok(req), Ok(host)) => match m.decide(&req, &host, |facts| node_allows(pod, facts))
+                {
                     Ok((p, _)) => Ok(m.cluster().node(p.node).name.clone()),
                     Err(e) => {
                         let reason = e
@@ -251,7 +335,7 @@ impl Standalone {
     /// One pass over the pending pods whose backoff has expired; returns when the
     /// next retry is due (if any pod is waiting).
     pub async fn pass(&mut self) -> Option<Instant> {
-        if !self.leader.is_leader() {
+        if !self.leader.is_leader() || !self.gate.is_synced() {
             return None;
         }
         let now = Instant::now();
@@ -305,9 +389,14 @@ impl Standalone {
                 .unwrap_or(Duration::from_secs(10))
                 .min(Duration::from_secs(10));
             let wake = self.wake.clone();
+            let leader = self.leader.clone();
+            let gate = self.gate.clone();
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = wake.notified() => {}
+                // A new leader starts at once, not at the next periodic pass.
+                _ = leader.changed() => {}
+                _ = gate.wait(Duration::from_secs(3600)), if !gate.is_synced() => {}
                 _ = tokio::time::sleep(sleep) => {}
             }
         }
@@ -332,6 +421,7 @@ mod tests {
             taints,
             unschedulable: false,
             ready: true,
+            allocatable: Default::default(),
         }
     }
 

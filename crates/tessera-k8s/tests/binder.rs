@@ -4,6 +4,8 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
+
 use http::StatusCode;
 use serde_json::{Value, json};
 use tessera_core::allocation::{ANNOTATION, Allocation};
@@ -16,11 +18,7 @@ fn ok_api(seen: &Seen) -> (u16, Value) {
     if seen.path.ends_with("/binding") {
         (201, status(201, "", ""))
     } else {
-        // PATCH answers with the patched pod.
-        let mut p = serde_json::to_value(pod("default", "gpu-pod-noext2", UID, &[])).unwrap();
-        p["apiVersion"] = "v1".into();
-        p["kind"] = "Pod".into();
-        (200, p)
+        (404, status(404, "NotFound", "unexpected request"))
     }
 }
 
@@ -34,12 +32,14 @@ fn pending_gpu_pod() -> k8s_openapi::api::core::v1::Pod {
 }
 
 #[tokio::test]
-async fn bind_patches_the_signed_annotation_then_creates_the_binding() {
+async fn bind_is_one_binding_carrying_the_signed_annotation_with_preconditions() {
     let Some(body) = fixture("bind-request-ExtenderBindingArgs.json") else {
         return;
     };
     let (nodes, inv) = fixture_cluster();
-    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let mut p = pending_gpu_pod();
+    p.metadata.resource_version = Some("4711".into());
+    let m = mirror("tessera", nodes, inv, vec![p]);
     let (client, api) = mock_api(ok_api);
     let app = router(state(m.clone(), Some(client)));
     let (status, v) = call(app.clone(), "/scheduler/bind", body.clone()).await;
@@ -53,20 +53,9 @@ async fn bind_patches_the_signed_annotation_then_creates_the_binding() {
     drop(m);
 
     let seen = api.await.unwrap();
-    assert_eq!(seen.len(), 2, "{seen:#?}");
-    let (patch, bind) = (&seen[0], &seen[1]);
-    assert_eq!(patch.method, "PATCH");
-    assert_eq!(patch.path, "/api/v1/namespaces/default/pods/gpu-pod-noext2");
-    assert_eq!(patch.content_type, "application/merge-patch+json");
-    assert_eq!(patch.body["metadata"]["uid"], UID);
-    let value = patch.body["metadata"]["annotations"][ANNOTATION]
-        .as_str()
-        .unwrap();
-    let alloc = Allocation::decode_verified(value, KEY, UID, "fake-gpu-node-1")
-        .expect("signed for this pod and node");
-    assert_eq!(alloc.gpus.len(), 2);
-    assert_eq!(alloc.pod, "default/gpu-pod-noext2");
-
+    // One write: the binding subresource sets nodeName and the annotation atomically.
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    let bind = &seen[0];
     assert_eq!(bind.method, "POST");
     assert_eq!(
         bind.path,
@@ -74,9 +63,168 @@ async fn bind_patches_the_signed_annotation_then_creates_the_binding() {
     );
     assert_eq!(bind.body["kind"], "Binding");
     assert_eq!(bind.body["metadata"]["name"], "gpu-pod-noext2");
+    // Preconditions (fixture 04): the pod we decided for, unchanged since.
+    assert_eq!(bind.body["metadata"]["uid"], UID);
+    assert_eq!(bind.body["metadata"]["resourceVersion"], "4711");
     assert_eq!(
         bind.body["target"],
         json!({"apiVersion": "v1", "kind": "Node", "name": "fake-gpu-node-1"})
+    );
+    let value = bind.body["metadata"]["annotations"][ANNOTATION]
+        .as_str()
+        .unwrap();
+    let alloc = Allocation::decode_verified(value, KEY, UID, "fake-gpu-node-1")
+        .expect("signed for this pod and node");
+    assert_eq!(alloc.gpus.len(), 2);
+    assert_eq!(alloc.pod, "default/gpu-pod-noext2");
+}
+
+/// The pod as the API server holds it after a binding (annotation merged, nodeName set).
+fn bound_pod(node: &str, annotation: Option<&str>) -> Value {
+    let mut p = serde_json::to_value(pending_gpu_pod()).unwrap();
+    p["apiVersion"] = "v1".into();
+    p["kind"] = "Pod".into();
+    p["spec"]["nodeName"] = node.into();
+    if let Some(a) = annotation {
+        p["metadata"]["annotations"] = json!({ ANNOTATION: a });
+    }
+    p
+}
+
+#[tokio::test]
+async fn a_conflict_counts_as_bound_only_when_the_pod_is_already_here_with_our_grant() {
+    let Some(body) = fixture("bind-request-ExtenderBindingArgs.json") else {
+        return;
+    };
+    // Our first binding landed but its answer was lost; the retry gets 409 (fixture 01).
+    let (nodes, inv) = fixture_cluster();
+    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let seen_value = sent.clone();
+    let (client, api) = mock_api(move |s| {
+        if s.path.ends_with("/binding") {
+            *seen_value.lock().unwrap() = s.body["metadata"]["annotations"][ANNOTATION]
+                .as_str()
+                .map(str::to_string);
+            (
+                409,
+                status(
+                    409,
+                    "Conflict",
+                    "Operation cannot be fulfilled on pods/binding \"gpu-pod-noext2\": pod gpu-pod-noext2 is already assigned to node \"fake-gpu-node-1\"",
+                ),
+            )
+        } else {
+            let a = seen_value.lock().unwrap().clone();
+            (200, bound_pod("fake-gpu-node-1", a.as_deref()))
+        }
+    });
+    let (_, v) = call(
+        router(state(m.clone(), Some(client))),
+        "/bind",
+        body.clone(),
+    )
+    .await;
+    assert_eq!(v, json!({"Error": ""}));
+    assert_eq!(lock(&m).ledger().allocation_count(), 1);
+    drop(m);
+    assert_eq!(api.await.unwrap().len(), 2);
+
+    // Someone else bound it (elsewhere, or here without our grant): refused and released.
+    for (node, with_grant) in [("fake-gpu-node-2", true), ("fake-gpu-node-1", false)] {
+        let (nodes, inv) = fixture_cluster();
+        let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+        let (client, api) = mock_api(move |s| {
+            if s.path.ends_with("/binding") {
+                (
+                    409,
+                    status(
+                        409,
+                        "Conflict",
+                        "pod gpu-pod-noext2 is already assigned to node \"somewhere\"",
+                    ),
+                )
+            } else {
+                (200, bound_pod(node, with_grant.then_some("{}")))
+            }
+        });
+        let (_, v) = call(
+            router(state(m.clone(), Some(client))),
+            "/bind",
+            body.clone(),
+        )
+        .await;
+        let err = v["Error"].as_str().unwrap();
+        assert!(
+            err.contains("refused by the API server") && err.contains("already assigned"),
+            "{err}"
+        );
+        assert_eq!(lock(&m).ledger().allocation_count(), 0, "{node}");
+        drop(m);
+        assert_eq!(api.await.unwrap().len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn a_pod_of_another_scheduler_is_not_bound() {
+    let (nodes, inv) = fixture_cluster();
+    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let (client, api) = mock_api(ok_api);
+    let mut st = state(m.clone(), Some(client));
+    st.binder = st
+        .binder
+        .map(|b| b.with_scheduler_names(vec!["tessera".into()]));
+    let body = serde_json::to_vec(&json!({"PodName": "gpu-pod-noext2", "PodNamespace": "default", "PodUID": UID, "Node": "fake-gpu-node-1"})).unwrap();
+    let (_, v) = call(router(st), "/bind", body).await;
+    let err = v["Error"].as_str().unwrap();
+    assert!(err.contains("schedulerName \"default-scheduler\""), "{err}");
+    assert_eq!(lock(&m).ledger().allocation_count(), 0);
+    drop(m);
+    assert!(api.await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn bind_refuses_unknown_nodes_and_nodes_the_pod_may_not_use() {
+    let (mut nodes, inv) = fixture_cluster();
+    nodes[1].spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        taints: Some(vec![k8s_openapi::api::core::v1::Taint {
+            key: "dedicated".into(),
+            value: Some("infra".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    let cpu_only = pod("default", "web", "uid-web", &[("cpu", "100m")]);
+    let m = mirror("tessera", nodes, inv, vec![cpu_only]);
+    let (client, api) = mock_api(ok_api);
+    let app = router(state(m.clone(), Some(client)));
+    let bind = |node: &str| {
+        serde_json::to_vec(&json!({"PodName": "web", "PodNamespace": "default", "PodUID": "uid-web", "Node": node})).unwrap()
+    };
+    let (_, v) = call(app.clone(), "/bind", bind("no-such-node")).await;
+    assert!(
+        v["Error"]
+            .as_str()
+            .unwrap()
+            .contains("node no-such-node is not known"),
+        "{v}"
+    );
+    let (_, v) = call(app.clone(), "/bind", bind("fake-gpu-node-2")).await;
+    assert!(
+        v["Error"]
+            .as_str()
+            .unwrap()
+            .contains("taint the pod does not tolerate"),
+        "{v}"
+    );
+    let (_, v) = call(app, "/bind", bind("fake-gpu-node-1")).await;
+    assert_eq!(v, json!({"Error": ""}));
+    drop(m);
+    assert_eq!(
+        api.await.unwrap().len(),
+        1,
+        "only the allowed bind was written"
     );
 }
 
@@ -97,12 +245,13 @@ async fn a_failed_binding_releases_the_reservation() {
     let (_, v) = call(router(state(m.clone(), Some(client))), "/bind", body).await;
     let err = v["Error"].as_str().unwrap();
     assert!(
-        err.contains("binding pod default/gpu-pod-noext2 to node fake-gpu-node-1"),
+        err.contains("binding pod default/gpu-pod-noext2 to node fake-gpu-node-1")
+            && err.contains("etcd is unhappy"),
         "{err}"
     );
     assert_eq!(lock(&m).ledger().allocation_count(), 0);
     drop(m);
-    assert_eq!(api.await.unwrap().len(), 2);
+    assert_eq!(api.await.unwrap().len(), 1);
 }
 
 #[tokio::test]
@@ -153,8 +302,8 @@ async fn concurrent_binds_never_overcommit_a_gpu() {
     );
     assert_eq!(lock(&m).ledger().allocation_count(), 1);
     drop(m);
-    // Only the winner talked to the API: one PATCH, one binding.
-    assert_eq!(api.await.unwrap().len(), 2);
+    // Only the winner talked to the API: one binding.
+    assert_eq!(api.await.unwrap().len(), 1);
 }
 
 #[tokio::test]
@@ -171,4 +320,43 @@ async fn a_follower_does_not_bind() {
     assert!(v["Error"].as_str().unwrap().contains("not the leader"));
     drop(m);
     assert!(api.await.unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_bind_keeps_its_reservation_until_the_deadline_then_frees_it() {
+    let Some(body) = fixture("bind-request-ExtenderBindingArgs.json") else {
+        return;
+    };
+    // The API connection breaks mid-call: the binding may or may not have landed.
+    let (service, mut handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    let server = tokio::spawn(async move {
+        let mut n = 0;
+        while let Some((_req, send)) = handle.next_request().await {
+            n += 1;
+            drop(send);
+        }
+        n
+    });
+    let (nodes, inv) = fixture_cluster();
+    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let app = router(state(
+        m.clone(),
+        Some(kube::Client::new(service, "default")),
+    ));
+    let (_, v) = call(app, "/bind", body).await;
+    assert!(!v["Error"].as_str().unwrap().is_empty(), "{v}");
+    // Unknown outcome: the GPUs stay reserved (a second pod must not get them) …
+    assert_eq!(lock(&m).ledger().allocation_count(), 1);
+    tokio::time::advance(tessera_k8s::mirror::RESERVATION_TTL - Duration::from_secs(1)).await;
+    lock(&m).expire_reservations();
+    assert_eq!(lock(&m).ledger().allocation_count(), 1);
+    // … until the deadline, when a reservation the watch never confirmed is dropped.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    lock(&m).expire_reservations();
+    assert_eq!(lock(&m).ledger().allocation_count(), 0);
+    drop(m);
+    assert_eq!(server.await.unwrap(), 1);
 }

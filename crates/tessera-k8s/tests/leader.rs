@@ -1,11 +1,12 @@
-//! Leader election (`leader::run`, kube-lease-manager underneath) against kube-rs's
-//! mock API service (tower-test). The responder keeps one `coordination.k8s.io/v1`
-//! Lease and answers GET / POST / PATCH the way the API server would for the
-//! patches the lease manager sends (spec fields set, `null` removes). The tests
-//! assert on the requests the manager actually made and on the `Leadership` flag.
+//! Leader election (`leader::run`) against kube-rs's mock API service
+//! (tower-test). The responder keeps one `coordination.k8s.io/v1` Lease and
+//! answers as the v1.28 API server did in the recorded fixture
+//! `kube-apiserver-v1.28/10-lease-optimistic-concurrency.json`: create → 201,
+//! a second create → 409 AlreadyExists, PUT with the current resourceVersion →
+//! 200, with a stale one → 409 Conflict, without one → 422.
 //!
-//! kube-lease-manager measures expiry with `SystemTime`, so these tests run on
-//! real time with a 2 s lease and a 1 s grace; every wait is bounded by `LIMIT`.
+//! Time is tokio's paused clock: the election measures expiry on its own
+//! monotonic clock, so 15 s leases run in no real time.
 
 mod common;
 
@@ -13,43 +14,47 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use common::{Seen, mock_api, status};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use serde_json::{Map, Value, json};
-use tessera_k8s::leader::{LeaderError, Leadership, LeaseConfig, run};
+use serde_json::{Value, json};
+use tessera_k8s::leader::{LeaderError, Leadership, LeaseConfig, LeaseRole, run};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 const NAMESPACE: &str = "tessera-system";
 const NAME: &str = "tessera-scheduler";
 const ME: &str = "replica-a";
-const RIVAL: &str = "replica-b";
 const LEASE_PATH: &str =
     "/apis/coordination.k8s.io/v1/namespaces/tessera-system/leases/tessera-scheduler";
-const COLLECTION_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/tessera-system/leases";
-const APPLY: &str = "application/apply-patch+yaml";
-const STRATEGIC: &str = "application/strategic-merge-patch+json";
-/// Bounds every wait so that a stuck election fails instead of hanging.
-const LIMIT: Duration = Duration::from_secs(30);
 
-/// What the mock API server holds.
+/// How the mock behaves besides storing the Lease.
+#[derive(Default, Clone, Copy, PartialEq)]
+enum Mode {
+    #[default]
+    Plain,
+    /// Another replica renews the Lease before every read.
+    RivalRenews,
+    /// Every request is refused as RBAC would.
+    Forbidden,
+    /// Writes fail with 500 (reads still work).
+    WritesFail,
+}
+
 #[derive(Default)]
 struct ApiState {
-    /// The Lease's spec; `None`: no Lease object.
-    spec: Option<Map<String, Value>>,
-    /// Another replica holds the lease and renews it continuously (30 s lease):
-    /// every GET shows it as holder with a renewTime of now.
-    rival: bool,
-    resource_version: u64,
-    /// Every request, in order.
+    lease: Option<Value>,
+    rv: u64,
+    mode: Mode,
     log: Vec<Seen>,
+    renewals: u64,
 }
 
 #[derive(Clone, Default)]
 struct Api(Arc<Mutex<ApiState>>);
 
-fn now() -> Value {
-    serde_json::to_value(MicroTime(Timestamp::now())).expect("MicroTime serializes")
+fn micro_now() -> Value {
+    let t = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    serde_json::to_value(t).unwrap()
 }
 
 impl Api {
@@ -57,78 +62,110 @@ impl Api {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn log(&self) -> Vec<Seen> {
-        self.state().log.clone()
-    }
-
-    fn lease(s: &ApiState) -> Value {
-        let spec = if s.rival {
-            json!({
-                "holderIdentity": RIVAL, "acquireTime": now(), "renewTime": now(),
-                "leaseDurationSeconds": 30, "leaseTransitions": 7,
-            })
-        } else {
-            Value::Object(s.spec.clone().unwrap_or_default())
-        };
-        json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": NAME, "namespace": NAMESPACE,
-                         "uid": "0b5c3f56-6d7e-4d3a-9a51-2d7f4f1f7e01",
-                         "resourceVersion": s.resource_version.to_string()},
-            "spec": spec,
-        })
+    fn with_lease(holder: &str, mode: Mode) -> Api {
+        let api = Api::default();
+        {
+            let mut s = api.state();
+            s.rv = 100;
+            s.mode = mode;
+            s.lease = Some(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": NAME, "namespace": NAMESPACE, "resourceVersion": "100"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                         "renewTime": micro_now(), "leaseTransitions": 3},
+            }));
+        }
+        api
     }
 
     fn respond(&self, req: &Seen) -> (u16, Value) {
         let mut s = self.state();
         s.log.push(req.clone());
-        let exists = s.spec.is_some() || s.rival;
-        match (req.method.as_str(), req.path.as_str()) {
-            ("GET", LEASE_PATH) if exists => (200, Api::lease(&s)),
-            ("GET", LEASE_PATH) => (
-                404,
+        if s.mode == Mode::Forbidden {
+            return (
+                403,
                 status(
+                    403,
+                    "Forbidden",
+                    "leases.coordination.k8s.io \"tessera-scheduler\" is forbidden: User \"system:serviceaccount:tessera-system:tessera\" cannot get resource \"leases\"",
+                ),
+            );
+        }
+        if s.mode == Mode::RivalRenews
+            && let Some(l) = s.lease.as_mut()
+        {
+            l["spec"]["renewTime"] = micro_now();
+            s.rv += 1;
+            let rv = s.rv.to_string();
+            if let Some(l) = s.lease.as_mut() {
+                l["metadata"]["resourceVersion"] = rv.into();
+            }
+        }
+        match req.method.as_str() {
+            "GET" => match &s.lease {
+                Some(l) => (200, l.clone()),
+                None => (
                     404,
-                    "NotFound",
-                    "leases.coordination.k8s.io \"tessera-scheduler\" not found",
+                    status(
+                        404,
+                        "NotFound",
+                        "leases.coordination.k8s.io \"tessera-scheduler\" not found",
+                    ),
                 ),
+            },
+            _ if s.mode == Mode::WritesFail => (
+                500,
+                status(500, "InternalError", "etcdserver: request timed out"),
             ),
-            ("POST", COLLECTION_PATH) if exists => (
-                409,
-                status(
-                    409,
-                    "AlreadyExists",
-                    "leases.coordination.k8s.io \"tessera-scheduler\" already exists",
-                ),
-            ),
-            ("POST", COLLECTION_PATH) => {
-                let spec = req.body["spec"].as_object().cloned().unwrap_or_default();
-                s.spec = Some(spec);
-                s.resource_version += 1;
-                (201, Api::lease(&s))
-            }
-            ("PATCH", LEASE_PATH) if exists => {
-                let patch = req.body["spec"].as_object().cloned().unwrap_or_default();
-                let spec = s.spec.get_or_insert_with(Map::new);
-                for (k, v) in patch {
-                    if v.is_null() {
-                        spec.remove(&k);
-                    } else {
-                        spec.insert(k, v);
-                    }
+            "POST" => {
+                if s.lease.is_some() {
+                    return (
+                        409,
+                        status(
+                            409,
+                            "AlreadyExists",
+                            "leases.coordination.k8s.io \"tessera-scheduler\" already exists",
+                        ),
+                    );
                 }
-                s.resource_version += 1;
-                (200, Api::lease(&s))
+                s.rv += 1;
+                let mut l = req.body.clone();
+                l["metadata"]["resourceVersion"] = s.rv.to_string().into();
+                s.lease = Some(l.clone());
+                (201, l)
             }
-            ("PATCH", LEASE_PATH) => (404, status(404, "NotFound", "not found")),
-            _ => (
-                405,
-                status(
-                    405,
-                    "MethodNotAllowed",
-                    &format!("{} {}", req.method, req.path),
-                ),
-            ),
+            "PUT" => {
+                let sent = req.body["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or("");
+                if sent.is_empty() {
+                    return (
+                        422,
+                        status(
+                            422,
+                            "Invalid",
+                            "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                        ),
+                    );
+                }
+                if sent != s.rv.to_string() {
+                    return (
+                        409,
+                        status(
+                            409,
+                            "Conflict",
+                            "Operation cannot be fulfilled on leases.coordination.k8s.io \"tessera-scheduler\": the object has been modified; please apply your changes to the latest version and try again",
+                        ),
+                    );
+                }
+                s.rv += 1;
+                s.renewals += 1;
+                let mut l = req.body.clone();
+                l["metadata"]["resourceVersion"] = s.rv.to_string().into();
+                s.lease = Some(l.clone());
+                (200, l)
+            }
+            m => (405, status(405, "MethodNotAllowed", m)),
         }
     }
 }
@@ -138,251 +175,174 @@ struct Election {
     flag: Leadership,
     stop: oneshot::Sender<()>,
     task: JoinHandle<Result<(), LeaderError>>,
-    mock: JoinHandle<Vec<Seen>>,
+    _server: JoinHandle<Vec<Seen>>,
 }
 
-fn lease_config() -> LeaseConfig {
-    LeaseConfig {
-        namespace: NAMESPACE.into(),
-        name: NAME.into(),
-        identity: ME.into(),
-        duration: Duration::from_secs(2),
-        grace: Duration::from_secs(1),
-    }
+fn config(role: LeaseRole) -> LeaseConfig {
+    LeaseConfig::new(NAMESPACE, NAME, ME, role)
 }
 
-fn start(api: Api) -> Election {
+fn start(api: Api, role: LeaseRole) -> Election {
     let responder = api.clone();
-    let (client, mock) = mock_api(move |req| responder.respond(req));
+    let (client, server) = mock_api(move |req| responder.respond(req));
     let flag = Leadership::default();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(run(client, lease_config(), flag.clone(), async move {
-        let _ = stopped.await;
+    let (stop, rx) = oneshot::channel();
+    let task = tokio::spawn(run(client, config(role), flag.clone(), async move {
+        let _ = rx.await;
     }));
     Election {
         api,
         flag,
         stop,
         task,
-        mock,
+        _server: server,
     }
 }
 
 impl Election {
-    /// Shuts down and returns what `run` returned; the mock's log is complete afterwards.
-    async fn shutdown(self) -> (Api, Leadership, Result<(), LeaderError>) {
+    async fn stop(self) -> (Api, Result<(), LeaderError>) {
         let _ = self.stop.send(());
-        let result = tokio::time::timeout(LIMIT, self.task)
-            .await
-            .expect("run returns after shutdown")
-            .expect("run did not panic");
-        // `run` dropped the client: the mock service sees no further requests.
-        let seen = tokio::time::timeout(LIMIT, self.mock)
-            .await
-            .expect("mock ends once the client is gone")
-            .expect("mock task");
-        assert_eq!(seen.len(), self.api.log().len());
-        (self.api, self.flag, result)
+        let r = self.task.await.expect("election task");
+        (self.api, r)
     }
 }
 
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+/// Advances paused time in retry-period steps until `cond` holds (at most `limit`).
+async fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let step = Duration::from_millis(500);
+    let mut waited = Duration::ZERO;
+    while waited <= limit {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(step).await;
+        waited += step;
     }
+    cond()
 }
 
-fn is_patch(s: &Seen) -> bool {
-    s.method == "PATCH" && s.path == LEASE_PATH
-}
-
-/// A patch that takes the lease for `who` (the manager's server-side apply).
-fn is_acquire(s: &Seen, who: &str) -> bool {
-    is_patch(s) && s.content_type == APPLY && s.body["spec"]["holderIdentity"] == who
-}
-
-/// A patch that clears the holder (a release).
-fn is_release(s: &Seen) -> bool {
-    is_patch(s) && s.body["spec"].get("holderIdentity") == Some(&Value::Null)
-}
-
-/// A renewal: our renewTime and duration, holder untouched.
-fn is_renewal(s: &Seen) -> bool {
-    is_patch(s)
-        && s.content_type == STRATEGIC
-        && s.body["spec"].get("holderIdentity").is_none()
-        && s.body["spec"]["renewTime"].is_string()
-        && s.body["spec"]["leaseDurationSeconds"] == 2
-}
-
-#[tokio::test]
-async fn creates_acquires_renews_and_releases_the_lease() {
-    let e = start(Api::default());
-    let flag = e.flag.clone();
-    wait_for("leadership", || flag.is_leader()).await;
-
-    let log = e.api.log();
-    // The Lease did not exist: GET → 404, then POST creates it, named, with an empty spec.
-    assert_eq!(
-        (log[0].method.as_str(), log[0].path.as_str()),
-        ("GET", LEASE_PATH)
-    );
-    assert_eq!(log[1].method, "POST", "{log:#?}");
-    assert_eq!(log[1].path, COLLECTION_PATH);
-    assert_eq!(log[1].body["metadata"]["name"], NAME);
-    assert!(
-        log[1].body["spec"].get("holderIdentity").is_none(),
-        "{:?}",
-        log[1].body
-    );
-    // Then it took the lease for itself, with the configured duration and its field manager.
-    let acquire = log
-        .iter()
-        .position(|s| is_acquire(s, ME))
-        .unwrap_or_else(|| panic!("no acquiring patch: {log:#?}"));
-    let a = &log[acquire];
-    assert_eq!(a.body["spec"]["leaseDurationSeconds"], 2);
-    assert!(a.body["spec"]["renewTime"].is_string() && a.body["spec"]["acquireTime"].is_string());
-    assert!(
-        a.query
-            .contains("fieldManager=kube-lease-manager-replica-a"),
-        "{}",
-        a.query
-    );
-    // ... and counted the transition.
-    assert!(
-        log[acquire + 1..].iter().any(|s| is_patch(s)
-            && s.content_type == STRATEGIC
-            && s.body["spec"]["leaseTransitions"] == 1),
-        "{log:#?}"
-    );
-    assert_eq!(e.api.state().spec.as_ref().unwrap()["holderIdentity"], ME);
-
-    // Before the 2 s lease runs out (1 s grace) the leader renews it and stays leader.
-    let api = e.api.clone();
-    wait_for("a renewal", || {
-        api.log().iter().skip(acquire + 1).any(is_renewal)
-    })
-    .await;
+#[tokio::test(start_paused = true)]
+async fn creates_renews_and_releases_the_lease() {
+    let e = start(Api::default(), LeaseRole::Elect);
+    assert!(within(Duration::from_secs(1), || e.flag.is_leader()).await);
+    // Renewals every retry period (2 s), each a PUT with the resourceVersion read.
+    tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(e.flag.is_leader());
-    assert!(
-        !e.api.log().iter().any(is_release),
-        "released while leading"
+    let renewals = e.api.state().renewals;
+    assert!((3..=4).contains(&renewals), "{renewals} renewals in 7 s");
+    let flag = e.flag.clone();
+    let (api, r) = e.stop().await;
+    r.unwrap();
+    assert!(!flag.is_leader());
+    let s = api.state();
+    let create = s.log.iter().find(|r| r.method == "POST").expect("created");
+    assert_eq!(create.body["spec"]["holderIdentity"], ME);
+    assert_eq!(create.body["spec"]["leaseDurationSeconds"], 15);
+    // MicroTime needs exactly six fractional digits (fixture 10: otherwise 400).
+    let renew = create.body["spec"]["renewTime"].as_str().unwrap();
+    let frac = renew.split('.').nth(1).unwrap().trim_end_matches('Z');
+    assert_eq!(frac.len(), 6, "{renew}");
+    let last = s.log.last().unwrap();
+    assert_eq!(
+        (last.method.as_str(), last.path.as_str()),
+        ("PUT", LEASE_PATH)
     );
-
-    let (api, flag, result) = e.shutdown().await;
-    result.expect("run ends cleanly");
-    assert!(!flag.is_leader(), "the flag drops on shutdown");
-    // On shutdown the lease is released: the holder cleared so the other replica takes over at once.
-    let log = api.log();
-    let release = log
-        .iter()
-        .rposition(is_release)
-        .unwrap_or_else(|| panic!("no release on shutdown: {log:#?}"));
-    let r = &log[release];
-    assert_eq!(r.content_type, STRATEGIC);
-    for field in ["renewTime", "acquireTime", "leaseDurationSeconds"] {
-        assert_eq!(
-            r.body["spec"].get(field),
-            Some(&Value::Null),
-            "{field}: {:?}",
-            r.body
-        );
-    }
-    assert!(!log[release + 1..].iter().any(is_patch), "{log:#?}");
-    let spec = api.state().spec.clone().unwrap();
-    assert!(spec.get("holderIdentity").is_none(), "{spec:?}");
+    assert!(
+        last.body["spec"]["holderIdentity"].is_null(),
+        "released: {}",
+        last.body
+    );
+    assert_eq!(last.body["spec"]["leaseDurationSeconds"], 1);
 }
 
-#[tokio::test]
-async fn follower_while_another_replica_holds_a_fresh_lease() {
-    let api = Api::default();
-    api.state().rival = true;
-    let e = start(api);
-    // Construction GETs the Lease, the watcher GETs it again to learn its holder.
-    let api = e.api.clone();
-    wait_for("the watcher's sync", || {
-        api.log().iter().filter(|s| s.method == "GET").count() >= 2
-    })
-    .await;
-    // Give the watcher a moment to act on what it saw (it must only wait for expiry).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+#[tokio::test(start_paused = true)]
+async fn follower_while_another_replica_keeps_renewing() {
+    let e = start(
+        Api::with_lease("replica-b", Mode::RivalRenews),
+        LeaseRole::Elect,
+    );
+    assert!(!within(Duration::from_secs(40), || e.flag.is_leader()).await);
+    let (api, r) = e.stop().await;
+    r.unwrap();
+    assert!(
+        api.state().log.iter().all(|r| r.method == "GET"),
+        "no write while another leads"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_replicas_lease_is_taken_over_after_its_duration_on_our_clock() {
+    let e = start(Api::with_lease("replica-b", Mode::Plain), LeaseRole::Elect);
+    // Not before the 15 s lease has gone unrenewed under our eyes …
+    assert!(!within(Duration::from_secs(13), || e.flag.is_leader()).await);
+    // … and soon after (one retry period).
+    assert!(within(Duration::from_secs(5), || e.flag.is_leader()).await);
+    let (api, r) = e.stop().await;
+    r.unwrap();
+    let s = api.state();
+    let takeover = s.log.iter().find(|r| r.method == "PUT").unwrap();
+    assert_eq!(takeover.body["spec"]["holderIdentity"], ME);
+    assert_eq!(takeover.body["spec"]["leaseTransitions"], 4);
+    assert_eq!(takeover.body["metadata"]["resourceVersion"], "100");
+}
+
+#[tokio::test(start_paused = true)]
+async fn election_errors_are_counted_and_kept_not_swallowed() {
+    let e = start(Api::default(), LeaseRole::Elect);
+    e.api.state().mode = Mode::Forbidden;
+    assert!(within(Duration::from_secs(5), || e.flag.errors() >= 2).await);
     assert!(!e.flag.is_leader());
-
-    let (api, flag, result) = e.shutdown().await;
-    result.expect("run ends cleanly");
-    assert!(!flag.is_leader());
-    let log = api.log();
-    // Never tried to take the held lease, never created one, and did not clear
-    // the other replica's lease on its way out.
-    assert!(!log.iter().any(|s| s.method != "GET"), "{log:#?}");
+    let err = e.flag.last_error().expect("the last attempt failed");
+    assert!(err.contains("forbidden"), "{err}");
+    let (_, r) = e.stop().await;
+    r.unwrap();
 }
 
-#[tokio::test]
-async fn leadership_is_lost_when_another_replica_holds_the_lease() {
-    let e = start(Api::default());
-    let flag = e.flag.clone();
-    wait_for("leadership", || flag.is_leader()).await;
-    let before = e.api.log().len();
-
-    // Another replica now holds the lease (e.g. after a partition) and keeps it fresh.
-    e.api.state().rival = true;
-    wait_for("loss of leadership", || !flag.is_leader()).await;
-    let log = e.api.log();
-    // It found out on its renewal: it renewed, re-read the Lease and saw the other holder.
-    assert!(log[before..].iter().any(is_renewal), "{log:#?}");
-    assert_eq!(log.last().unwrap().method, "GET", "{log:#?}");
-
-    let (api, flag, result) = e.shutdown().await;
-    result.expect("run ends cleanly");
-    assert!(!flag.is_leader());
-    let log = api.log();
-    // Not the holder any more: shutdown must not clear the other replica's lease,
-    // and it never grabs it back while it is fresh.
-    assert!(!log[before..].iter().any(is_release), "{log:#?}");
-    assert!(!log[before..].iter().any(|s| is_acquire(s, ME)), "{log:#?}");
-}
-
-#[tokio::test]
-async fn an_expired_lease_of_a_dead_replica_is_taken_over() {
-    let api = Api::default();
-    let long_ago = Timestamp::now() - SignedDuration::from_secs(600);
-    let stale = serde_json::to_value(MicroTime(long_ago)).unwrap();
-    api.state().spec = Some(
-        json!({"holderIdentity": RIVAL, "acquireTime": stale, "renewTime": stale,
-               "leaseDurationSeconds": 2, "leaseTransitions": 3})
-        .as_object()
-        .cloned()
-        .unwrap(),
-    );
-    let e = start(api);
-    let flag = e.flag.clone();
-    wait_for("leadership", || flag.is_leader()).await;
-    let log = e.api.log();
-    // The dead holder's lease is cleared first, then taken, and the transition counted.
-    let release = log
-        .iter()
-        .position(is_release)
-        .expect("expired lease released");
-    let acquire = log
-        .iter()
-        .position(|s| is_acquire(s, ME))
-        .expect("lease taken");
-    assert!(release < acquire, "{log:#?}");
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_cannot_renew_stops_leading_before_its_lease_lapses() {
+    let e = start(Api::default(), LeaseRole::Elect);
+    assert!(within(Duration::from_secs(1), || e.flag.is_leader()).await);
+    let failed_at = tokio::time::Instant::now();
+    e.api.state().mode = Mode::WritesFail;
+    assert!(within(Duration::from_secs(12), || !e.flag.is_leader()).await);
+    // Fencing: it stopped within the renew deadline (10 s), before any other
+    // replica may take over (15 s after the last renewal it saw).
     assert!(
-        !log.iter().any(|s| s.method == "POST"),
-        "the Lease existed: {log:#?}"
+        failed_at.elapsed() <= Duration::from_secs(11),
+        "{:?}",
+        failed_at.elapsed()
     );
-    let spec = e.api.state().spec.clone().unwrap();
-    assert_eq!(spec["holderIdentity"], ME);
-    assert_eq!(spec["leaseTransitions"], 4, "{spec:?}");
+    let (api, r) = e.stop().await;
+    r.unwrap();
+    // No longer leader at shutdown: no release is attempted.
+    let s = api.state();
+    assert!(
+        s.log
+            .iter()
+            .all(|r| !(r.method == "PUT" && r.body["spec"]["holderIdentity"].is_null()))
+    );
+}
 
-    let (_, flag, result) = e.shutdown().await;
-    result.expect("run ends cleanly");
-    assert!(!flag.is_leader());
+#[tokio::test(start_paused = true)]
+async fn follow_leads_while_kube_scheduler_in_this_pod_holds_its_lease() {
+    let api = Api::with_lease(
+        "replica-a_6c1e0d4e-59b6-4a43-9c55-2f3d0c6f0f7e",
+        Mode::RivalRenews,
+    );
+    let e = start(api, LeaseRole::Follow);
+    assert!(within(Duration::from_secs(3), || e.flag.is_leader()).await);
+    // kube-scheduler of the other pod takes over: we stop leading at the next read.
+    {
+        let mut s = e.api.state();
+        if let Some(l) = s.lease.as_mut() {
+            l["spec"]["holderIdentity"] = "replica-b_0d9c".into();
+        }
+    }
+    assert!(within(Duration::from_secs(3), || !e.flag.is_leader()).await);
+    let (api, r) = e.stop().await;
+    r.unwrap();
+    assert!(
+        api.state().log.iter().all(|r| r.method == "GET"),
+        "a follower never writes the Lease"
+    );
 }

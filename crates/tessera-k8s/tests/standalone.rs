@@ -1,5 +1,5 @@
 //! Standalone mode against kube-rs's mock API: placement honours taints and
-//! selectors, binds (PATCH then binding), and records FailedScheduling events
+//! selectors, binds (one binding carrying the annotation), and records FailedScheduling events
 //! carrying the reason sentence or the parser's message.
 
 mod common;
@@ -136,18 +136,13 @@ async fn places_binds_and_explains() {
         .collect();
     let binds: Vec<&(String, String)> =
         calls.iter().filter(|(_, p)| p.contains("/pods/")).collect();
+    // One write per pod: the binding carries the allocation annotation.
     assert_eq!(
         binds,
-        [
-            &(
-                "PATCH".to_string(),
-                "/api/v1/namespaces/ml/pods/good".to_string()
-            ),
-            &(
-                "POST".to_string(),
-                "/api/v1/namespaces/ml/pods/good/binding".to_string()
-            )
-        ]
+        [&(
+            "POST".to_string(),
+            "/api/v1/namespaces/ml/pods/good/binding".to_string()
+        )]
     );
     let notes: Vec<(String, String)> = seen
         .iter()
@@ -180,4 +175,90 @@ async fn places_binds_and_explains() {
             .any(|(r, n)| r == "FailedScheduling" && n.contains("tessera.io/gpu-cores")),
         "{notes:?}"
     );
+}
+
+fn one_node_standalone(
+    pods: Vec<Pod>,
+    leader: Leadership,
+) -> (
+    Standalone,
+    std::sync::Arc<std::sync::Mutex<tessera_k8s::mirror::Mirror>>,
+    tokio::task::JoinHandle<Vec<Seen>>,
+) {
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 4)];
+    let m = mirror("tessera", nodes, inv, pods);
+    let (client, api) = mock_api(answer);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "tessera".into(),
+            instance: Some("tessera-0".into()),
+        },
+    );
+    let s = Standalone::new(
+        "tessera".into(),
+        m.clone(),
+        Binder::new(client, m.clone(), leader.clone()),
+        leader,
+        Arc::new(Metrics::new()),
+        Some(recorder),
+        Default::default(),
+    );
+    (s, m, api)
+}
+
+/// Finding 9: a new leader waited for the next periodic pass (up to 10 s)
+/// before placing anything; it must start the moment it leads.
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_places_pods_at_once() {
+    let p = ours(pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]), None);
+    let leader = Leadership::default();
+    let (s, m, api) = one_node_standalone(vec![p], leader.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(s.run(async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        lock(&m).held("uid-a").is_none(),
+        "a follower places nothing"
+    );
+    leader.set(true);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        lock(&m).held("uid-a").is_some(),
+        "placed within 100 ms of gaining leadership"
+    );
+    let _ = stop.send(());
+    task.await.unwrap();
+    drop(m);
+    let seen = api.await.unwrap();
+    assert!(seen.iter().any(|s| s.path.ends_with("/binding")));
+}
+
+/// Finding 18: checks standalone mode does not make are refused with an event,
+/// never silently skipped.
+#[tokio::test]
+async fn pods_needing_checks_this_mode_does_not_make_are_refused_clearly() {
+    let mut p = ours(pod("ml", "web", "uid-w", &[("tessera.io/gpu", "1")]), None);
+    p.spec.as_mut().unwrap().containers[0].ports =
+        Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+            container_port: 80,
+            host_port: Some(8080),
+            ..Default::default()
+        }]);
+    let (mut s, m, api) = one_node_standalone(vec![p], Leadership::always());
+    s.pass().await;
+    assert!(lock(&m).held("uid-w").is_none());
+    drop(s);
+    drop(m);
+    let seen = api.await.unwrap();
+    let note = seen
+        .iter()
+        .find(|s| s.path.contains("/events"))
+        .map(|s| s.body["note"].as_str().unwrap_or("").to_string())
+        .expect("an event");
+    assert!(note.contains("does not evaluate host ports"), "{note}");
+    assert!(!seen.iter().any(|s| s.path.ends_with("/binding")));
 }

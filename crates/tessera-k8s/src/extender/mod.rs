@@ -3,4 +3,4 @@
 pub mod routes;
 pub mod wire;
 
-pub use routes::{ExtenderState, router};
+pub use routes::{ExtenderState, ops_router, router};

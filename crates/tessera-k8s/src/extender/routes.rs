@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -24,6 +24,7 @@ use super::wire::{
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, NodeList, NodeMessages, Text,
 };
 use crate::binder::{Binder, lock};
+use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
@@ -36,6 +37,34 @@ pub struct ExtenderState {
     pub binder: Option<Binder>,
     pub metrics: Arc<Metrics>,
     pub leader: Leadership,
+    /// Closed until nodes, GpuNodes and pods have been listed.
+    pub gate: SyncGate,
+    /// The `schedulerName`s whose pods Tessera judges; others get no opinion
+    /// (every node passes, every score 0). Empty: every pod.
+    pub scheduler_names: Arc<[String]>,
+}
+
+/// Longest a call waits for the initial lists before it is answered with an
+/// error (kube-scheduler's extender timeout is 5 s by default in the chart).
+const SYNC_WAIT: Duration = Duration::from_secs(3);
+
+impl ExtenderState {
+    fn ours(&self, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+        self.scheduler_names.is_empty()
+            || self
+                .scheduler_names
+                .iter()
+                .any(|n| n == crate::convert::scheduler_name(pod))
+    }
+
+    /// Waits for the initial lists; the error message when they are not in.
+    async fn synced(&self) -> Result<(), String> {
+        if self.gate.wait(SYNC_WAIT).await {
+            Ok(())
+        } else {
+            Err(self.gate.not_synced_message())
+        }
+    }
 }
 
 /// The extender's routes.
@@ -50,10 +79,22 @@ pub fn router(state: ExtenderState) -> Router {
     Router::new()
         .merge(verbs())
         .nest("/scheduler", verbs())
+        .merge(ops_routes())
+        .with_state(state)
+}
+
+/// Health, readiness and metrics only: what is served on the pod's network
+/// address, while the extender's verbs stay on loopback for the kube-scheduler
+/// in the same pod.
+pub fn ops_router(state: ExtenderState) -> Router {
+    ops_routes().with_state(state)
+}
+
+fn ops_routes() -> Router<ExtenderState> {
+    Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(state)
 }
 
 fn decode<'a, T: Deserialize<'a>>(verb: &str, body: &'a [u8]) -> Result<T, (StatusCode, String)> {
@@ -87,23 +128,23 @@ async fn filter(State(st): State<ExtenderState>, body: Bytes) -> Response {
         Ok(a) => a,
         Err(r) => return r.into_response(),
     };
+    if let Err(error) = st.synced().await {
+        return json(&ExtenderFilterResult {
+            error,
+            ..ExtenderFilterResult::default()
+        });
+    }
     let started = Instant::now();
     let names = args.candidate_names();
-    let outcome = {
-        let mut m = lock(&st.mirror);
-        // Full node objects are fresher than nothing: take up nodes we have not seen yet.
-        if let Some(list) = &args.nodes {
-            for n in &list.items {
-                if n.metadata
-                    .name
-                    .as_ref()
-                    .is_some_and(|name| !m.knows_node(name))
-                {
-                    m.upsert_node(n.clone());
-                }
-            }
-        }
-        m.filter(&args.pod, &names)
+    // Node objects in the body are never taken into the mirror: only the watch is trusted.
+    let outcome = if st.ours(&args.pod) {
+        lock(&st.mirror).filter(&args.pod, &names)
+    } else {
+        // Not a pod of ours (another profile shares this extender): no opinion.
+        Ok(crate::mirror::FilterOutcome {
+            passed: names.clone(),
+            ..Default::default()
+        })
     };
     st.metrics.observe_decision("filter", started.elapsed());
     let o = match outcome {
@@ -164,9 +205,20 @@ async fn prioritize(State(st): State<ExtenderState>, body: Bytes) -> Response {
         Ok(a) => a,
         Err(r) => return r.into_response(),
     };
+    if let Err(e) = st.synced().await {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("prioritize: {e}\n"),
+        )
+            .into_response();
+    }
     let started = Instant::now();
     let names = args.candidate_names();
-    let scores = { lock(&st.mirror).prioritize(&args.pod, &names) };
+    let scores = if st.ours(&args.pod) {
+        lock(&st.mirror).prioritize(&args.pod, &names)
+    } else {
+        Ok(names.iter().map(|n| (*n, 0)).collect())
+    };
     st.metrics.observe_decision("prioritize", started.elapsed());
     match scores {
         Ok(s) => json_sized(
@@ -216,6 +268,9 @@ async fn preempt(State(st): State<ExtenderState>, body: Bytes) -> Response {
         Ok(a) => a,
         Err(r) => return r.into_response(),
     };
+    if let Err(e) = st.synced().await {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("preempt: {e}\n")).into_response();
+    }
     let started = Instant::now();
     let candidates = args.meta_victims();
     let kept = { lock(&st.mirror).preempt(&args.pod, &candidates) };
@@ -231,12 +286,27 @@ async fn preempt(State(st): State<ExtenderState>, body: Bytes) -> Response {
     }
 }
 
+/// Ready once the initial lists are in, leader or not: a follower answers
+/// filter and prioritize from its own mirror, so a failover has no gap. The body
+/// says which, and the last leader-election error if the last attempt failed.
 async fn ready(State(st): State<ExtenderState>) -> Response {
-    if st.leader.is_leader() {
-        (StatusCode::OK, "leader\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "follower\n").into_response()
+    if !st.gate.is_synced() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not synced: {}\n", st.gate.not_synced_message()),
+        )
+            .into_response();
     }
+    let role = if st.leader.is_leader() {
+        "leader"
+    } else {
+        "follower"
+    };
+    let text = match st.leader.last_error() {
+        Some(e) => format!("{role}; leader election failing: {e}\n"),
+        None => format!("{role}\n"),
+    };
+    (StatusCode::OK, text).into_response()
 }
 
 async fn metrics(State(st): State<ExtenderState>) -> Response {

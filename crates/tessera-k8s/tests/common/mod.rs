@@ -153,6 +153,8 @@ pub fn state(mirror: Arc<Mutex<Mirror>>, client: Option<kube::Client>) -> Extend
         mirror,
         metrics: Arc::new(Metrics::new()),
         leader,
+        gate: tessera_k8s::gate::SyncGate::synced(),
+        scheduler_names: Arc::from([]),
     }
 }
 

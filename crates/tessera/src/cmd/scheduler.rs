@@ -14,9 +14,13 @@ pub struct SchedulerArgs {
     /// `extender` (kube-scheduler calls us) or `standalone` (we place pods with our schedulerName).
     #[arg(long, default_value = "extender")]
     pub mode: String,
-    /// Address of the extender HTTP endpoint, health and metrics.
-    #[arg(long, default_value = "0.0.0.0:8888")]
+    /// Address of the extender's verbs (filter, prioritize, bind, preempt); loopback,
+    /// since kube-scheduler runs in the same pod. Extender mode only.
+    #[arg(long, default_value = "127.0.0.1:8888")]
     pub listen: String,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    pub metrics_listen: String,
     /// Placement policy.
     #[arg(long, default_value = "tessera")]
     pub policy: String,
@@ -26,6 +30,10 @@ pub struct SchedulerArgs {
     /// The schedulerName this scheduler owns (standalone mode; webhook mutation).
     #[arg(long, default_value = "tessera")]
     pub scheduler_name: String,
+    /// Another schedulerName whose pods the extender judges and binds (repeatable; e.g.
+    /// `default-scheduler` when Tessera is wired into the default profile on purpose).
+    #[arg(long = "serve-scheduler-name")]
+    pub serve_scheduler_names: Vec<String>,
     /// Take part in leader election on a Lease (off: this replica always leads).
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     pub leader_elect: bool,
@@ -33,6 +41,10 @@ pub struct SchedulerArgs {
     pub lease_namespace: String,
     #[arg(long, default_value = "tessera-scheduler")]
     pub lease_name: String,
+    /// `elect`: compete for --lease-name; `follow`: lead while the kube-scheduler in this
+    /// pod holds --lease-name (its own Lease). Default: follow in extender mode, elect standalone.
+    #[arg(long)]
+    pub lease_role: Option<String>,
     /// This replica's identity in the election (default: $POD_NAME, then $HOSTNAME).
     #[arg(long)]
     pub identity: Option<String>,
@@ -65,6 +77,9 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
     let raw = RawConfig {
         mode: Some(a.mode),
         listen: Some(a.listen),
+        metrics_listen: Some(a.metrics_listen),
+        serve_scheduler_names: a.serve_scheduler_names,
+        lease_role: a.lease_role,
         policy: Some(a.policy),
         signing_key_file: a.signing_key_file,
         scheduler_name: Some(a.scheduler_name),
@@ -77,6 +92,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         webhook_key: a.webhook_key,
         webhook_set_scheduler_name: Some(a.webhook_set_scheduler_name),
         allocation_writers: a.allocation_writers,
+        ..RawConfig::default()
     };
     let config = match raw.resolve() {
         Ok(c) => c,

@@ -1,0 +1,203 @@
+//! Issue 9's findings at the extender's HTTP surface: each test here failed
+//! before its fix (the finding's number is in the test's comment).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use http::StatusCode;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde_json::{Value, json};
+use tessera_k8s::binder::lock;
+use tessera_k8s::extender::router;
+use tessera_k8s::gate::{Kind, SyncGate};
+use tower::ServiceExt;
+
+fn filter_body(pod: &k8s_openapi::api::core::v1::Pod, nodes: &[&str]) -> Vec<u8> {
+    serde_json::to_vec(&json!({"Pod": pod, "NodeNames": nodes})).unwrap()
+}
+
+async fn get(app: axum::Router, path: &str) -> (StatusCode, String) {
+    let req = http::Request::builder()
+        .uri(path)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+const SHARE: [(&str, &str); 3] = [
+    ("tessera.io/gpu", "1"),
+    ("tessera.io/gpu-memory-percent", "60"),
+    ("tessera.io/gpu-cores", "60"),
+];
+
+/// Finding 1: before the pod list is in, a restarted Tessera saw every GPU free
+/// and passed a node whose only GPU a bound pod holds at 60 %.
+#[tokio::test(start_paused = true)]
+async fn nothing_is_judged_or_ready_before_the_initial_lists_are_in() {
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
+    // Nodes and inventory listed; the pods (one holding 60 % of the GPU) not yet.
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let mut st = state(m.clone(), None);
+    st.gate = SyncGate::new();
+    st.gate.mark(Kind::Nodes);
+    st.gate.mark(Kind::Inventory);
+    let app = router(st.clone());
+    let newcomer = pod("ml", "b", "uid-b", &SHARE);
+    let (status, v) = call(app.clone(), "/filter", filter_body(&newcomer, &["n1"])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        v["NodeNames"],
+        Value::Null,
+        "no node may pass unsynced: {v}"
+    );
+    assert!(
+        v["Error"]
+            .as_str()
+            .unwrap()
+            .contains("has not finished listing pods"),
+        "{v}"
+    );
+    let (status, text) = get(app.clone(), "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+
+    // The pod list arrives (with the 60 % holder) and the gate opens.
+    let mut holder = pod("ml", "a", "uid-a", &SHARE);
+    holder.spec.as_mut().unwrap().node_name = Some("n1".into());
+    let value = {
+        let mut mm = lock(&m);
+        let p = pod("ml", "a", "uid-a", &SHARE);
+        let r = mm.reserve(&p, "n1").unwrap();
+        let tessera_k8s::mirror::Reservation::Write { annotation } = r else {
+            panic!("reserved")
+        };
+        mm.unreserve("uid-a");
+        annotation.unwrap()
+    };
+    holder.metadata.annotations =
+        Some([(tessera_core::allocation::ANNOTATION.to_string(), value)].into());
+    lock(&m).replace_pods(vec![holder]);
+    st.gate.mark(Kind::Pods);
+    let (_, v) = call(app.clone(), "/filter", filter_body(&newcomer, &["n1"])).await;
+    assert_eq!(v["NodeNames"], json!([]), "{v}");
+    assert!(v["FailedNodes"]["n1"].is_string(), "{v}");
+    let (status, _) = get(app, "/readyz").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// Finding 4: with the extender on a profile shared with stock-plugin pods,
+/// a `default-scheduler` pod asking `nvidia.com/gpu` was rejected on nodes
+/// without a GpuNode and stayed Pending.
+#[tokio::test]
+async fn pods_of_other_schedulers_get_no_opinion() {
+    let nodes = vec![
+        kube_node("stock", "32", "64Gi"),
+        kube_node("n1", "32", "64Gi"),
+    ];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let mut st = state(m, None);
+    st.scheduler_names = Arc::from(["tessera".to_string()]);
+    let app = router(st);
+    let mut plain = pod("default", "cuda", "uid-c", &[("nvidia.com/gpu", "1")]);
+    plain.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    let (_, v) = call(
+        app.clone(),
+        "/filter",
+        filter_body(&plain, &["stock", "n1"]),
+    )
+    .await;
+    assert_eq!(v["NodeNames"], json!(["stock", "n1"]), "{v}");
+    assert_eq!(v["FailedAndUnresolvableNodes"], json!({}), "{v}");
+    let (_, v) = call(
+        app.clone(),
+        "/prioritize",
+        filter_body(&plain, &["stock", "n1"]),
+    )
+    .await;
+    assert_eq!(
+        v,
+        json!([{"Host": "stock", "Score": 0}, {"Host": "n1", "Score": 0}])
+    );
+    // The same pod under Tessera's name is judged: the stock node has no inventory.
+    plain.spec.as_mut().unwrap().scheduler_name = Some("tessera".into());
+    let (_, v) = call(app, "/filter", filter_body(&plain, &["stock", "n1"])).await;
+    assert_eq!(v["NodeNames"], json!(["n1"]), "{v}");
+}
+
+/// Finding 6: twenty 4 % shares each asking `tessera.io/gpu: 1` were bound to a
+/// node advertising 16 slots; the kubelet refused the last four.
+#[tokio::test]
+async fn device_plugin_slots_are_respected() {
+    let mut node = kube_node("n1", "64", "256Gi");
+    node.status
+        .as_mut()
+        .unwrap()
+        .allocatable
+        .as_mut()
+        .unwrap()
+        .insert("tessera.io/gpu".into(), Quantity("16".into()));
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
+    let m = mirror("tessera", vec![node], inv, vec![]);
+    let app = router(state(m.clone(), None));
+    let ask = [
+        ("tessera.io/gpu", "1"),
+        ("tessera.io/gpu-memory-percent", "4"),
+        ("tessera.io/gpu-cores", "4"),
+    ];
+    let mut placed = 0;
+    for i in 0..20 {
+        let p = pod("ml", &format!("p{i}"), &format!("uid-{i}"), &ask);
+        let (_, v) = call(app.clone(), "/filter", filter_body(&p, &["n1"])).await;
+        if v["NodeNames"] == json!(["n1"]) {
+            let r = lock(&m).reserve(&p, "n1");
+            assert!(r.is_ok(), "{r:?}");
+            lock(&m).mark_accepted(&format!("uid-{i}"));
+            placed += 1;
+        } else {
+            let why = v["FailedNodes"]["n1"].as_str().unwrap();
+            assert_eq!(why, "too little tessera.io/gpu: asks 1, 0 of 16 free");
+            // A bind straight to the node is refused the same way.
+            let err = lock(&m).reserve(&p, "n1").unwrap_err().to_string();
+            assert!(err.contains("too little tessera.io/gpu"), "{err}");
+        }
+    }
+    assert_eq!(placed, 16);
+}
+
+/// Finding 16: a `/filter` body carrying full Node objects inserted them into the mirror.
+#[tokio::test]
+async fn node_objects_in_a_filter_body_are_not_trusted() {
+    let m = mirror("tessera", vec![], vec![], vec![]);
+    let app = router(state(m.clone(), None));
+    let forged = kube_node("forged", "1000", "1000Gi");
+    let p = pod("ml", "a", "uid-a", &SHARE);
+    let body = serde_json::to_vec(&json!({"Pod": p, "Nodes": {"items": [forged]}})).unwrap();
+    let (_, v) = call(app, "/filter", body).await;
+    assert_eq!(v["Nodes"]["items"], json!([]), "{v}");
+    assert!(!lock(&m).knows_node("forged"));
+}
+
+/// Finding 10: a follower answers filter from its own synced mirror and is
+/// Ready, so a failover leaves no window of 503s that parks pods.
+#[tokio::test]
+async fn a_synced_follower_filters_and_is_ready() {
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
+    let st = state(mirror("tessera", nodes, inv, vec![]), None);
+    st.leader.set(false);
+    let app = router(st);
+    let p = pod("ml", "a", "uid-a", &SHARE);
+    let (_, v) = call(app.clone(), "/filter", filter_body(&p, &["n1"])).await;
+    assert_eq!(v["NodeNames"], json!(["n1"]), "{v}");
+    let (status, text) = get(app, "/readyz").await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "follower\n"));
+}
