@@ -172,3 +172,60 @@ fn whole_and_shared_gpus_stay_off_a_gpu_in_mig_mode() {
         Err(ReserveError::DoesNotFit { .. })
     ));
 }
+
+#[test]
+fn only_instances_that_can_exist_are_taken_from_the_inventory() {
+    use tessera_core::model::Catalog;
+    let mut gn = mig_node(
+        "a100",
+        vec![
+            instance("3g.40gb", 4, 4, "MIG-ok"),
+            // Overlaps MIG-ok's slices 4..7: a hand-written mistake, never granted.
+            instance("1g.10gb", 5, 1, "MIG-overlap"),
+            // A profile this build does not know (left out, the node stays usable).
+            instance("1g.12gb", 0, 1, "MIG-unknown"),
+            // 3g.40gb cannot start at slice 2.
+            instance("3g.40gb", 2, 4, "MIG-bad-start"),
+            instance("1g.10gb", 0, 1, "MIG-1g"),
+        ],
+    );
+    // Instances on a GPU that is not in MIG mode are not grantable either.
+    gn.spec.gpus[1].mig.instances = vec![instance("1g.10gb", 0, 1, "MIG-stray")];
+    let mut catalog = Catalog::default();
+    let node =
+        tessera_k8s::convert::core_node(&kube_node("a100", "32", "256Gi"), Some(&gn), &mut catalog)
+            .unwrap();
+    let uuids: Vec<&str> = node.gpus[0]
+        .mig_instances
+        .iter()
+        .map(|m| m.uuid.as_str())
+        .collect();
+    assert_eq!(uuids, ["MIG-ok", "MIG-1g"]);
+    assert!(node.gpus[1].mig_instances.is_empty());
+    // What is kept always makes a valid cluster (a refused cluster would stop all scheduling).
+    tessera_core::Cluster::new(catalog, vec![node]).unwrap();
+}
+
+#[test]
+fn an_annotation_without_uuid_replays_at_its_placement() {
+    // An allocation written before grants named the instance: it replays at the start it
+    // gives, so those slices stay taken and the instance is not handed out again.
+    let inv = vec![mig_node("a100", vec![instance("3g.40gb", 0, 4, "MIG-a")])];
+    let nodes = vec![kube_node("a100", "32", "256Gi")];
+    let m = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
+    let first = mig_pod("first");
+    let annotation = reserve(&m, &first, "a100");
+    let mut a = Allocation::decode_unverified(&annotation).unwrap();
+    a.gpus[0].mig.as_mut().unwrap().uuid.clear();
+    let old = a.encode_signed(KEY);
+    let restarted = mirror("tessera", nodes, inv, vec![bound(first, "a100", old)]);
+    assert!(
+        lock(&restarted).problems().is_empty(),
+        "{:?}",
+        lock(&restarted).problems()
+    );
+    assert!(matches!(
+        lock(&restarted).reserve(&mig_pod("second"), "a100"),
+        Err(ReserveError::DoesNotFit { .. })
+    ));
+}

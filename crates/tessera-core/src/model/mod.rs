@@ -325,3 +325,43 @@ impl Cluster {
         (0..self.nodes.len() as u32).map(NodeId)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_instances_must_be_able_to_exist() {
+        let catalog = Catalog::default();
+        let a100 = catalog.find("A100-80GB").unwrap();
+        let (p3g, _) = catalog
+            .spec(a100)
+            .mig
+            .as_ref()
+            .unwrap()
+            .profile("3g.40gb")
+            .unwrap();
+        let with = |enabled: bool, instances: &[(usize, u8)]| {
+            let mut n = Node::uniform("n", 1000, 1000, a100, 1);
+            n.gpus[0].mig_enabled = enabled;
+            n.gpus[0].mig_instances = instances
+                .iter()
+                .map(|&(profile, start)| MigInstance {
+                    profile: profile as u8,
+                    start,
+                    uuid: format!("MIG-{start}"),
+                })
+                .collect();
+            Cluster::new(catalog.clone(), vec![n])
+        };
+        assert!(with(true, &[(p3g, 0), (p3g, 4)]).is_ok());
+        let problem = |r: Result<Cluster, ClusterError>| match r {
+            Err(ClusterError::BadMigInstance { problem, .. }) => problem,
+            other => panic!("expected a bad MIG instance, got {other:?}"),
+        };
+        assert!(problem(with(false, &[(p3g, 0)])).contains("not in MIG mode"));
+        assert!(problem(with(true, &[(p3g, 2)])).contains("cannot start at memory slice 2"));
+        assert!(problem(with(true, &[(p3g, 4), (p3g, 4)])).contains("overlaps"));
+        assert!(problem(with(true, &[(99, 0)])).contains("not in the A100-80GB table"));
+    }
+}
