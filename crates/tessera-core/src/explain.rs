@@ -33,8 +33,11 @@ pub enum Reason {
     NotEnoughSharedGpus { want: u32 },
     /// No GPU is in MIG mode with this profile.
     NoMigGpu { profile: String },
-    /// MIG GPUs exist but none has a free placement for this profile.
+    /// Instances of this profile exist on the node's MIG GPUs, but every one is granted.
     NoMigSlot { profile: String },
+    /// The node's MIG GPUs offer this profile but no instance of it exists, and
+    /// Tessera does not create MIG instances (an administrator or MIG manager does).
+    NoMigInstance { profile: String },
     /// No NVLink-connected set of the asked size.
     NoNvlinkSet { want: u32 },
     /// The pinned GPUs are not on this node, or are not free.
@@ -71,7 +74,11 @@ impl fmt::Display for Reason {
                 write!(f, "fewer than {want} GPUs with room for the share")
             }
             Reason::NoMigGpu { profile } => write!(f, "no MIG GPU offering {profile}"),
-            Reason::NoMigSlot { profile } => write!(f, "no free {profile} MIG slot"),
+            Reason::NoMigSlot { profile } => write!(f, "every {profile} MIG instance is in use"),
+            Reason::NoMigInstance { profile } => write!(
+                f,
+                "no {profile} MIG instance exists on a GPU (Tessera does not create MIG instances yet)"
+            ),
             Reason::NoNvlinkSet { want } => write!(f, "no {want} NVLink-connected free GPUs"),
             Reason::PinnedGpusUnavailable => write!(f, "pinned GPUs not free here"),
             Reason::MixedArchitecture => write!(f, "free GPUs span architectures"),

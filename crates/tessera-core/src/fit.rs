@@ -5,14 +5,23 @@
 //! GPUs that could each take the per-GPU ask) or the first [`Reason`] it fails.
 //! Policies then pick among the usable GPUs; [`grants`] turns the pick into
 //! ledger grants.
+//!
+//! MIG requests take only an instance that exists on a GPU ([`free_mig_instance`]):
+//! the node agent hands a container an existing instance and Tessera does not create
+//! them, so a free placement with no instance behind it is worth nothing.
 
 use smallvec::SmallVec;
 
 use crate::explain::Reason;
-use crate::ledger::{GpuUse, NodeUse};
-use crate::model::{Catalog, Health, MigGeometry, Node};
-use crate::placement::{GpuGrant, MigSlot};
+use crate::ledger::NodeUse;
+use crate::model::{Catalog, Health, Node};
+use crate::placement::GpuGrant;
 use crate::request::{GpuAsk, Request, Wish};
+
+mod mig;
+
+use mig::pinned_here;
+pub use mig::{free_mig_instance, instance_slot, mig_grant};
 
 /// GPU positions on a node (indices into `Node::gpus`).
 pub type GpuSet = SmallVec<[u8; 8]>;
@@ -32,25 +41,6 @@ pub struct NodeView<'a> {
     pub node: &'a Node,
     pub used: &'a NodeUse,
     pub catalog: &'a Catalog,
-}
-
-/// The first free MIG placement of profile `pi` on a GPU, if any.
-pub fn mig_slot(gu: &GpuUse, geo: &MigGeometry, pi: usize) -> Option<MigSlot> {
-    let p = geo.profiles.get(pi)?;
-    if gu.mig_instances[pi] >= p.max_instances
-        || gu.mig_compute_slices + p.compute_slices > geo.compute_slices
-    {
-        return None;
-    }
-    p.starts.iter().find_map(|&start| {
-        let slot = MigSlot {
-            profile: pi as u8,
-            start,
-            size: p.memory_slices,
-            compute: p.compute_slices,
-        };
-        (gu.mig_memory_slices & slot.mask() == 0).then_some(slot)
-    })
 }
 
 /// A cheap, conservative test from the ledger's per-node maxima: `true` only when
@@ -119,12 +109,14 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
     let pinned = &req.constraints.pinned_uuids;
     let mut usable = GpuSet::new();
     // Counts of GPUs that failed only on memory, only on compute: which reason to give.
-    let (mut short_memory, mut short_cores, mut any_mig, mut mode_ok) = (0u32, 0u32, false, 0u32);
+    let (mut short_memory, mut short_cores, mut mode_ok) = (0u32, 0u32, 0u32);
+    // MIG: a GPU offers the profile at all; an instance of it exists (free or not).
+    let (mut any_mig, mut any_instance) = (false, false);
     for (i, (gpu, gu)) in node.gpus.iter().zip(&used.gpus).enumerate() {
         if gpu.health != Health::Healthy || !models.contains(gpu.model) {
             continue;
         }
-        if !pinned.is_empty() && !pinned.contains(&gpu.uuid) {
+        if !pinned_here(gpu, pinned) {
             continue;
         }
         let spec = catalog.spec(gpu.model);
@@ -160,7 +152,8 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
                 (Some(geo), true) => match geo.profile(profile) {
                     Some((pi, _)) => {
                         any_mig = true;
-                        mig_slot(gu, geo, pi).is_some()
+                        any_instance |= gpu.mig_instances.iter().any(|m| m.profile as usize == pi);
+                        free_mig_instance(gpu, gu, geo, pi, pinned).is_some()
                     }
                     None => false,
                 },
@@ -202,7 +195,10 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
                     Reason::NotEnoughSharedGpus { want: *count }
                 }
             }
-            GpuAsk::Mig { profile } if any_mig => Reason::NoMigSlot {
+            GpuAsk::Mig { profile } if any_instance => Reason::NoMigSlot {
+                profile: profile.clone(),
+            },
+            GpuAsk::Mig { profile } if any_mig => Reason::NoMigInstance {
                 profile: profile.clone(),
             },
             GpuAsk::Mig { profile } => Reason::NoMigGpu {
@@ -389,14 +385,10 @@ pub fn grants(view: NodeView<'_>, req: &Request, chosen: &[u8]) -> SmallVec<[Gpu
                 GpuAsk::Mig { profile } => {
                     let geo = spec.mig.as_ref()?;
                     let (pi, p) = geo.profile(profile)?;
-                    let slot = mig_slot(&view.used.gpus[g as usize], geo, pi)?;
-                    Some(GpuGrant {
-                        gpu: g,
-                        memory_mib: p.memory_mib,
-                        cores_milli: 0,
-                        exclusive: false,
-                        mig: Some(slot),
-                    })
+                    let gu = view.used.gpus.get(g as usize)?;
+                    let pinned = &req.constraints.pinned_uuids;
+                    let (_, slot) = free_mig_instance(gpu, gu, geo, pi, pinned)?;
+                    Some(mig_grant(g, geo, p, slot))
                 }
             }
         })

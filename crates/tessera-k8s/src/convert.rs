@@ -12,7 +12,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use smallvec::SmallVec;
 use tessera_api::{GpuHealth, GpuNode, LinkKind};
 use tessera_core::allocation::{AllocatedGpu, Allocation, MigGrant, VERSION};
-use tessera_core::model::{Architecture, Catalog, Gpu, GpuSpec, Health, Link, Node};
+use tessera_core::fit;
+use tessera_core::model::{
+    Architecture, Catalog, Gpu, GpuSpec, Health, Link, MigGeometry, MigInstance, Node,
+};
 use tessera_core::placement::{GpuGrant, MigSlot, Placement, request_class};
 use tessera_core::request::{self, GpuAsk, Isolation, Request, RequestError};
 use tessera_core::{Cluster, NodeId};
@@ -303,6 +306,7 @@ pub fn core_node(
             health,
             numa: d.numa,
             mig_enabled: d.mig.enabled,
+            mig_instances: mig_instances(d, catalog.spec(model).mig.as_ref()),
         });
     }
     let n = devices.len();
@@ -340,6 +344,34 @@ pub fn core_node(
     Ok(out)
 }
 
+/// The MIG instances of a GPU that Tessera can grant: those of a profile in the
+/// model's table, at a placement the profile allows, not overlapping one already
+/// taken. Others (a profile this build does not know, a hand-written placement that
+/// cannot be) are left out rather than failing the node: they are never granted, and
+/// the node's other GPUs stay schedulable. A GPU not in MIG mode has none.
+fn mig_instances(d: &tessera_api::GpuDevice, geo: Option<&MigGeometry>) -> Vec<MigInstance> {
+    let (Some(geo), true) = (geo, d.mig.enabled) else {
+        return Vec::new();
+    };
+    let mut taken = 0u8;
+    let mut out = Vec::with_capacity(d.mig.instances.len());
+    for m in &d.mig.instances {
+        let Some((pi, p)) = geo.profile(&m.profile) else {
+            continue;
+        };
+        match geo.placement_mask(p, m.start) {
+            Some(mask) if mask & taken == 0 => taken |= mask,
+            _ => continue,
+        }
+        out.push(MigInstance {
+            profile: pi as u8,
+            start: m.start,
+            uuid: m.uuid.clone(),
+        });
+    }
+    out
+}
+
 /// The annotation value's content for a placement (unsigned; the binder signs it).
 pub fn allocation_of(
     placement: &Placement,
@@ -354,6 +386,8 @@ pub fn allocation_of(
         .iter()
         .map(|g| {
             let gpu = &node.gpus[g.gpu as usize];
+            // The instance the slot stands for, named by its UUID: the node agent
+            // hands over exactly that device.
             let mig = g.mig.map(|slot| MigGrant {
                 profile: cluster
                     .catalog
@@ -365,7 +399,12 @@ pub fn allocation_of(
                     .unwrap_or_default(),
                 start: slot.start,
                 size: slot.size,
-                uuid: String::new(),
+                uuid: gpu
+                    .mig_instances
+                    .iter()
+                    .find(|m| m.profile == slot.profile && m.start == slot.start)
+                    .map(|m| m.uuid.clone())
+                    .unwrap_or_default(),
             });
             AllocatedGpu {
                 index: gpu.index,
@@ -408,36 +447,54 @@ pub fn placement_of(
                 n.name, a.index
             )));
         };
-        let mig = match &a.mig {
-            None => None,
-            Some(m) => {
-                let spec = cluster.catalog.spec(n.gpus[pos].model);
-                let Some((pi, p)) = spec.mig.as_ref().and_then(|geo| geo.profile(&m.profile))
-                else {
-                    return Err(fail(format!(
-                        "GPU {} ({}) has no MIG profile {:?}",
-                        a.index, spec.name, m.profile
-                    )));
-                };
-                Some(MigSlot {
-                    profile: pi as u8,
-                    start: m.start,
-                    size: m.size,
-                    compute: p.compute_slices,
-                })
+        if let Some(m) = &a.mig {
+            let gpu = &n.gpus[pos];
+            let spec = cluster.catalog.spec(gpu.model);
+            let Some((geo, (pi, p))) = spec
+                .mig
+                .as_ref()
+                .and_then(|geo| Some((geo, geo.profile(&m.profile)?)))
+            else {
+                return Err(fail(format!(
+                    "GPU {} ({}) has no MIG profile {:?}",
+                    a.index, spec.name, m.profile
+                )));
+            };
+            // The instance the agent handed over is the one with this UUID; where the
+            // inventory lists it, its placement there is the truth. An annotation
+            // without a UUID, or an instance the inventory no longer lists, keeps
+            // the placement written, so the slices stay counted either way.
+            let start = gpu
+                .mig_instances
+                .iter()
+                .find(|i| !m.uuid.is_empty() && i.uuid == m.uuid && i.profile as usize == pi)
+                .map_or(m.start, |i| i.start);
+            if geo.placement_mask(p, start).is_none() {
+                return Err(fail(format!(
+                    "GPU {}: MIG {} cannot start at memory slice {start}",
+                    a.index, m.profile
+                )));
             }
-        };
-        let exclusive = mig.is_none()
-            && (matches!(req.gpu, GpuAsk::Whole { .. })
-                || (req.gpu == GpuAsk::None
-                    && allocation.isolation == Isolation::Exclusive
-                    && a.cores_milli == 1000));
+            let slot = MigSlot {
+                profile: pi as u8,
+                start,
+                size: p.memory_slices,
+                compute: p.compute_slices,
+            };
+            // Memory and compute from the profile, as the scheduler granted them.
+            grants.push(fit::mig_grant(pos as u8, geo, p, slot));
+            continue;
+        }
+        let exclusive = matches!(req.gpu, GpuAsk::Whole { .. })
+            || (req.gpu == GpuAsk::None
+                && allocation.isolation == Isolation::Exclusive
+                && a.cores_milli == 1000);
         grants.push(GpuGrant {
             gpu: pos as u8,
             memory_mib: a.memory_mib,
             cores_milli: a.cores_milli,
             exclusive,
-            mig,
+            mig: None,
         });
     }
     Ok(Placement {

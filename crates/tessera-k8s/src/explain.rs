@@ -61,18 +61,24 @@ impl std::fmt::Display for Report {
                         a.isolation.name()
                     )?;
                     for g in &a.gpus {
+                        write!(f, "\n  GPU {} {}: ", g.index, g.uuid)?;
+                        // A MIG grant is an instance: name it first, then what it holds
+                        // (its memory and its share of the GPU's compute slices).
+                        if let Some(m) = &g.mig {
+                            let last = u16::from(m.start) + u16::from(m.size.max(1)) - 1;
+                            write!(f, "MIG {}", m.profile)?;
+                            if !m.uuid.is_empty() {
+                                write!(f, " {}", m.uuid)?;
+                            }
+                            write!(f, " at memory slices {}-{last}, ", m.start)?;
+                        }
                         write!(
                             f,
-                            "\n  GPU {} {}: {} MiB, {}.{}% compute",
-                            g.index,
-                            g.uuid,
+                            "{} MiB, {}.{}% compute",
                             g.memory_mib,
                             g.cores_milli / 10,
                             g.cores_milli % 10
                         )?;
-                        if let Some(m) = &g.mig {
-                            write!(f, ", MIG {} at slice {}", m.profile, m.start)?;
-                        }
                     }
                 } else {
                     write!(f, " (no Tessera GPU allocation)")?;
@@ -319,5 +325,43 @@ mod tests {
         }
         let bad = report(&mut m, &pod("bad", "lots"));
         assert!(bad.to_string().contains("tessera.io/gpu"), "{bad}");
+    }
+    /// A bound MIG pod shows its instance, its memory and its share of the GPU's compute.
+    #[test]
+    fn a_mig_grant_shows_its_instance_and_compute_share() {
+        let inv: GpuNode = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"nodeName": "a", "gpus": [{
+                "index": 0, "uuid": "GPU-0", "model": "A100-80GB", "memoryMiB": 81920,
+                "mig": {"enabled": true, "instances": [
+                    {"profile": "3g.40gb", "start": 4, "size": 4, "uuid": "MIG-8a2f"}
+                ]}
+            }]}
+        }))
+        .unwrap();
+        let policy = by_name("tessera", &PolicyArgs::default()).unwrap();
+        let mut m = Mirror::from_objects(policy, b"k".to_vec(), vec![node("a")], vec![inv], vec![]);
+        let mut p = pod("mig", "1");
+        let res = p.spec.as_mut().unwrap().containers[0]
+            .resources
+            .as_mut()
+            .unwrap();
+        res.requests = Some([("tessera.io/mig-3g.40gb".to_string(), Quantity("1".into()))].into());
+        let Ok(crate::mirror::Reservation::Write {
+            annotation: Some(annotation),
+        }) = m.reserve(&p, "a")
+        else {
+            panic!("the instance is free");
+        };
+        p.metadata.annotations = Some([(ANNOTATION.to_string(), annotation)].into());
+        p.spec.as_mut().unwrap().node_name = Some("a".into());
+        let text = report(&mut m, &p).to_string();
+        // 3 of 7 compute slices, rounded down to per-mille: 428, shown as 42.8 %.
+        assert!(
+            text.contains(
+                "GPU 0 GPU-0: MIG 3g.40gb MIG-8a2f at memory slices 4-7, 40192 MiB, 42.8% compute"
+            ),
+            "{text}"
+        );
     }
 }

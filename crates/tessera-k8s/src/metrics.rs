@@ -3,7 +3,8 @@
 //! Decision latency per verb; pending pods by reason (set by the standalone
 //! loop); allocated and free GPU milli per node and model and FGD fragmentation
 //! per node, recomputed from the mirror at each scrape so they never drift from
-//! the ledger.
+//! the ledger. A granted MIG instance counts as its share of the GPU's compute
+//! slices (the ledger holds MIG grants that way: 3g of 7 is 428 milli-GPU).
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -64,7 +65,7 @@ impl Metrics {
         );
         registry.register(
             "gpu_allocated_milli",
-            "Allocated GPU compute in milli-GPU, per node and model",
+            "Allocated GPU compute in milli-GPU (a MIG instance: its share of the GPU's compute slices), per node and model",
             allocated_milli.clone(),
         );
         registry.register(
@@ -172,5 +173,74 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use tessera_api::GpuNode;
+    use tessera_core::policy::{PolicyArgs, by_name};
+
+    use super::*;
+    use crate::mirror::Reservation;
+
+    /// The value of the sample `name{labels}` in an OpenMetrics text.
+    fn sample(text: &str, name: &str, labels: &str) -> Option<i64> {
+        let prefix = format!("{name}{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// A granted MIG instance counts as its share of the GPU's compute.
+    #[test]
+    fn mig_instances_count_as_allocated_compute() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
+        }))
+        .unwrap();
+        // GPU 0 in MIG mode with one 3g.40gb instance; GPU 1 plain.
+        let inv: GpuNode = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"nodeName": "a", "gpus": [
+                {"index": 0, "uuid": "GPU-0", "model": "A100-80GB", "memoryMiB": 81920,
+                 "mig": {"enabled": true, "instances": [
+                     {"profile": "3g.40gb", "start": 4, "size": 4, "uuid": "MIG-8a2f"}]}},
+                {"index": 1, "uuid": "GPU-1", "model": "A100-80GB", "memoryMiB": 81920}
+            ]}
+        }))
+        .unwrap();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "uid-p"},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "requests": {"tessera.io/mig-3g.40gb": "1"}}}]}
+        }))
+        .unwrap();
+        let policy = by_name("tessera", &PolicyArgs::default()).unwrap();
+        let mut m = Mirror::from_objects(policy, b"k".to_vec(), vec![node], vec![inv], vec![]);
+        assert!(matches!(
+            m.reserve(&pod, "a"),
+            Ok(Reservation::Write {
+                annotation: Some(_)
+            })
+        ));
+        let metrics = Metrics::new();
+        metrics.update_cluster(&mut m);
+        let text = metrics.encode().unwrap();
+        let labels = r#"node="a",model="A100-80GB""#;
+        // 3 of 7 compute slices, rounded down: 3000 / 7 = 428 milli-GPU allocated,
+        // leaving 1000 - 428 = 572 on GPU 0 and 1000 on GPU 1.
+        assert_eq!(
+            sample(&text, "tessera_gpu_allocated_milli", labels),
+            Some(428),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "tessera_gpu_free_milli", labels),
+            Some(572 + 1000),
+            "{text}"
+        );
     }
 }

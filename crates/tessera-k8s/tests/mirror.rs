@@ -30,6 +30,13 @@ fn cluster() -> (
     ];
     let mut mig = gpu_node("a100-2", "A100-80GB", 81_920, 2);
     mig.spec.gpus[1].mig.enabled = true;
+    // Tessera grants only MIG instances that exist.
+    mig.spec.gpus[1].mig.instances = vec![tessera_api::MigInstance {
+        profile: "3g.40gb".into(),
+        start: 4,
+        size: 4,
+        uuid: "MIG-a100-2-1-0".into(),
+    }];
     (nodes, vec![gpu_node("a100-1", "A100-80GB", 81_920, 4), mig])
 }
 

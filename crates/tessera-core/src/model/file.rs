@@ -7,7 +7,8 @@
 //!   - name: dgx-1
 //!     cpuMilli: 224000
 //!     memoryMib: 2097152
-//!     gpus: { model: H100-80GB, count: 8, topology: nvswitch, nvlinks: 18, migEnabled: [0, 1] }
+//!     gpus: { model: H100-80GB, count: 8, topology: nvswitch, nvlinks: 18,
+//!             migEnabled: [0, 1], migInstances: [3g.40gb, 3g.40gb] }
 //!   - name: l4-1
 //!     cpuMilli: 64000
 //!     memoryMib: 262144
@@ -18,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::{Catalog, Cluster, Gpu, Health, Link, Node};
+use super::{Catalog, Cluster, Gpu, Health, Link, MigInstance, ModelId, Node};
 
 /// The file as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -53,6 +54,10 @@ pub struct GpuEntry {
     /// GPU indices in MIG mode.
     #[serde(default)]
     pub mig_enabled: Vec<u32>,
+    /// MIG instances (profile names) that exist on each GPU in MIG mode, placed in
+    /// order at the first free start. Tessera grants only existing instances.
+    #[serde(default)]
+    pub mig_instances: Vec<String>,
     /// GPU indices marked unhealthy.
     #[serde(default)]
     pub unhealthy: Vec<u32>,
@@ -65,6 +70,32 @@ pub struct ClusterFileError {
     pub node: String,
     pub field: String,
     pub problem: String,
+}
+
+/// The MIG instances `profiles` laid out on one empty GPU of `model` (see
+/// [`super::MigGeometry::layout`]), with UUIDs derived from the GPU's.
+pub fn mig_instances(
+    catalog: &Catalog,
+    model: ModelId,
+    gpu_uuid: &str,
+    profiles: &[&str],
+) -> Result<Vec<MigInstance>, String> {
+    let spec = catalog.spec(model);
+    let geo = spec
+        .mig
+        .as_ref()
+        .ok_or_else(|| format!("{} does not support MIG", spec.name))?;
+    let id = gpu_uuid.strip_prefix("GPU-").unwrap_or(gpu_uuid);
+    Ok(geo
+        .layout(profiles)?
+        .into_iter()
+        .enumerate()
+        .map(|(k, (profile, start))| MigInstance {
+            profile,
+            start,
+            uuid: format!("MIG-{id}-{k}"),
+        })
+        .collect())
 }
 
 /// Links for `n` GPUs all on one NVSwitch with `links` links per pair.
@@ -152,11 +183,27 @@ impl ClusterFile {
                         format!("{} does not support MIG", g.model),
                     ));
                 }
+                if !g.mig_instances.is_empty() && g.mig_enabled.is_empty() {
+                    return Err(fail(
+                        "gpus.migInstances",
+                        "needs GPUs in MIG mode (gpus.migEnabled)".into(),
+                    ));
+                }
                 let half = g.count.div_ceil(2);
-                node.gpus = (0..g.count)
-                    .map(|index| Gpu {
+                let profiles: Vec<&str> = g.mig_instances.iter().map(String::as_str).collect();
+                let mut gpus = Vec::with_capacity(g.count as usize);
+                for index in 0..g.count {
+                    let uuid = format!("GPU-{}-{index}", entry.name);
+                    let mig_enabled = g.mig_enabled.contains(&index);
+                    let mig_instances = if mig_enabled {
+                        mig_instances(&catalog, model, &uuid, &profiles)
+                            .map_err(|e| fail("gpus.migInstances", e))?
+                    } else {
+                        Vec::new()
+                    };
+                    gpus.push(Gpu {
                         index,
-                        uuid: format!("GPU-{}-{index}", entry.name),
+                        uuid,
                         model,
                         health: if g.unhealthy.contains(&index) {
                             Health::Unhealthy
@@ -164,9 +211,11 @@ impl ClusterFile {
                             Health::Healthy
                         },
                         numa: Some(if index < half { 0 } else { 1 }),
-                        mig_enabled: g.mig_enabled.contains(&index),
-                    })
-                    .collect();
+                        mig_enabled,
+                        mig_instances,
+                    });
+                }
+                node.gpus = gpus;
                 let n = g.count as usize;
                 node.links = match g.topology.as_deref().unwrap_or("unknown") {
                     "nvswitch" | "nvlink" => nvswitch_links(n, g.nvlinks.unwrap_or(12)),
@@ -209,6 +258,7 @@ mod tests {
                     topology: topology.map(str::to_string),
                     nvlinks: None,
                     mig_enabled: vec![],
+                    mig_instances: vec![],
                     unhealthy: vec![3],
                 }),
             }],
@@ -229,5 +279,29 @@ mod tests {
             entry("L4", Some("mesh")).into_cluster().unwrap_err().field,
             "gpus.topology"
         );
+    }
+
+    #[test]
+    fn mig_instances_are_laid_out_on_mig_gpus() {
+        let mut f = entry("A100-80GB", None);
+        let g = f.nodes[0].gpus.as_mut().unwrap();
+        g.mig_enabled = vec![1];
+        g.mig_instances = vec!["3g.40gb".into(), "3g.40gb".into()];
+        let c = f.clone().into_cluster().unwrap();
+        let gpu = &c.nodes()[0].gpus[1];
+        let starts: Vec<u8> = gpu.mig_instances.iter().map(|m| m.start).collect();
+        assert_eq!(starts, [0, 4]);
+        assert_eq!(gpu.mig_instances[1].uuid, "MIG-n-1-1");
+        assert!(c.nodes()[0].gpus[0].mig_instances.is_empty());
+        // A third 3g.40gb has no placement left.
+        f.nodes[0]
+            .gpus
+            .as_mut()
+            .unwrap()
+            .mig_instances
+            .push("3g.40gb".into());
+        let e = f.into_cluster().unwrap_err();
+        assert_eq!(e.field, "gpus.migInstances");
+        assert!(e.problem.contains("3g.40gb"), "{}", e.problem);
     }
 }

@@ -79,6 +79,22 @@ pub struct Gpu {
     /// MIG mode on: the GPU only takes MIG requests.
     #[serde(default)]
     pub mig_enabled: bool,
+    /// The MIG instances that exist on the GPU (only when `mig_enabled`). Tessera
+    /// grants only these: it does not create or destroy instances.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_instances: Vec<MigInstance>,
+}
+
+/// One MIG GPU instance that exists on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInstance {
+    /// Index into the GPU model's MIG profile table.
+    pub profile: u8,
+    /// First memory slice of its placement (its size is the profile's).
+    pub start: u8,
+    /// `MIG-…` UUID of the device; empty when the inventory does not say.
+    #[serde(default)]
+    pub uuid: String,
 }
 
 /// A node and its GPUs.
@@ -119,6 +135,7 @@ impl Node {
                     health: Health::Healthy,
                     numa: None,
                     mig_enabled: false,
+                    mig_instances: Vec::new(),
                 })
                 .collect(),
             links: Vec::new(),
@@ -158,6 +175,51 @@ pub enum ClusterError {
     UnknownModel { node: String, model: u8 },
     #[error("node {node}: {count} GPUs is more than the 64 a node may have")]
     TooManyGpus { node: String, count: usize },
+    #[error("node {node}: GPU {gpu}: {problem}")]
+    BadMigInstance {
+        node: String,
+        gpu: u32,
+        problem: String,
+    },
+}
+
+/// What is wrong with a GPU's MIG instances, if anything: each must be in MIG
+/// mode, of a profile of its model, at a placement the profile allows, and no two
+/// may share memory slices (the ledger tracks instances by their slices).
+fn mig_instance_problem(catalog: &Catalog, gpu: &Gpu) -> Option<String> {
+    if gpu.mig_instances.is_empty() {
+        return None;
+    }
+    if !gpu.mig_enabled {
+        return Some("lists MIG instances but is not in MIG mode".into());
+    }
+    let spec = catalog.spec(gpu.model);
+    let Some(geo) = spec.mig.as_ref() else {
+        return Some(format!("lists MIG instances but {} has no MIG", spec.name));
+    };
+    let mut taken = 0u8;
+    for m in &gpu.mig_instances {
+        let Some(p) = geo.profiles.get(m.profile as usize) else {
+            return Some(format!(
+                "MIG instance {:?}: profile {} is not in the {} table",
+                m.uuid, m.profile, spec.name
+            ));
+        };
+        let Some(mask) = geo.placement_mask(p, m.start) else {
+            return Some(format!(
+                "MIG instance {:?}: {} cannot start at memory slice {}",
+                m.uuid, p.name, m.start
+            ));
+        };
+        if taken & mask != 0 {
+            return Some(format!(
+                "MIG instance {:?} overlaps another instance",
+                m.uuid
+            ));
+        }
+        taken |= mask;
+    }
+    None
 }
 
 /// The static cluster: nodes in a fixed order (ties between equal scores go to the earlier node).
@@ -206,6 +268,15 @@ impl Cluster {
                     model: g.model.0,
                 });
             }
+            for g in &node.gpus {
+                if let Some(problem) = mig_instance_problem(&catalog, g) {
+                    return Err(ClusterError::BadMigInstance {
+                        node: node.name.clone(),
+                        gpu: g.index,
+                        problem,
+                    });
+                }
+            }
         }
         Ok(Cluster {
             catalog,
@@ -252,5 +323,45 @@ impl Cluster {
     /// Ids of all nodes in order.
     pub fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
         (0..self.nodes.len() as u32).map(NodeId)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_instances_must_be_able_to_exist() {
+        let catalog = Catalog::default();
+        let a100 = catalog.find("A100-80GB").unwrap();
+        let (p3g, _) = catalog
+            .spec(a100)
+            .mig
+            .as_ref()
+            .unwrap()
+            .profile("3g.40gb")
+            .unwrap();
+        let with = |enabled: bool, instances: &[(usize, u8)]| {
+            let mut n = Node::uniform("n", 1000, 1000, a100, 1);
+            n.gpus[0].mig_enabled = enabled;
+            n.gpus[0].mig_instances = instances
+                .iter()
+                .map(|&(profile, start)| MigInstance {
+                    profile: profile as u8,
+                    start,
+                    uuid: format!("MIG-{start}"),
+                })
+                .collect();
+            Cluster::new(catalog.clone(), vec![n])
+        };
+        assert!(with(true, &[(p3g, 0), (p3g, 4)]).is_ok());
+        let problem = |r: Result<Cluster, ClusterError>| match r {
+            Err(ClusterError::BadMigInstance { problem, .. }) => problem,
+            other => panic!("expected a bad MIG instance, got {other:?}"),
+        };
+        assert!(problem(with(false, &[(p3g, 0)])).contains("not in MIG mode"));
+        assert!(problem(with(true, &[(p3g, 2)])).contains("cannot start at memory slice 2"));
+        assert!(problem(with(true, &[(p3g, 4), (p3g, 4)])).contains("overlaps"));
+        assert!(problem(with(true, &[(99, 0)])).contains("not in the A100-80GB table"));
     }
 }

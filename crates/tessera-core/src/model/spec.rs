@@ -68,6 +68,56 @@ impl MigGeometry {
             .enumerate()
             .find(|(_, p)| p.name == name)
     }
+
+    /// The memory slices of `profile` placed at `start`, as a bitmask (bit i = slice i),
+    /// or `None` when the profile may not start there.
+    pub fn placement_mask(&self, profile: &MigProfile, start: u8) -> Option<u8> {
+        let end = u16::from(start) + u16::from(profile.memory_slices);
+        if !profile.starts.contains(&start) || end > u16::from(self.memory_slices.min(8)) {
+            return None;
+        }
+        let ones = (1u16 << profile.memory_slices) - 1;
+        Some(((ones << start) & 0xff) as u8)
+    }
+
+    /// The share of the GPU's compute one instance of `profile` has, in per-mille,
+    /// rounded down so that the instances of one GPU never add up to more than 1000
+    /// (3 of 7 slices: 3000 / 7 = 428).
+    pub fn compute_milli(&self, profile: &MigProfile) -> u32 {
+        match self.compute_slices {
+            0 => 0,
+            total => (u32::from(profile.compute_slices) * 1000 / u32::from(total)).min(1000),
+        }
+    }
+
+    /// Places instances of the named profiles on an empty GPU, in order, each at its
+    /// first free allowed start (as `nvidia-smi mig -cgi` does): `(profile index, start)`.
+    pub fn layout(&self, profiles: &[&str]) -> Result<Vec<(u8, u8)>, String> {
+        let (mut memory, mut compute) = (0u8, 0u8);
+        let mut count = vec![0u8; self.profiles.len()];
+        let mut out = Vec::with_capacity(profiles.len());
+        for name in profiles {
+            let (pi, p) = self
+                .profile(name)
+                .ok_or_else(|| format!("{name:?} is not a MIG profile of this model"))?;
+            if count[pi] >= p.max_instances
+                || compute.saturating_add(p.compute_slices) > self.compute_slices
+            {
+                return Err(format!("no room left for another {name}"));
+            }
+            let start = p
+                .starts
+                .iter()
+                .copied()
+                .find(|&s| self.placement_mask(p, s).is_some_and(|m| m & memory == 0))
+                .ok_or_else(|| format!("no free placement left for {name}"))?;
+            memory |= self.placement_mask(p, start).unwrap_or(0);
+            compute += p.compute_slices;
+            count[pi] += 1;
+            out.push((pi as u8, start));
+        }
+        Ok(out)
+    }
 }
 
 /// A GPU model.
@@ -436,5 +486,39 @@ mod tests {
         assert!(with_1g10.contains(c.find("A100-40GB").unwrap()));
         assert!(with_1g10.contains(c.find("H100-80GB").unwrap()));
         assert!(!with_1g10.contains(c.find("T4").unwrap()));
+    }
+
+    #[test]
+    fn mig_placements_compute_shares_and_layouts() {
+        let c = Catalog::default();
+        let geo = c.spec(c.find("A100-80GB").unwrap()).mig.clone().unwrap();
+        let (_, p3g) = geo.profile("3g.40gb").unwrap();
+        // 3g takes 4 memory slices at 0 or 4: 0b1111_0000 at 4; start 2 is not allowed.
+        assert_eq!(geo.placement_mask(p3g, 4), Some(0b1111_0000));
+        assert_eq!(geo.placement_mask(p3g, 2), None);
+        // Per-mille of 7 compute slices, rounded down: 1g 142, 3g 428, 4g 571, 7g 1000.
+        let milli = |name| geo.compute_milli(geo.profile(name).unwrap().1);
+        assert_eq!(
+            [
+                milli("1g.10gb"),
+                milli("3g.40gb"),
+                milli("4g.40gb"),
+                milli("7g.80gb")
+            ],
+            [142, 428, 571, 1000]
+        );
+        // Seven 1g instances stay within the GPU: 7 × 142 = 994.
+        assert!(7 * milli("1g.10gb") <= 1000);
+        // 2g, 1g, 1g, 3g: 2g at 0, the 1g at the next free slices 2 and 3, 3g at 4.
+        let starts: Vec<u8> = geo
+            .layout(&["2g.20gb", "1g.10gb", "1g.10gb", "3g.40gb"])
+            .unwrap()
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect();
+        assert_eq!(starts, [0, 2, 3, 4]);
+        assert!(geo.layout(&["4g.40gb", "4g.40gb"]).is_err());
+        assert!(geo.layout(&["3g.40gb", "3g.40gb", "1g.10gb"]).is_err());
+        assert!(geo.layout(&["9g.99gb"]).is_err());
     }
 }

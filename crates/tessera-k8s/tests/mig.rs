@@ -1,0 +1,231 @@
+//! MIG grants name instances that exist in the `GpuNode` inventory (issue 9, finding 7).
+//!
+//! The node agent hands a container only a MIG instance that exists, so the
+//! scheduler may grant only the instances the inventory lists, by UUID and
+//! placement, each at most once, and must say so when none exists.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use tessera_api::{GpuNode, MigInstance};
+use tessera_core::allocation::{ANNOTATION, Allocation};
+use tessera_k8s::binder::lock;
+use tessera_k8s::mirror::{Reservation, ReserveError};
+
+const MIG_UUID: &str = "MIG-8a2f0c1e-5b7d-5e2a-9c3f-1d2e3f4a5b6c";
+
+/// An A100-80GB node whose GPU 0 is in MIG mode with `instances`; GPU 1 is a plain GPU.
+fn mig_node(name: &str, instances: Vec<MigInstance>) -> GpuNode {
+    let mut gn = gpu_node(name, "A100-80GB", 81_920, 2);
+    gn.spec.gpus[0].mig.enabled = true;
+    gn.spec.gpus[0].mig.instances = instances;
+    gn
+}
+
+fn instance(profile: &str, start: u8, size: u8, uuid: &str) -> MigInstance {
+    MigInstance {
+        profile: profile.into(),
+        start,
+        size,
+        uuid: uuid.into(),
+    }
+}
+
+fn mig_pod(name: &str) -> Pod {
+    pod(
+        "ml",
+        name,
+        &format!("uid-{name}"),
+        &[("tessera.io/mig-3g.40gb", "1")],
+    )
+}
+
+fn bound(mut p: Pod, node: &str, annotation: String) -> Pod {
+    p.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(ANNOTATION.to_string(), annotation);
+    p.spec.as_mut().unwrap().node_name = Some(node.to_string());
+    p
+}
+
+fn reserve(m: &std::sync::Mutex<tessera_k8s::mirror::Mirror>, p: &Pod, node: &str) -> String {
+    match lock(m).reserve(p, node) {
+        Ok(Reservation::Write {
+            annotation: Some(a),
+        }) => a,
+        other => panic!("expected a written allocation, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_grant_names_the_existing_instance_at_its_placement_once() {
+    let inv = vec![mig_node("a100", vec![instance("3g.40gb", 4, 4, MIG_UUID)])];
+    let nodes = vec![kube_node("a100", "32", "256Gi")];
+    let m = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
+
+    let first = mig_pod("first");
+    let annotation = reserve(&m, &first, "a100");
+    let a = Allocation::decode_unverified(&annotation).unwrap();
+    assert_eq!(a.gpus.len(), 1);
+    let g = &a.gpus[0];
+    assert_eq!(g.index, 0, "the MIG GPU, not the plain one");
+    let grant = g.mig.as_ref().expect("a MIG grant");
+    // The instance the inventory lists: start 4 (not the first free placement, 0), by UUID.
+    assert_eq!(
+        (
+            grant.profile.as_str(),
+            grant.start,
+            grant.size,
+            grant.uuid.as_str()
+        ),
+        ("3g.40gb", 4, 4, MIG_UUID)
+    );
+    // 3 of the A100's 7 compute slices, rounded down to per-mille: 3000 / 7 = 428.
+    assert_eq!((g.memory_mib, g.cores_milli), (40_192, 428));
+
+    // The one instance is now taken: a second pod is refused, not given it again.
+    let second = mig_pod("second");
+    match lock(&m).reserve(&second, "a100") {
+        Err(ReserveError::DoesNotFit { reason, .. }) => {
+            assert_eq!(reason, "every 3g.40gb MIG instance is in use")
+        }
+        other => panic!("expected no fit, got {other:?}"),
+    }
+
+    // A restart replays the annotation into the same ledger, and still refuses the second pod.
+    lock(&m).upsert_pod(bound(first.clone(), "a100", annotation.clone()));
+    let before = lock(&m).usage();
+    let restarted = mirror(
+        "tessera",
+        nodes,
+        inv,
+        vec![bound(first, "a100", annotation)],
+    );
+    assert_eq!(lock(&restarted).usage(), before);
+    assert!(
+        lock(&restarted).problems().is_empty(),
+        "{:?}",
+        lock(&restarted).problems()
+    );
+    assert!(matches!(
+        lock(&restarted).reserve(&second, "a100"),
+        Err(ReserveError::DoesNotFit { .. })
+    ));
+}
+
+#[test]
+fn a_mig_gpu_without_instances_is_refused_with_a_clear_reason() {
+    let nodes = vec![
+        kube_node("a100", "32", "256Gi"),
+        kube_node("t4", "8", "32Gi"),
+    ];
+    let inv = vec![
+        mig_node("a100", vec![instance("1g.10gb", 0, 1, "MIG-1g")]),
+        gpu_node("t4", "T4", 15_360, 1),
+    ];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let req =
+        tessera_k8s::convert::pod_request(&mig_pod("p"), &lock(&m).cluster().catalog).unwrap();
+    let e = lock(&m)
+        .decide(&req, |_| Ok(()))
+        .expect_err("no 3g.40gb instance exists");
+    assert_eq!(
+        e.to_string(),
+        "0/2 nodes fit: 1 no MIG GPU offering 3g.40gb, 1 no 3g.40gb MIG instance exists \
+         on a GPU (Tessera does not create MIG instances yet)"
+    );
+    match lock(&m).reserve(&mig_pod("p"), "a100") {
+        Err(ReserveError::DoesNotFit { reason, .. }) => {
+            assert!(reason.contains("does not create MIG instances"), "{reason}")
+        }
+        other => panic!("expected no fit, got {other:?}"),
+    }
+}
+
+#[test]
+fn whole_and_shared_gpus_stay_off_a_gpu_in_mig_mode() {
+    let nodes = vec![kube_node("a100", "32", "256Gi")];
+    let inv = vec![mig_node("a100", vec![instance("3g.40gb", 4, 4, MIG_UUID)])];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    for (name, res) in [
+        ("whole", vec![("tessera.io/gpu", "1")]),
+        ("share", vec![("tessera.io/gpu-milli", "300")]),
+    ] {
+        let p = pod("ml", name, &format!("uid-{name}"), &res);
+        let a = Allocation::decode_unverified(&reserve(&m, &p, "a100")).unwrap();
+        assert_eq!(
+            a.gpus
+                .iter()
+                .map(|g| (g.index, g.mig.is_some()))
+                .collect::<Vec<_>>(),
+            [(1, false)],
+            "{name}: the plain GPU only"
+        );
+        lock(&m).unreserve(&format!("uid-{name}"));
+    }
+    // Two whole GPUs do not fit: one of the two is in MIG mode.
+    let two = pod("ml", "two", "uid-two", &[("tessera.io/gpu", "2")]);
+    assert!(matches!(
+        lock(&m).reserve(&two, "a100"),
+        Err(ReserveError::DoesNotFit { .. })
+    ));
+}
+
+#[test]
+fn only_instances_that_can_exist_are_taken_from_the_inventory() {
+    use tessera_core::model::Catalog;
+    let mut gn = mig_node(
+        "a100",
+        vec![
+            instance("3g.40gb", 4, 4, "MIG-ok"),
+            // Overlaps MIG-ok's slices 4..7: a hand-written mistake, never granted.
+            instance("1g.10gb", 5, 1, "MIG-overlap"),
+            // A profile this build does not know (left out, the node stays usable).
+            instance("1g.12gb", 0, 1, "MIG-unknown"),
+            // 3g.40gb cannot start at slice 2.
+            instance("3g.40gb", 2, 4, "MIG-bad-start"),
+            instance("1g.10gb", 0, 1, "MIG-1g"),
+        ],
+    );
+    // Instances on a GPU that is not in MIG mode are not grantable either.
+    gn.spec.gpus[1].mig.instances = vec![instance("1g.10gb", 0, 1, "MIG-stray")];
+    let mut catalog = Catalog::default();
+    let node =
+        tessera_k8s::convert::core_node(&kube_node("a100", "32", "256Gi"), Some(&gn), &mut catalog)
+            .unwrap();
+    let uuids: Vec<&str> = node.gpus[0]
+        .mig_instances
+        .iter()
+        .map(|m| m.uuid.as_str())
+        .collect();
+    assert_eq!(uuids, ["MIG-ok", "MIG-1g"]);
+    assert!(node.gpus[1].mig_instances.is_empty());
+    // What is kept always makes a valid cluster (a refused cluster would stop all scheduling).
+    tessera_core::Cluster::new(catalog, vec![node]).unwrap();
+}
+
+#[test]
+fn an_annotation_without_uuid_replays_at_its_placement() {
+    // An allocation written before grants named the instance: it replays at the start it
+    // gives, so those slices stay taken and the instance is not handed out again.
+    let inv = vec![mig_node("a100", vec![instance("3g.40gb", 0, 4, "MIG-a")])];
+    let nodes = vec![kube_node("a100", "32", "256Gi")];
+    let m = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
+    let first = mig_pod("first");
+    let annotation = reserve(&m, &first, "a100");
+    let mut a = Allocation::decode_unverified(&annotation).unwrap();
+    a.gpus[0].mig.as_mut().unwrap().uuid.clear();
+    let old = a.encode_signed(KEY);
+    let restarted = mirror("tessera", nodes, inv, vec![bound(first, "a100", old)]);
+    assert!(
+        lock(&restarted).problems().is_empty(),
+        "{:?}",
+        lock(&restarted).problems()
+    );
+    assert!(matches!(
+        lock(&restarted).reserve(&mig_pod("second"), "a100"),
+        Err(ReserveError::DoesNotFit { .. })
+    ));
+}
