@@ -161,6 +161,7 @@ pub fn resolvable(reason: &Reason) -> bool {
             | Reason::ModelNotAllowed
             | Reason::Unhealthy
             | Reason::NoMigGpu { .. }
+            | Reason::NoMigInstance { .. }
             | Reason::MixedArchitecture
             | Reason::Excluded { .. }
     )

@@ -129,7 +129,7 @@ fn a_mig_gpu_without_instances_is_refused_with_a_clear_reason() {
     let req =
         tessera_k8s::convert::pod_request(&mig_pod("p"), &lock(&m).cluster().catalog).unwrap();
     let e = lock(&m)
-        .decide(&req, |_| Ok(()))
+        .decide(&req, &Default::default(), |_| Ok(()))
         .expect_err("no 3g.40gb instance exists");
     assert_eq!(
         e.to_string(),
