@@ -22,7 +22,7 @@
 #     webhook's Service and port, RBAC role references, volume mounts;
 #   - the KubeSchedulerConfiguration in the chart and in deploy/examples
 #     (strict v1 fields of 1.28, kube-scheduler's extender validation, the
-#     extender URL reaching the chart's Service), and the example equals the
+#     extender URL being the tessera container's loopback --listen), and the example equals the
 #     chart's default render;
 #   - the CRD: the apiextensions.k8s.io/v1 schema plus structural-schema rules,
 #     and deploy/examples/gpunode.yaml against the CRD's own schema;
@@ -696,12 +696,15 @@ def check_chart():
                     cfg = cfg_docs[0]
                     check_scheduler_config(cfg, f"{where} config.yaml")
                     ext = tessera_extender(cfg, f"{where} config.yaml")
-                    svc = next((o for o in objs if o["kind"] == "Service"), None)
-                    if ext and svc:
-                        port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "extender")
-                        want = f"http://{svc['metadata']['name']}.{NAMESPACE}.svc:{port}"
-                        if ext["urlPrefix"].rstrip("/") != want:
-                            fail(where, f"extender urlPrefix {ext['urlPrefix']!r} does not reach the chart's Service ({want})")
+                    # kube-scheduler runs in Tessera's pod and calls it on loopback, where
+                    # the tessera container's --listen must be.
+                    listens = [a.split("=", 1)[1] for o in objs if o["kind"] == "Deployment"
+                               for c in o["spec"]["template"]["spec"]["containers"]
+                               for a in (c.get("args") or []) if a.startswith("--listen=")]
+                    if ext:
+                        want = [f"http://{l}" for l in listens if l.startswith("127.0.0.1:")]
+                        if ext["urlPrefix"].rstrip("/") not in want:
+                            fail(where, f"extender urlPrefix {ext['urlPrefix']!r} is not the tessera container's loopback --listen ({listens})")
                     if name == "defaults":
                         defaults_cfg = cfg
         elif cms:

@@ -35,6 +35,9 @@ pub struct Metrics {
     free_milli: Family<Labels, Gauge>,
     fragmentation: Family<Labels, Gauge<f64, AtomicU64>>,
     cluster_fragmentation: Gauge<f64, AtomicU64>,
+    leader: Gauge,
+    election_errors: Gauge,
+    synced: Gauge,
     workload: TargetWorkload,
 }
 
@@ -83,8 +86,29 @@ impl Metrics {
             "FGD fragmentation summed over nodes, in milli-GPU",
             cluster_fragmentation.clone(),
         );
+        let leader = Gauge::default();
+        let election_errors = Gauge::default();
+        let synced = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica leads (may bind), else 0",
+            leader.clone(),
+        );
+        registry.register(
+            "leader_election_errors",
+            "Failed leader-election calls since start (a replica that cannot read its Lease never leads)",
+            election_errors.clone(),
+        );
+        registry.register(
+            "cache_synced",
+            "1 once nodes, GpuNodes and pods have been listed (nothing is decided before)",
+            synced.clone(),
+        );
         Metrics {
             registry,
+            leader,
+            election_errors,
+            synced,
             decision_seconds,
             pending,
             allocated_milli,
@@ -93,6 +117,14 @@ impl Metrics {
             cluster_fragmentation,
             workload: TargetWorkload::builtin(),
         }
+    }
+
+    /// Leadership, election errors and cache sync, as of now.
+    pub fn set_state(&self, leader: bool, election_errors: u64, synced: bool) {
+        self.leader.set(i64::from(leader));
+        self.election_errors
+            .set(i64::try_from(election_errors).unwrap_or(i64::MAX));
+        self.synced.set(i64::from(synced));
     }
 
     pub fn observe_decision(&self, verb: &str, took: Duration) {

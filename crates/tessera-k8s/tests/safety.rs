@@ -198,6 +198,15 @@ async fn a_synced_follower_filters_and_is_ready() {
     let p = pod("ml", "a", "uid-a", &SHARE);
     let (_, v) = call(app.clone(), "/filter", filter_body(&p, &["n1"])).await;
     assert_eq!(v["NodeNames"], json!(["n1"]), "{v}");
-    let (status, text) = get(app, "/readyz").await;
+    let (status, text) = get(app.clone(), "/readyz").await;
     assert_eq!((status, text.as_str()), (StatusCode::OK, "follower\n"));
+    // Finding 11: leadership and election errors are visible as metrics too.
+    let (_, text) = get(app, "/metrics").await;
+    for line in [
+        "tessera_leader 0",
+        "tessera_leader_election_errors 0",
+        "tessera_cache_synced 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
 }

@@ -313,6 +313,11 @@ async fn metrics(State(st): State<ExtenderState>) -> Response {
     {
         let mut m = lock(&st.mirror);
         st.metrics.update_cluster(&mut m);
+        st.metrics.set_state(
+            st.leader.is_leader(),
+            st.leader.errors(),
+            st.gate.is_synced(),
+        );
     }
     match st.metrics.encode() {
         Ok(text) => (
