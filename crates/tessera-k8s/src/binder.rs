@@ -83,6 +83,9 @@ pub enum BindError {
     },
 }
 
+/// The least leadership left for a write to be started.
+const MIN_WRITE_WINDOW: Duration = Duration::from_millis(500);
+
 /// Locks the mirror; a panic in another holder does not make the data unusable
 /// (every mutation keeps the ledger consistent before it can panic).
 pub fn lock(mirror: &Mutex<Mirror>) -> std::sync::MutexGuard<'_, Mirror> {
@@ -223,13 +226,17 @@ impl Binder {
             uid: &found,
             armed: true,
         };
-        // Fencing: the last moment to find out we no longer lead.
-        if !self.leader.is_leader() {
-            return Err(BindError::NotLeader);
-        }
+        // Fencing: the last moment to find out we no longer lead. The write must
+        // also finish while we still lead: a leader stops renewing-dependent work
+        // at its deadline, 5 s before another replica may take over.
+        let budget = match self.leader.remaining() {
+            None => self.request_timeout,
+            Some(left) if left >= MIN_WRITE_WINDOW => left.min(self.request_timeout),
+            Some(_) => return Err(BindError::NotLeader),
+        };
         pending.armed = false;
         let call = self.post_binding(&api, &pod, node, annotation.as_deref());
-        let outcome = tokio::time::timeout(self.request_timeout, call).await;
+        let outcome = tokio::time::timeout(budget, call).await;
         match outcome {
             Ok(Ok(())) => {
                 lock(&self.mirror).mark_accepted(&found);
@@ -274,7 +281,7 @@ impl Binder {
             Err(_) => Err(BindError::Timeout {
                 pod: key,
                 node: node.to_string(),
-                secs: self.request_timeout.as_secs(),
+                secs: budget.as_secs(),
             }),
         }
     }

@@ -78,12 +78,24 @@ impl Leadership {
         lead.leading && lead.until.is_none_or(|t| Instant::now() < t)
     }
 
+    /// How long this replica still leads without another renewal: `None` when it
+    /// leads with no deadline, zero when it does not lead.
+    pub fn remaining(&self) -> Option<Duration> {
+        let lead = *self.0.lead.borrow();
+        if !lead.leading {
+            return Some(Duration::ZERO);
+        }
+        lead.until
+            .map(|t| t.saturating_duration_since(Instant::now()))
+    }
+
     /// Leads (or not) with no deadline.
     pub fn set(&self, leader: bool) {
         self.set_until(leader, None);
     }
 
-    fn set_until(&self, leading: bool, until: Option<Instant>) {
+    /// Leads (or not) until `until` (the election sets it after each renewal).
+    pub fn set_until(&self, leading: bool, until: Option<Instant>) {
         let new = Lead { leading, until };
         self.0.lead.send_if_modified(|old| {
             let flipped = old.leading != new.leading;

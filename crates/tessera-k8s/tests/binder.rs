@@ -360,3 +360,32 @@ async fn an_unanswered_bind_keeps_its_reservation_until_the_deadline_then_frees_
     drop(m);
     assert_eq!(server.await.unwrap(), 1);
 }
+
+/// Finding 14: a leader whose Lease is about to lapse (no renewal lately) must
+/// not start a write that could land after another replica took over.
+#[tokio::test(start_paused = true)]
+async fn a_leader_near_its_deadline_does_not_start_a_write() {
+    let Some(body) = fixture("bind-request-ExtenderBindingArgs.json") else {
+        return;
+    };
+    let (nodes, inv) = fixture_cluster();
+    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let (client, api) = mock_api(ok_api);
+    let st = state(m.clone(), Some(client));
+    let now = tokio::time::Instant::now();
+    st.leader
+        .set_until(true, Some(now + Duration::from_millis(200)));
+    let (_, v) = call(router(st.clone()), "/bind", body.clone()).await;
+    assert!(
+        v["Error"].as_str().unwrap().contains("not the leader"),
+        "{v}"
+    );
+    assert_eq!(lock(&m).ledger().allocation_count(), 0, "released at once");
+    // With a fresh renewal the same bind goes through.
+    st.leader
+        .set_until(true, Some(now + Duration::from_secs(10)));
+    let (_, v) = call(router(st), "/bind", body).await;
+    assert_eq!(v, json!({"Error": ""}));
+    drop(m);
+    assert_eq!(api.await.unwrap().len(), 1);
+}
