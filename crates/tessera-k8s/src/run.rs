@@ -538,7 +538,17 @@ mod tests {
         let c = raw(key).resolve().unwrap();
         assert_eq!(c.mode, Mode::Extender);
         assert_eq!(c.signing_key, b"0123456789abcdef0123");
-        assert_eq!(c.lease.unwrap().name, "tessera-scheduler");
+        // Finding 16: the extender's verbs are not reachable from the network by default.
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8888");
+        assert_eq!(c.metrics_listen.to_string(), "0.0.0.0:9090");
+        assert_eq!(c.scheduler_names, ["tessera"]);
+        let lease = c.lease.unwrap();
+        assert_eq!(lease.name, "tessera-scheduler");
+        assert_eq!(
+            lease.role,
+            LeaseRole::Follow,
+            "extender mode follows kube-scheduler"
+        );
         assert!(c.webhook.is_none());
     }
 
@@ -564,6 +574,15 @@ mod tests {
         let mut r = raw(key.clone());
         r.webhook_cert = Some("/nonexistent/cert.pem".into());
         assert!(err(r).contains("both --webhook-cert and --webhook-key"));
+        let mut r = raw(key.clone());
+        r.lease_role = Some("boss".into());
+        assert!(err(r).starts_with("lease-role: \"boss\""));
+        let mut r = raw(key.clone());
+        r.renew_deadline = Some(Duration::from_secs(20));
+        assert!(err(r).contains("renew deadline < lease duration"));
+        let mut r = raw(key.clone());
+        r.metrics_listen = Some("127.0.0.1:8888".into());
+        assert!(err(r).starts_with("metrics-listen:"));
         let mut r = raw(key);
         r.webhook_cert = Some("/nonexistent/cert.pem".into());
         r.webhook_key = Some("/nonexistent/key.pem".into());

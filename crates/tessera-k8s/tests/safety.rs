@@ -210,3 +210,31 @@ async fn a_synced_follower_filters_and_is_ready() {
         assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
     }
 }
+
+/// Finding 5 (scheduler side): `nvidia.com/gpu: N` under Tessera's name is N
+/// whole GPUs, judged and granted like `tessera.io/gpu: N`; the node agent
+/// advertises the stock name on Tessera nodes so the kubelet admits it.
+#[tokio::test]
+async fn the_stock_resource_name_is_placed_as_whole_gpus() {
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 2)];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let app = router(state(m.clone(), None));
+    let p = pod("ml", "cuda", "uid-c", &[("nvidia.com/gpu", "2")]);
+    let (_, v) = call(app.clone(), "/filter", filter_body(&p, &["n1"])).await;
+    assert_eq!(v["NodeNames"], json!(["n1"]), "{v}");
+    let r = lock(&m).reserve(&p, "n1").unwrap();
+    let tessera_k8s::mirror::Reservation::Write {
+        annotation: Some(value),
+    } = r
+    else {
+        panic!("{r:?}")
+    };
+    let a =
+        tessera_core::allocation::Allocation::decode_verified(&value, KEY, "uid-c", "n1").unwrap();
+    assert_eq!(a.gpus.len(), 2);
+    assert!(a.gpus.iter().all(|g| g.cores_milli == 1000), "{a:?}");
+    let third = pod("ml", "more", "uid-m", &[("nvidia.com/gpu", "1")]);
+    let (_, v) = call(app, "/filter", filter_body(&third, &["n1"])).await;
+    assert_eq!(v["NodeNames"], json!([]), "{v}");
+}
