@@ -162,7 +162,12 @@ impl<'a> GpuAsk<'a> {
 
     fn describe_share(&self) -> String {
         if self.shares.is_empty() {
-            return if self.mig > 0 { "a MIG instance" } else { "whole GPUs" }.into();
+            return if self.mig > 0 {
+                "a MIG instance"
+            } else {
+                "whole GPUs"
+            }
+            .into();
         }
         let parts: Vec<String> = self
             .shares
