@@ -6,7 +6,7 @@
 //! with init containers, sidecars and several app containers means:
 //!
 //! - [`effective_request`] is Kubernetes' effective request (`PodRequests` in
-//!   `k8s.io/component-helpers/resource`, sidecars per KEP-753): for each
+//!   its resource helpers, sidecars per KEP-753): for each
 //!   resource, the larger of the largest init container (plus the sidecars
 //!   started before it) and the sum of the app containers and sidecars.
 //!   Overflowing sums are errors, never wraps.

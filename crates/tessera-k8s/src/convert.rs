@@ -494,7 +494,10 @@ mod tests {
 
     /// A pod from `(name, kind, resources)`: kind `init`, `sidecar` (init with
     /// `restartPolicy: Always`) or `app`, in spec order.
-    fn pod_of(containers: &[(&str, &str, &[(&str, &str)])]) -> Pod {
+    /// `(name, kind, resources)`.
+    type ContainerSpec<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+    fn pod_of(containers: &[ContainerSpec<'_>]) -> Pod {
         let mut pod = pod_with(&[], &[]);
         let spec = pod.spec.as_mut().unwrap();
         spec.containers.clear();

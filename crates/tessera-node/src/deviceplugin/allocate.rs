@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use tessera_core::allocation::{ANNOTATION, Allocation, AllocationError};
-use tessera_core::containers::{self};
+use tessera_core::containers;
 pub use tessera_core::containers::{Container, ContainerKind};
 use tessera_core::request::RequestError;
 
