@@ -16,8 +16,10 @@
 //!   share (the same share resources with the same amounts, or none for whole
 //!   GPUs); when more than one container asks GPUs, each names its count
 //!   (`tessera.io/gpu: N`), because the kubelet only calls the device plugin for
-//!   containers that ask a device resource; and a pod names GPUs by one
-//!   resource, `tessera.io/gpu` or `nvidia.com/gpu`, not both.
+//!   containers that ask a device resource; a pod names GPUs by one resource,
+//!   `tessera.io/gpu` or `nvidia.com/gpu`, not both; and `nvidia.com/gpu`
+//!   means whole GPUs (its devices are counted one pod each), so shares are
+//!   asked with `tessera.io/gpu`.
 //! - [`assign`] splits the pod's granted GPUs between its containers: app
 //!   containers and sidecars run together and get disjoint GPUs; an init
 //!   container runs alone (beside the sidecars started before it), so it may
@@ -299,6 +301,25 @@ fn check_gpu_rules(asks: &[GpuAsk<'_>]) -> Result<(), RequestError> {
                 ),
             ));
         }
+    }
+    // nvidia.com/gpu devices are whole GPUs: the kubelet counts one pod per device.
+    if let Some(a) = asks
+        .iter()
+        .find(|a| a.count.is_some_and(|(k, _)| k == RES_NVIDIA_GPU) && !a.shares.is_empty())
+    {
+        let (field, (value, _)) = a
+            .shares
+            .iter()
+            .next()
+            .map_or((RES_GPU, ("", None)), |(k, v)| (*k, *v));
+        return Err(err(
+            field,
+            value,
+            format!(
+                "container {} asks a GPU share of {RES_NVIDIA_GPU}, which stands for whole GPUs: ask {RES_GPU} for a share",
+                a.container.name
+            ),
+        ));
     }
     // Every GPU the pod gets is alike: one per-GPU share for all containers.
     if let Some(first) = asks.first() {

@@ -189,6 +189,15 @@ fn gpu_rules_refuse_with_the_containers_named() {
             ],
         ),
         (
+            "a share of nvidia.com/gpu",
+            vec![c(
+                "a",
+                App,
+                &[(RES_NVIDIA_GPU, "1"), (RES_GPU_MILLI, "300")],
+            )],
+            vec!["container a", "nvidia.com/gpu", "whole GPUs"],
+        ),
+        (
             "both names in one container",
             vec![c("a", App, &[(RES_GPU, "1"), (RES_NVIDIA_GPU, "1")])],
             vec!["container a asks both"],
