@@ -10,6 +10,21 @@
 //! (a Kubernetes Secret mounted into both). A pod that writes the annotation
 //! itself cannot produce a valid signature, and a decision copied from another
 //! pod names the wrong pod UID: the agent refuses both.
+//!
+//! # Which container gets which GPU
+//!
+//! The kubelet calls the device plugin once per container that asks GPUs. When
+//! more than one container of a pod asks GPUs, [`Allocation::containers`] says
+//! which of the pod's GPUs each one gets (positions in [`Allocation::gpus`],
+//! from [`crate::containers::assign`]). With one such container the list is
+//! empty and that container gets every GPU, as before the list existed.
+//!
+//! The list is left out of the JSON when empty, so the format keeps
+//! [`VERSION`] 1: annotations written before it decode and verify unchanged (the
+//! signed payload is the same bytes), and a scheduler writes it only for pods
+//! that an older agent could not serve correctly anyway: such an agent refuses
+//! the unknown field (fail closed) instead of handing every container every GPU.
+//! A new version number would buy nothing but refusing old annotations too.
 
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
@@ -41,6 +56,9 @@ pub struct Allocation {
     pub isolation: Isolation,
     /// The GPUs (or GPU shares, or MIG instances) given to the pod.
     pub gpus: Vec<AllocatedGpu>,
+    /// Which of `gpus` each container gets, when more than one container asks GPUs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<ContainerGrant>,
     /// Base64 HMAC-SHA256 of the canonical payload (everything but this field).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub signature: String,
@@ -62,6 +80,16 @@ pub struct AllocatedGpu {
     /// The MIG instance, when the grant is a MIG slice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigGrant>,
+}
+
+/// The GPUs one container of the pod gets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerGrant {
+    /// The container's name in the pod spec.
+    pub name: String,
+    /// Positions in [`Allocation::gpus`].
+    pub gpus: Vec<u32>,
 }
 
 /// A MIG GPU instance: its profile and where it sits on the GPU.
@@ -96,6 +124,8 @@ pub enum AllocationError {
     WrongNode { expected: String, found: String },
     #[error("allocation annotation grants no GPU")]
     Empty,
+    #[error("allocation annotation's container list is inconsistent: {0}")]
+    BadContainers(String),
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -170,7 +200,49 @@ impl Allocation {
         if allocation.gpus.is_empty() {
             return Err(AllocationError::Empty);
         }
+        allocation.check_containers()?;
         Ok(allocation)
+    }
+
+    fn check_containers(&self) -> Result<(), AllocationError> {
+        let mut names = std::collections::BTreeSet::new();
+        for c in &self.containers {
+            if !names.insert(c.name.as_str()) {
+                return Err(AllocationError::BadContainers(format!(
+                    "container {} is listed twice",
+                    c.name
+                )));
+            }
+            if c.gpus.is_empty() {
+                return Err(AllocationError::BadContainers(format!(
+                    "container {} is given no GPU",
+                    c.name
+                )));
+            }
+            if let Some(p) = c.gpus.iter().find(|p| **p as usize >= self.gpus.len()) {
+                return Err(AllocationError::BadContainers(format!(
+                    "container {} is given GPU position {p}, the pod has {} GPUs",
+                    c.name,
+                    self.gpus.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The GPUs container `name` gets: its share of [`Allocation::gpus`] by the
+    /// container list, `None` when the list does not name it. With an empty
+    /// list the one GPU container gets them all.
+    pub fn gpus_of(&self, name: &str) -> Option<Vec<&AllocatedGpu>> {
+        if self.containers.is_empty() {
+            return Some(self.gpus.iter().collect());
+        }
+        let grant = self.containers.iter().find(|c| c.name == name)?;
+        grant
+            .gpus
+            .iter()
+            .map(|p| self.gpus.get(*p as usize))
+            .collect()
     }
 }
 
@@ -193,7 +265,84 @@ mod tests {
                 cores_milli: 400,
                 mig: None,
             }],
+            containers: Vec::new(),
             signature: String::new(),
+        }
+    }
+
+    /// Written and signed by the format before `containers` existed.
+    const BEFORE_CONTAINERS: &str = r#"{"version":1,"podUid":"uid-1","pod":"ml/train-0","node":"gpu-node-1","policy":"tessera","isolation":"mps","gpus":[{"index":3,"uuid":"GPU-aaaa","memoryMib":16000,"coresMilli":400}],"signature":"FZDASkDxr00YChq1xWxsAhgoBBXKCtWZTyf34y3Oc50="}"#;
+
+    #[test]
+    fn annotations_without_containers_still_verify() {
+        let back = Allocation::decode_verified(BEFORE_CONTAINERS, b"secret", "uid-1", "gpu-node-1")
+            .unwrap();
+        assert_eq!(back.gpus, sample().gpus);
+        assert!(back.containers.is_empty());
+        // Re-encoding an allocation without containers gives the same bytes.
+        assert_eq!(sample().encode_signed(b"secret"), BEFORE_CONTAINERS);
+        assert_eq!(back.gpus_of("anything").map(|g| g.len()), Some(1));
+    }
+
+    #[test]
+    fn container_grants_are_signed_and_checked() {
+        let mut a = sample();
+        a.gpus.push(AllocatedGpu {
+            index: 4,
+            uuid: "GPU-bbbb".into(),
+            ..a.gpus[0].clone()
+        });
+        a.containers = vec![
+            ContainerGrant {
+                name: "init".into(),
+                gpus: vec![0, 1],
+            },
+            ContainerGrant {
+                name: "main".into(),
+                gpus: vec![1],
+            },
+        ];
+        let value = a.encode_signed(b"secret");
+        assert!(
+            value.contains(r#""containers":[{"name":"init","gpus":[0,1]}"#),
+            "{value}"
+        );
+        let back = Allocation::decode_verified(&value, b"secret", "uid-1", "gpu-node-1").unwrap();
+        let main: Vec<&str> = back
+            .gpus_of("main")
+            .unwrap()
+            .iter()
+            .map(|g| g.uuid.as_str())
+            .collect();
+        assert_eq!(main, ["GPU-bbbb"]);
+        assert!(back.gpus_of("sidecar").is_none());
+        // Moving a container to another GPU breaks the signature.
+        let moved = value.replace(r#""name":"main","gpus":[1]"#, r#""name":"main","gpus":[0]"#);
+        assert_eq!(
+            Allocation::decode_verified(&moved, b"secret", "uid-1", "gpu-node-1"),
+            Err(AllocationError::BadSignature)
+        );
+        // Positions past the list, duplicates and empty grants are refused even when signed.
+        for (grants, words) in [
+            (vec![("main", vec![2])], "position 2"),
+            (vec![("main", vec![0]), ("main", vec![1])], "listed twice"),
+            (vec![("main", vec![])], "no GPU"),
+        ] {
+            a.containers = grants
+                .into_iter()
+                .map(|(n, g)| ContainerGrant {
+                    name: n.into(),
+                    gpus: g,
+                })
+                .collect();
+            let e = Allocation::decode_verified(
+                &a.encode_signed(b"secret"),
+                b"secret",
+                "uid-1",
+                "gpu-node-1",
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains(words), "{e}");
         }
     }
 

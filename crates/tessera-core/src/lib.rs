@@ -8,6 +8,7 @@
 //! A test (`tests/purity.rs`) keeps it that way.
 
 pub mod allocation;
+pub mod containers;
 pub mod explain;
 pub mod fit;
 pub mod frag;

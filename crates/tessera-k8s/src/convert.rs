@@ -18,7 +18,7 @@ use tessera_core::model::{
 };
 use tessera_core::placement::{GpuGrant, MigSlot, Placement, request_class};
 use tessera_core::request::{self, GpuAsk, Isolation, Request, RequestError};
-use tessera_core::{Cluster, NodeId};
+use tessera_core::{Cluster, NodeId, containers};
 
 /// Why a Kubernetes object could not be turned into a core value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,65 +76,50 @@ pub fn annotations(pod: &Pod) -> impl Iterator<Item = (&str, &str)> {
         .map(|(k, v)| (k.as_str(), v.as_str()))
 }
 
-/// The pod's effective resource requests as strings for the core parser.
-///
-/// CPU and memory follow Kubernetes: the sum over containers, or the largest
-/// init container if that is more. Other resources (the GPU ones) are summed
-/// over containers when they are integers; a value that is not is passed on
-/// as written so the parser names it in its error. Limits stand in for
-/// requests the API server would have defaulted from them.
-pub fn pod_resources(pod: &Pod) -> Result<Vec<(String, String)>, RequestError> {
+/// The pod's containers as the core sees them: init containers (sidecars when
+/// `restartPolicy: Always`) in spec order, then app containers. Requests win
+/// over limits; limits stand in for requests the API server would have
+/// defaulted from them.
+pub fn pod_containers(pod: &Pod) -> Vec<containers::Container> {
     let Some(spec) = pod.spec.as_ref() else {
-        return Ok(Vec::new());
+        return Vec::new();
     };
-    let effective = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
+    let convert = |c: &k8s_openapi::api::core::v1::Container, kind| {
+        let mut resources = BTreeMap::new();
         if let Some(r) = c.resources.as_ref() {
-            for (k, Quantity(v)) in r.limits.iter().flatten() {
-                m.insert(k.clone(), v.clone());
-            }
-            for (k, Quantity(v)) in r.requests.iter().flatten() {
-                m.insert(k.clone(), v.clone());
+            for (k, Quantity(v)) in r.limits.iter().flatten().chain(r.requests.iter().flatten()) {
+                resources.insert(k.clone(), v.clone());
             }
         }
-        m
+        containers::Container {
+            name: c.name.clone(),
+            kind,
+            resources,
+        }
     };
-    let mut cpu = 0u64;
-    let mut mem = 0u64;
-    let mut other: BTreeMap<String, String> = BTreeMap::new();
-    for c in &spec.containers {
-        for (k, v) in effective(c) {
-            match k.as_str() {
-                "cpu" => cpu += request::parse_cpu_milli("cpu", &v)?,
-                "memory" => mem += request::parse_memory_mib("memory", &v)?,
-                _ => {
-                    let merged = match (other.get(&k), v.trim().parse::<u64>()) {
-                        (Some(prev), Ok(n)) => match prev.parse::<u64>() {
-                            Ok(p) => (p + n).to_string(),
-                            Err(_) => prev.clone(),
-                        },
-                        _ => v,
-                    };
-                    other.insert(k, merged);
-                }
-            }
-        }
-    }
-    for c in spec.init_containers.iter().flatten() {
-        let e = effective(c);
-        if let Some(v) = e.get("cpu") {
-            cpu = cpu.max(request::parse_cpu_milli("cpu", v)?);
-        }
-        if let Some(v) = e.get("memory") {
-            mem = mem.max(request::parse_memory_mib("memory", v)?);
-        }
-    }
-    let mut out = vec![
-        ("cpu".to_string(), format!("{cpu}m")),
-        ("memory".to_string(), format!("{mem}Mi")),
-    ];
-    out.extend(other);
-    Ok(out)
+    let init = spec.init_containers.iter().flatten().map(|c| {
+        let kind = if c.restart_policy.as_deref() == Some("Always") {
+            containers::ContainerKind::Sidecar
+        } else {
+            containers::ContainerKind::Init
+        };
+        convert(c, kind)
+    });
+    init.chain(
+        spec.containers
+            .iter()
+            .map(|c| convert(c, containers::ContainerKind::App)),
+    )
+    .collect()
+}
+
+/// The pod's effective resource requests as strings for the core parser:
+/// Kubernetes' rule (the larger of the largest init container and the sum of
+/// app containers and sidecars) and Tessera's rules for GPU shares over
+/// containers, in [`containers::effective_request`], which the node agent
+/// shares. Overflowing sums are refused.
+pub fn pod_resources(pod: &Pod) -> Result<Vec<(String, String)>, RequestError> {
+    containers::effective_request(&pod_containers(pod))
 }
 
 /// Parses what the pod asks for with the core's parser (its errors name field and value).
@@ -147,22 +132,14 @@ pub fn pod_request(pod: &Pod, catalog: &Catalog) -> Result<Request, RequestError
     )
 }
 
-/// Whether any container asks for a resource Tessera manages (`tessera.io/*`,
+/// Whether any container (init containers and sidecars included, as in
+/// [`pod_resources`]) asks for a resource Tessera manages (`tessera.io/*`,
 /// `nvidia.com/gpu`, `nvidia.com/mig-*`).
 pub fn wants_gpu(pod: &Pod) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
-    spec.containers
+    pod_containers(pod)
         .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .filter_map(|c| c.resources.as_ref())
-        .flat_map(|r| r.requests.iter().flatten().chain(r.limits.iter().flatten()))
-        .any(|(k, _)| {
-            k.starts_with("tessera.io/")
-                || k == request::RES_NVIDIA_GPU
-                || k.starts_with(request::RES_NVIDIA_MIG_PREFIX)
-        })
+        .flat_map(|c| c.resources.keys())
+        .any(|k| containers::is_gpu_resource(k))
 }
 
 /// Scheduling facts about a node that the core does not model.
@@ -414,7 +391,15 @@ pub fn allocation_of(
                 mig,
             }
         })
-        .collect();
+        .collect::<Vec<_>>();
+    // Only pods with several GPU containers get the list (see the allocation
+    // module); a grant that cannot be split leaves it empty, and the node agent
+    // then refuses such a pod rather than give every container every GPU.
+    let containers = containers::gpu_demands(&pod_containers(pod))
+        .ok()
+        .filter(|d| d.len() > 1)
+        .and_then(|d| containers::assign(&d, gpus.len()).ok())
+        .unwrap_or_default();
     Allocation {
         version: VERSION,
         pod_uid: pod_uid(pod).to_string(),
@@ -423,6 +408,7 @@ pub fn allocation_of(
         policy: policy.to_string(),
         isolation: req.isolation,
         gpus,
+        containers,
         signature: String::new(),
     }
 }
@@ -565,6 +551,152 @@ mod tests {
             (1000, 2048, 2)
         );
         assert!(wants_gpu(&pod));
+    }
+
+    /// A pod from `(name, kind, resources)`: kind `init`, `sidecar` (init with
+    /// `restartPolicy: Always`) or `app`, in spec order.
+    /// `(name, kind, resources)`.
+    type ContainerSpec<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+    fn pod_of(containers: &[ContainerSpec<'_>]) -> Pod {
+        let mut pod = pod_with(&[], &[]);
+        let spec = pod.spec.as_mut().unwrap();
+        spec.containers.clear();
+        for (name, kind, resources) in containers {
+            let c = Container {
+                name: name.to_string(),
+                restart_policy: (*kind == "sidecar").then(|| "Always".to_string()),
+                resources: Some(ResourceRequirements {
+                    limits: Some(
+                        resources
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            if *kind == "app" {
+                spec.containers.push(c);
+            } else {
+                spec.init_containers.get_or_insert_with(Vec::new).push(c);
+            }
+        }
+        pod
+    }
+
+    fn resources_of(pod: &Pod) -> BTreeMap<String, String> {
+        pod_resources(pod).unwrap().into_iter().collect()
+    }
+
+    #[test]
+    fn init_and_sidecar_containers_count_as_kubernetes_counts_them() {
+        // Init asks 2 GPUs, the app 1: the pod needs max(2, 1) = 2.
+        let pod = pod_of(&[
+            ("warmup", "init", &[("tessera.io/gpu", "2"), ("cpu", "4")]),
+            ("main", "app", &[("tessera.io/gpu", "1"), ("cpu", "1")]),
+        ]);
+        let r = resources_of(&pod);
+        assert_eq!(r["tessera.io/gpu"], "2");
+        assert_eq!(r["cpu"], "4000m");
+        let req = pod_request(&pod, &Catalog::default()).unwrap();
+        assert_eq!(req.gpu.gpu_count(), 2);
+        // A sidecar (1) runs beside the app (1): 1 + 1 = 2; the init container
+        // after the sidecar (1) runs beside it too: 1 + 1 = 2.
+        let pod = pod_of(&[
+            ("proxy", "sidecar", &[("tessera.io/gpu", "1")]),
+            ("load", "init", &[("tessera.io/gpu", "1")]),
+            ("main", "app", &[("tessera.io/gpu", "1")]),
+        ]);
+        assert_eq!(resources_of(&pod)["tessera.io/gpu"], "2");
+    }
+
+    #[test]
+    fn per_gpu_shares_are_not_summed_over_containers() {
+        // Two containers, one 30 % share each: two GPUs at 300, not one at 600.
+        let share: &[(&str, &str)] = &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "300")];
+        let pod = pod_of(&[("a", "app", share), ("b", "app", share)]);
+        let r = resources_of(&pod);
+        assert_eq!(
+            (
+                r["tessera.io/gpu"].as_str(),
+                r["tessera.io/gpu-milli"].as_str()
+            ),
+            ("2", "300")
+        );
+        // Different shares cannot be one request: refused, naming both containers.
+        let pod = pod_of(&[
+            ("a", "app", share),
+            (
+                "b",
+                "app",
+                &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "500")],
+            ),
+        ]);
+        let e = pod_resources(&pod).unwrap_err().to_string();
+        assert!(
+            e.contains("tessera.io/gpu-milli") && e.contains("a") && e.contains("b"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn overflowing_sums_are_refused() {
+        let huge: &[(&str, &str)] = &[("tessera.io/gpu", "18446744073709551615")];
+        let pod = pod_of(&[("a", "app", huge), ("b", "app", huge)]);
+        let e = pod_resources(&pod).unwrap_err().to_string();
+        assert!(e.contains("tessera.io/gpu"), "{e}");
+        let cpu: &[(&str, &str)] = &[("cpu", "18446744073709551615m")];
+        let pod = pod_of(&[("a", "app", cpu), ("b", "app", cpu)]);
+        assert!(pod_resources(&pod).is_err());
+    }
+
+    #[test]
+    fn allocation_names_each_containers_gpus() {
+        let catalog = Catalog::default();
+        let model = catalog.find("A100-80GB").unwrap();
+        let cluster = Cluster::new(
+            catalog,
+            vec![Node::uniform("n1", 64_000, 512_000, model, 4)],
+        )
+        .unwrap();
+        let whole = |gpu: u8| tessera_core::placement::GpuGrant {
+            gpu,
+            memory_mib: 81_920,
+            cores_milli: 1000,
+            exclusive: true,
+            mig: None,
+        };
+        let placement = |grants: &[u8]| Placement {
+            node: cluster.ids().next().unwrap(),
+            grants: grants.iter().map(|g| whole(*g)).collect(),
+            cpu_milli: 0,
+            memory_mib: 0,
+            class: 0,
+            score: 0.0,
+            terms: Vec::new(),
+        };
+        let one: &[(&str, &str)] = &[("tessera.io/gpu", "1")];
+        // An init container and two app containers, one GPU each: the pod needs 2.
+        let pod = pod_of(&[("init", "init", one), ("a", "app", one), ("b", "app", one)]);
+        let req = pod_request(&pod, &cluster.catalog).unwrap();
+        let alloc = allocation_of(&placement(&[1, 3]), &cluster, &pod, &req, "tessera");
+        let grants: Vec<(&str, &[u32])> = alloc
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.gpus.as_slice()))
+            .collect();
+        // The init container reuses a GPU the app containers get later.
+        assert_eq!(
+            grants,
+            [("init", &[0][..]), ("a", &[0][..]), ("b", &[1][..])]
+        );
+        // One GPU container: no list, it gets every GPU (the format before the list).
+        let pod = pod_of(&[("main", "app", &[("tessera.io/gpu", "2")])]);
+        let req = pod_request(&pod, &cluster.catalog).unwrap();
+        let alloc = allocation_of(&placement(&[0, 1]), &cluster, &pod, &req, "tessera");
+        assert!(alloc.containers.is_empty());
     }
 
     #[test]

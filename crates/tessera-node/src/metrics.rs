@@ -528,9 +528,15 @@ fn container_name(
                 .collect()
         })
         .unwrap_or_default();
+    let running: Vec<_> = pod
+        .containers
+        .iter()
+        .filter(|c| c.kind != crate::deviceplugin::allocate::ContainerKind::Init)
+        .collect();
     match names.as_slice() {
         [one] => (*one).clone(),
-        _ if pod.containers.len() == 1 => pod.containers[0].name.clone(),
+        // Init containers have finished by the time a process shows up for long.
+        _ if running.len() == 1 => running[0].name.clone(),
         _ => container_id.to_string(),
     }
 }

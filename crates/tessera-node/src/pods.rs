@@ -6,7 +6,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use crate::deviceplugin::allocate::{ContainerInfo, PodInfo, PodSource, PodSourceError};
+use crate::deviceplugin::allocate::{Container, ContainerKind, PodInfo, PodSource, PodSourceError};
 
 /// Lists pods with `spec.nodeName=<node>`.
 #[derive(Clone)]
@@ -26,40 +26,37 @@ impl KubePods {
     }
 }
 
-/// Whole-number resource quantities (extended resources are integers).
-fn count(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Option<u64> {
-    q.0.trim().parse().ok()
-}
-
 /// Converts an API pod; `None` for a pod without a UID (never from a real API server).
 pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
     let meta = &pod.metadata;
+    let convert = |c: &k8s_openapi::api::core::v1::Container, kind| {
+        let mut resources = BTreeMap::new();
+        if let Some(r) = &c.resources {
+            // Requests win; extended resources must have equal requests and limits anyway.
+            for (k, v) in r.limits.iter().flatten().chain(r.requests.iter().flatten()) {
+                resources.insert(k.clone(), v.0.clone());
+            }
+        }
+        Container {
+            name: c.name.clone(),
+            kind,
+            resources,
+        }
+    };
+    // The order the kubelet admits containers in: init containers, then app containers.
     let containers = pod
         .spec
         .as_ref()
         .map(|s| {
-            s.containers
-                .iter()
-                .map(|c| {
-                    let mut resources = BTreeMap::new();
-                    if let Some(r) = &c.resources {
-                        // Limits win; extended resources must have equal requests anyway.
-                        for map in [r.requests.as_ref(), r.limits.as_ref()]
-                            .into_iter()
-                            .flatten()
-                        {
-                            for (k, v) in map {
-                                if let Some(n) = count(v) {
-                                    resources.insert(k.clone(), n);
-                                }
-                            }
-                        }
-                    }
-                    ContainerInfo {
-                        name: c.name.clone(),
-                        resources,
-                    }
-                })
+            let init = s.init_containers.iter().flatten().map(|c| {
+                let kind = if c.restart_policy.as_deref() == Some("Always") {
+                    ContainerKind::Sidecar
+                } else {
+                    ContainerKind::Init
+                };
+                convert(c, kind)
+            });
+            init.chain(s.containers.iter().map(|c| convert(c, ContainerKind::App)))
                 .collect()
         })
         .unwrap_or_default();

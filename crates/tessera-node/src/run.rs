@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::backend::{BackendError, GpuBackend, ProcReader, XidEvent};
-use crate::deviceplugin::allocate::{Allocator, MpsConfig, PodSource};
+use crate::deviceplugin::allocate::{Allocator, Handover, MpsConfig, PodSource};
+use crate::deviceplugin::handover::DeviceList;
 use crate::deviceplugin::registration::{PluginConfig, PluginStatus, run_plugins};
 use crate::deviceplugin::{NodeView, Resource};
 use crate::health::{GpuHealth, HealthTracker, XidPolicy};
@@ -37,6 +38,10 @@ pub struct AgentConfig {
     /// HMAC key shared with the scheduler.
     pub allocation_key: Vec<u8>,
     pub mps: MpsConfig,
+    /// How devices are handed to containers (`--device-list-strategy`).
+    pub device_list: DeviceList,
+    /// Also serve `nvidia.com/gpu` (whole GPUs) for pods written for NVIDIA's plugin.
+    pub nvidia_gpu: bool,
     /// Write GFD-style labels on the Node.
     pub node_labels: bool,
 }
@@ -266,9 +271,13 @@ pub async fn run(
         config.node_name.clone(),
         config.allocation_key.clone(),
         deps.pods.clone(),
-        config.mps.clone(),
+        Handover {
+            mps: config.mps.clone(),
+            device_list: config.device_list.clone(),
+        },
     ));
-    let resources = Resource::for_node(&view_rx.borrow(), config.slots);
+    let resources = Resource::for_node(&view_rx.borrow(), config.slots, config.nvidia_gpu);
+    tracing::info!(device_list = %config.device_list, "devices are handed over by");
     tracing::info!(resources = ?resources.iter().map(Resource::name).collect::<Vec<_>>(), dir = %config.plugin.dir.display(), "serving device plugins");
     let (status_tx, _status_rx) = watch::channel(PluginStatus::default());
     let plugin_result = run_plugins(
@@ -322,7 +331,7 @@ pub async fn once_report(
         "cudaVersion": backend.cuda_version(),
         "node": node,
         "gpus": gpus,
-        "resources": Resource::for_node(&view, crate::deviceplugin::DEFAULT_SLOTS).iter().map(Resource::name).collect::<Vec<_>>(),
+        "resources": Resource::for_node(&view, crate::deviceplugin::DEFAULT_SLOTS, true).iter().map(Resource::name).collect::<Vec<_>>(),
         "gpuNodeSpec": spec,
         "nodeLabels": labels,
     });

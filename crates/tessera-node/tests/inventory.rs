@@ -183,6 +183,8 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         health_interval: Duration::from_millis(50),
         allocation_key: b"k".to_vec(),
         mps: MpsConfig::default(),
+        device_list: Default::default(),
+        nvidia_gpu: true,
         node_labels: false,
     };
     let deps = AgentDeps {

@@ -11,7 +11,7 @@ use tessera_core::request::Isolation;
 use tessera_node::backend::GpuBackend;
 use tessera_node::backend::fake::Fake;
 use tessera_node::deviceplugin::NodeView;
-use tessera_node::deviceplugin::allocate::{ContainerInfo, PodInfo, StaticPods};
+use tessera_node::deviceplugin::allocate::{Container, ContainerKind, PodInfo, StaticPods};
 use tessera_node::metrics::{Collector, KubeletPodResources, PodResourcesSource, XidStats};
 use tessera_node::proto::podresources as pr;
 use tessera_node::proto::podresources::pod_resources_lister_server::{
@@ -100,10 +100,7 @@ fn pod(uid: &str, ns: &str, name: &str, container: &str, alloc: Option<Allocatio
         annotations: alloc
             .map(|a| [(ANNOTATION.to_string(), a.encode_signed(b"k"))].into())
             .unwrap_or_default(),
-        containers: vec![ContainerInfo {
-            name: container.into(),
-            resources: BTreeMap::new(),
-        }],
+        containers: vec![Container::new(container, ContainerKind::App, &[])],
     }
 }
 
@@ -122,6 +119,7 @@ fn share(uid: &str, memory_mib: u64, cores_milli: u32) -> Allocation {
             cores_milli,
             mig: None,
         }],
+        containers: Vec::new(),
         signature: String::new(),
     }
 }

@@ -1,24 +1,32 @@
-//! `Allocate` and `GetPreferredAllocation`: from the scheduler's decision to the
-//! container's environment.
+//! `Allocate`: from the scheduler's decision to one container's devices.
 //!
-//! The kubelet's `Allocate` call does not say which pod it is admitting. The
-//! kubelet admits pods one at a time, oldest first, so the agent picks the
-//! oldest pending pod on this node that asks for the same number of devices of
-//! this resource and has not been answered yet, then checks that pod's
-//! decision with [`Allocation::decode_verified`]: a decision that is missing,
-//! not signed by the scheduler, copied from another pod or meant for another
-//! node is refused with an error naming the reason (the kubelet then fails the
-//! pod's admission with that message).
+//! The kubelet's `Allocate` call does not say which pod or container it is
+//! admitting. It admits pods one at a time, oldest first, and within a pod calls
+//! once per container that asks the resource: init containers (sidecars
+//! included) in spec order, then app containers ([`containers::kubelet_order`]).
+//! So the agent keeps, per pod and resource, how many calls it has answered:
+//! the next call belongs to the next asking container of the pod being
+//! admitted, or else of the oldest pending pod whose next asking container asks
+//! that many devices. It then checks the pod's decision with
+//! [`Allocation::decode_verified`]: a decision that is missing, not signed by
+//! the scheduler, copied from another pod or meant for another node is refused
+//! with an error naming the reason (the kubelet then fails the pod's admission
+//! with that message), and hands the container only its own GPUs
+//! ([`Allocation::gpus_of`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use tessera_core::allocation::{ANNOTATION, AllocatedGpu, Allocation, AllocationError};
-use tessera_core::request::Isolation;
+use tessera_core::allocation::{ANNOTATION, Allocation, AllocationError};
+use tessera_core::containers;
+pub use tessera_core::containers::{Container, ContainerKind};
+use tessera_core::request::RequestError;
 
-use super::{NodeView, Resource, device_gpu};
-use crate::backend::{GpuInfo, LinkKind};
+use super::Resource;
+use super::handover::DeviceList;
+use super::response::container_response;
+use crate::deviceplugin::NodeView;
 use crate::proto::deviceplugin as pb;
 
 /// A pod as the device plugin needs to see it.
@@ -32,14 +40,8 @@ pub struct PodInfo {
     /// Creation time, seconds since the epoch (orders admission).
     pub created_unix: i64,
     pub annotations: BTreeMap<String, String>,
-    /// Per container: extended resource name → count (limits, else requests).
-    pub containers: Vec<ContainerInfo>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ContainerInfo {
-    pub name: String,
-    pub resources: BTreeMap<String, u64>,
+    /// Init containers (sidecars included) in spec order, then app containers.
+    pub containers: Vec<Container>,
 }
 
 impl PodInfo {
@@ -118,6 +120,13 @@ impl Default for MpsConfig {
     }
 }
 
+/// How devices are handed to containers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Handover {
+    pub mps: MpsConfig,
+    pub device_list: DeviceList,
+}
+
 /// Why `Allocate` was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AllocateError {
@@ -160,8 +169,37 @@ pub enum AllocateError {
     #[error("pod {pod}: decision grants {isolation} GPUs but the kubelet asked for {resource}")]
     WrongResource {
         pod: String,
-        isolation: &'static str,
+        isolation: String,
         resource: String,
+    },
+    #[error(
+        "pod {pod}: {containers} containers ask GPUs but the decision does not say which container gets which GPU (was it written by an older scheduler?); the pod must be rescheduled"
+    )]
+    NoContainerList { pod: String, containers: usize },
+    #[error("pod {pod}: the decision gives container {container} no GPU")]
+    NotInDecision { pod: String, container: String },
+    #[error(
+        "pod {pod}: the kubelet asks {asked} {resource} for container {container}, but the decision gives it {granted} GPUs"
+    )]
+    CountMismatch {
+        pod: String,
+        container: String,
+        resource: String,
+        asked: usize,
+        granted: usize,
+    },
+    #[error("pod {pod}: its containers' GPU requests are not valid: {source}")]
+    BadSpec { pod: String, source: RequestError },
+    #[error(
+        "pod {pod}: decision names MIG instance {uuid} as {profile} at start {start}, but on GPU {gpu} that instance is {found}"
+    )]
+    MigMismatch {
+        pod: String,
+        gpu: String,
+        uuid: String,
+        profile: String,
+        start: u8,
+        found: String,
     },
     #[error("pod {pod}: decision names GPU {gpu}, which this node does not have")]
     UnknownGpu { pod: String, gpu: String },
@@ -200,9 +238,18 @@ pub struct Allocator {
     pub node: String,
     key: Vec<u8>,
     pods: Arc<dyn PodSource>,
-    pub mps: MpsConfig,
-    /// Pod UID → number of containers answered (accepted or refused).
-    answered: Mutex<BTreeMap<String, usize>>,
+    pub handover: Handover,
+    state: Mutex<Answered>,
+}
+
+/// What has been answered so far.
+#[derive(Debug, Default)]
+struct Answered {
+    /// (pod UID, resource) → calls answered (accepted or refused).
+    calls: BTreeMap<(String, String), usize>,
+    /// Pods with a refused call: the kubelet fails their admission, so no further
+    /// call belongs to them even while the API still shows them pending.
+    refused: BTreeSet<String>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -214,13 +261,13 @@ impl std::fmt::Debug for Allocator {
 }
 
 impl Allocator {
-    pub fn new(node: String, key: Vec<u8>, pods: Arc<dyn PodSource>, mps: MpsConfig) -> Self {
+    pub fn new(node: String, key: Vec<u8>, pods: Arc<dyn PodSource>, handover: Handover) -> Self {
         Allocator {
             node,
             key,
             pods,
-            mps,
-            answered: Mutex::new(BTreeMap::new()),
+            handover,
+            state: Mutex::new(Answered::default()),
         }
     }
 
@@ -234,32 +281,43 @@ impl Allocator {
         let resource_name = resource.name();
         let count = request.devices_ids.len();
         let pods = self.pods.pods_on_node(&self.node).await?;
-        let pod = {
-            let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
-            // Forget pods that are gone, so the map does not grow for ever.
-            answered.retain(|uid, _| pods.iter().any(|p| &p.uid == uid));
-            pick_pod(&pods, &resource_name, count, &answered)
+        let picked = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            // Forget pods that are gone, so the maps do not grow for ever.
+            state
+                .calls
+                .retain(|(uid, _), _| pods.iter().any(|p| &p.uid == uid));
+            state
+                .refused
+                .retain(|uid| pods.iter().any(|p| &p.uid == uid));
+            let picked = pick(&pods, &resource_name, count, &state);
+            if let Some((pod, _)) = &picked {
+                *state
+                    .calls
+                    .entry((pod.uid.clone(), resource_name.clone()))
+                    .or_default() += 1;
+            }
+            picked
         };
-        let Some(pod) = pod else {
+        let Some((pod, container)) = picked else {
             return Err(AllocateError::NoPod {
                 node: self.node.clone(),
                 count,
                 resource: resource_name,
             });
         };
-        *self
-            .answered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(pod.uid.clone())
-            .or_default() += 1;
-        let result = self.decide(&pod, resource, view);
+        let result = self.decide(&pod, &container, resource, count, view);
         match &result {
             Ok(r) => {
-                tracing::info!(pod = %pod.key(), resource = %resource_name, envs = ?r.envs, "allocated")
+                tracing::info!(pod = %pod.key(), container = %container, resource = %resource_name, envs = ?r.envs, cdi = ?r.cdi_devices, "allocated")
             }
             Err(e) => {
-                tracing::warn!(pod = %pod.key(), resource = %resource_name, error = %e, "allocate refused")
+                self.state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .refused
+                    .insert(pod.uid.clone());
+                tracing::warn!(pod = %pod.key(), container = %container, resource = %resource_name, error = %e, "allocate refused")
             }
         }
         result
@@ -268,7 +326,9 @@ impl Allocator {
     fn decide(
         &self,
         pod: &PodInfo,
+        container: &str,
         resource: &Resource,
+        count: usize,
         view: &NodeView,
     ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
         let key = pod.key();
@@ -299,445 +359,170 @@ impl Allocator {
                 },
             },
         )?;
-        container_response(&key, &alloc, resource, view, &self.mps)
+        if alloc.containers.is_empty() {
+            // A decision without a container list is for a pod with one GPU
+            // container; anything else would hand every container every GPU.
+            let demands = containers::gpu_demands(&pod.containers).map_err(|source| {
+                AllocateError::BadSpec {
+                    pod: key.clone(),
+                    source,
+                }
+            })?;
+            if demands.len() > 1 {
+                return Err(AllocateError::NoContainerList {
+                    pod: key,
+                    containers: demands.len(),
+                });
+            }
+        }
+        let gpus = alloc
+            .gpus_of(container)
+            .ok_or_else(|| AllocateError::NotInDecision {
+                pod: key.clone(),
+                container: container.to_string(),
+            })?;
+        if gpus.len() != count {
+            return Err(AllocateError::CountMismatch {
+                pod: key,
+                container: container.to_string(),
+                resource: resource.name(),
+                asked: count,
+                granted: gpus.len(),
+            });
+        }
+        container_response(&key, &alloc, &gpus, resource, view, &self.handover)
     }
 }
 
-/// The oldest pending pod asking `count` of `resource` in a container not yet answered.
-fn pick_pod(
+/// The pod and container the next call for `count` devices of `resource`
+/// belongs to: the next asking container of a pod already being admitted, else
+/// of the oldest pending pod whose next asking container asks `count`.
+fn pick(
     pods: &[PodInfo],
     resource: &str,
     count: usize,
-    answered: &BTreeMap<String, usize>,
-) -> Option<PodInfo> {
+    state: &Answered,
+) -> Option<(PodInfo, String)> {
     pods.iter()
         .filter(|p| p.phase.is_empty() || p.phase == "Pending")
-        .filter(|p| {
-            let asking: Vec<u64> = p
-                .containers
-                .iter()
-                .filter_map(|c| c.resources.get(resource).copied())
-                .filter(|n| *n > 0)
-                .collect();
-            let done = answered.get(&p.uid).copied().unwrap_or(0);
-            done < asking.len() && asking.contains(&(count as u64))
+        .filter(|p| !state.refused.contains(&p.uid))
+        .filter_map(|p| {
+            let done = state
+                .calls
+                .get(&(p.uid.clone(), resource.to_string()))
+                .copied()
+                .unwrap_or(0);
+            let askers = containers::askers(&p.containers, resource);
+            let (name, asked) = askers.get(done)?;
+            (*asked == count as u64).then(|| (p, name.to_string(), done > 0))
         })
-        .min_by(|a, b| {
-            (a.created_unix, &a.namespace, &a.name).cmp(&(b.created_unix, &b.namespace, &b.name))
+        .min_by(|(a, _, a_started), (b, _, b_started)| {
+            b_started.cmp(a_started).then_with(|| {
+                (a.created_unix, &a.namespace, &a.name).cmp(&(
+                    b.created_unix,
+                    &b.namespace,
+                    &b.name,
+                ))
+            })
         })
-        .cloned()
-}
-
-fn find_gpu<'a>(
-    pod: &str,
-    g: &AllocatedGpu,
-    view: &'a NodeView,
-) -> Result<&'a GpuInfo, AllocateError> {
-    let found = if g.uuid.is_empty() {
-        view.gpus.iter().find(|x| x.index == g.index)
-    } else {
-        view.gpu(&g.uuid)
-    };
-    let gpu = found.ok_or_else(|| AllocateError::UnknownGpu {
-        pod: pod.to_string(),
-        gpu: if g.uuid.is_empty() {
-            format!("index {}", g.index)
-        } else {
-            g.uuid.clone()
-        },
-    })?;
-    if let Some(crate::health::GpuHealth::Unhealthy { reason, .. }) = view.health.get(&gpu.uuid) {
-        return Err(AllocateError::UnhealthyGpu {
-            pod: pod.to_string(),
-            gpu: gpu.uuid.clone(),
-            reason: reason.clone(),
-        });
-    }
-    Ok(gpu)
-}
-
-/// Builds a container's answer from a verified decision. Pure.
-pub fn container_response(
-    pod: &str,
-    alloc: &Allocation,
-    resource: &Resource,
-    view: &NodeView,
-    mps: &MpsConfig,
-) -> Result<pb::ContainerAllocateResponse, AllocateError> {
-    let is_mig = alloc.isolation == Isolation::Mig;
-    if is_mig != matches!(resource, Resource::Mig { .. }) {
-        return Err(AllocateError::WrongResource {
-            pod: pod.to_string(),
-            isolation: alloc.isolation.name(),
-            resource: resource.name(),
-        });
-    }
-    let mut resp = pb::ContainerAllocateResponse::default();
-    let mut visible = Vec::new();
-    for g in &alloc.gpus {
-        let gpu = find_gpu(pod, g, view)?;
-        if is_mig {
-            let grant = g.mig.as_ref().ok_or_else(|| AllocateError::NoMigInstance {
-                pod: pod.to_string(),
-                gpu: gpu.uuid.clone(),
-                profile: "(none in decision)".into(),
-                start: 0,
-            })?;
-            let inst = gpu
-                .mig_instances
-                .iter()
-                .find(|m| {
-                    if grant.uuid.is_empty() {
-                        m.profile == grant.profile && m.start.is_none_or(|s| s == grant.start)
-                    } else {
-                        m.uuid == grant.uuid
-                    }
-                })
-                .ok_or_else(|| AllocateError::NoMigInstance {
-                    pod: pod.to_string(),
-                    gpu: gpu.uuid.clone(),
-                    profile: grant.profile.clone(),
-                    start: grant.start,
-                })?;
-            visible.push(inst.uuid.clone());
-        } else {
-            visible.push(gpu.uuid.clone());
-        }
-    }
-    resp.envs
-        .insert("NVIDIA_VISIBLE_DEVICES".into(), visible.join(","));
-    resp.envs
-        .insert("TESSERA_ISOLATION".into(), alloc.isolation.name().into());
-    match alloc.isolation {
-        Isolation::Mps => {
-            let max_milli = alloc
-                .gpus
-                .iter()
-                .map(|g| g.cores_milli)
-                .max()
-                .unwrap_or(1000);
-            let pct = max_milli.div_ceil(10).clamp(1, 100);
-            resp.envs
-                .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), pct.to_string());
-            // Devices are numbered as the client sees them: by position in the visible list.
-            let limits: Vec<String> = alloc
-                .gpus
-                .iter()
-                .enumerate()
-                .map(|(i, g)| format!("{i}={}M", g.memory_mib))
-                .collect();
-            resp.envs
-                .insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), limits.join(","));
-            resp.envs.insert(
-                "CUDA_MPS_PIPE_DIRECTORY".into(),
-                mps.container_pipe_dir.clone(),
-            );
-            resp.mounts.push(pb::Mount {
-                container_path: mps.container_pipe_dir.clone(),
-                host_path: format!("{}/pipe", mps.host_root),
-                read_only: false,
-            });
-            resp.mounts.push(pb::Mount {
-                container_path: "/dev/shm".into(),
-                host_path: format!("{}/shm", mps.host_root),
-                read_only: false,
-            });
-        }
-        Isolation::TimeSlice => {
-            // Time slicing enforces nothing; tell the workload its memory budget.
-            let mem: Vec<String> = alloc
-                .gpus
-                .iter()
-                .map(|g| g.memory_mib.to_string())
-                .collect();
-            resp.envs
-                .insert("TESSERA_GPU_MEMORY_MIB".into(), mem.join(","));
-        }
-        Isolation::Exclusive | Isolation::Mig => {}
-    }
-    Ok(resp)
-}
-
-/// `GetPreferredAllocation` for one container: the topology-best set of `size`
-/// devices from `available`, containing `must_include`.
-///
-/// For `tessera.io/gpu` tokens it spreads over distinct GPUs first (a pod that
-/// asks for N GPUs wants N GPUs), choosing the GPU set with the strongest links
-/// (NVLink count, then same PCIe switch, then same socket), and among equals the
-/// GPUs with the most free tokens (the least shared). For MIG devices it keeps
-/// the kubelet's order. The kubelet treats the answer as a hint.
-pub fn preferred(
-    available: &[String],
-    must_include: &[String],
-    size: usize,
-    view: &NodeView,
-) -> Vec<String> {
-    let mut chosen: Vec<String> = must_include.to_vec();
-    if chosen.len() >= size {
-        chosen.truncate(size);
-        return chosen;
-    }
-    let taken: BTreeSet<&String> = chosen.iter().collect();
-    // Free tokens per GPU, in a stable order.
-    let mut free: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
-    for id in available.iter().filter(|id| !taken.contains(id)) {
-        free.entry(device_gpu(id)).or_default().push(id);
-    }
-    let link_score = |a: &str, b: &str| -> u32 {
-        let Some(ga) = view.gpu(a) else { return 0 };
-        match ga.links.iter().find(|l| l.peer_uuid == b) {
-            Some(l) if l.kind == LinkKind::Nvlink => 100 + l.nvlinks,
-            Some(l) if l.kind == LinkKind::PcieSwitch => 30,
-            Some(l) if l.kind == LinkKind::SameSocket => 10,
-            _ => 0,
-        }
-    };
-    let mut gpus: Vec<&str> = must_include.iter().map(|id| device_gpu(id)).collect();
-    gpus.sort_unstable();
-    gpus.dedup();
-    let wanted_gpus = size - chosen.len();
-    let candidates: Vec<&str> = free.keys().copied().filter(|g| !gpus.contains(g)).collect();
-    let target = gpus.len() + wanted_gpus;
-    let free_tokens = |c: &str| free.get(c).map_or(0, Vec::len);
-    let best_set = if gpus.is_empty() {
-        candidates
-            .iter()
-            .map(|seed| grow_set(vec![*seed], target, &candidates, &free_tokens, &link_score))
-            .max_by(|a, b| {
-                a.0.cmp(&b.0).then_with(|| {
-                    let fa: usize = a.1.iter().map(|g| free[g].len()).sum();
-                    let fb: usize = b.1.iter().map(|g| free[g].len()).sum();
-                    fa.cmp(&fb)
-                })
-            })
-            .map(|(_, s)| s)
-            .unwrap_or_default()
-    } else {
-        grow_set(gpus.clone(), target, &candidates, &free_tokens, &link_score).1
-    };
-    let mut best_set = best_set;
-    best_set.sort_unstable();
-    // One token from each chosen GPU, then fill round-robin if more are needed.
-    let mut cursors: BTreeMap<&str, usize> = BTreeMap::new();
-    'outer: loop {
-        let mut progressed = false;
-        for g in best_set
-            .iter()
-            .chain(free.keys().filter(|k| !best_set.contains(k)))
-        {
-            if chosen.len() >= size {
-                break 'outer;
-            }
-            let Some(list) = free.get(g) else { continue };
-            let cur = cursors.entry(g).or_default();
-            if *cur < list.len() {
-                chosen.push(list[*cur].clone());
-                *cur += 1;
-                progressed = true;
-            }
-        }
-        if !progressed {
-            break;
-        }
-    }
-    chosen
-}
-
-/// Grows `set` greedily to `target` GPUs: each step adds the candidate with the
-/// strongest links to the set, then the most free tokens. Returns the link total.
-fn grow_set<'a>(
-    mut set: Vec<&'a str>,
-    target: usize,
-    candidates: &[&'a str],
-    free_tokens: &dyn Fn(&str) -> usize,
-    link_score: &dyn Fn(&str, &str) -> u32,
-) -> (u64, Vec<&'a str>) {
-    let mut total = 0u64;
-    while set.len() < target {
-        let best = candidates
-            .iter()
-            .filter(|c| !set.contains(c))
-            .map(|c| {
-                let s: u32 = set.iter().map(|g| link_score(g, c)).sum();
-                (s, free_tokens(c), std::cmp::Reverse(*c), *c)
-            })
-            .max();
-        match best {
-            Some((s, _, _, c)) => {
-                total += u64::from(s);
-                set.push(c);
-            }
-            None => break,
-        }
-    }
-    (total, set)
+        .map(|(p, name, _)| (p.clone(), name))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::GpuBackend;
-    use crate::backend::fake::Fake;
-    use tessera_core::allocation::{MigGrant, VERSION};
 
-    fn view() -> NodeView {
-        let fake = Fake::from_yaml(
-            r#"
-gpus:
-  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB, numaNode: 0, nvlinks: { GPU-1: 12 } }
-  - { uuid: GPU-1, product: NVIDIA A100-SXM4-80GB, numaNode: 0 }
-  - { uuid: GPU-2, product: NVIDIA A100-SXM4-80GB, numaNode: 1, nvlinks: { GPU-3: 12 } }
-  - { uuid: GPU-3, product: NVIDIA A100-SXM4-80GB, numaNode: 1 }
-  - uuid: GPU-4
-    product: NVIDIA A100-SXM4-80GB
-    mig: { enabled: true, instances: [ { uuid: MIG-x, profile: 3g.40gb, start: 4 } ] }
-"#,
-            "t",
-        )
-        .unwrap();
-        NodeView {
-            gpus: fake.discover().unwrap(),
-            health: BTreeMap::new(),
-        }
-    }
-
-    fn alloc(isolation: Isolation, gpus: Vec<AllocatedGpu>) -> Allocation {
-        Allocation {
-            version: VERSION,
-            pod_uid: "u".into(),
-            pod: "ns/p".into(),
-            node: "n".into(),
-            policy: "tessera".into(),
-            isolation,
-            gpus,
-            signature: String::new(),
-        }
-    }
-
-    fn g(index: u32, uuid: &str, memory_mib: u64, cores_milli: u32) -> AllocatedGpu {
-        AllocatedGpu {
-            index,
-            uuid: uuid.into(),
-            memory_mib,
-            cores_milli,
-            mig: None,
-        }
-    }
-
-    #[test]
-    fn mps_share_sets_thread_percentage_memory_limit_and_pipe() {
-        let a = alloc(Isolation::Mps, vec![g(2, "", 20_000, 333)]);
-        let r = container_response(
-            "ns/p",
-            &a,
-            &Resource::Gpu { slots: 4 },
-            &view(),
-            &MpsConfig::default(),
-        )
-        .unwrap();
-        assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-2");
-        // 333 per-mille rounds up to 34 %.
-        assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "34");
-        assert_eq!(r.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=20000M");
-        assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tessera/mps/pipe");
-        assert_eq!(r.mounts[0].host_path, "/run/tessera/mps/pipe");
-        assert_eq!(r.mounts[1].container_path, "/dev/shm");
-    }
-
-    #[test]
-    fn mig_and_mismatches() {
-        let mut m = g(4, "GPU-4", 40_192, 428);
-        m.mig = Some(MigGrant {
-            profile: "3g.40gb".into(),
-            start: 4,
-            size: 4,
-            uuid: String::new(),
-        });
-        let a = alloc(Isolation::Mig, vec![m.clone()]);
-        let mig = Resource::Mig {
-            profile: "3g.40gb".into(),
-        };
-        let r = container_response("ns/p", &a, &mig, &view(), &MpsConfig::default()).unwrap();
-        assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-x");
-        assert!(!r.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
-        m.mig.as_mut().unwrap().start = 0;
-        let a = alloc(Isolation::Mig, vec![m]);
-        let e = container_response("ns/p", &a, &mig, &view(), &MpsConfig::default()).unwrap_err();
-        assert!(matches!(e, AllocateError::NoMigInstance { .. }), "{e}");
-        let whole = alloc(Isolation::Exclusive, vec![g(0, "GPU-9", 0, 1000)]);
-        let e = container_response(
-            "ns/p",
-            &whole,
-            &Resource::Gpu { slots: 1 },
-            &view(),
-            &MpsConfig::default(),
-        )
-        .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "pod ns/p: decision names GPU GPU-9, which this node does not have"
-        );
-        let e =
-            container_response("ns/p", &whole, &mig, &view(), &MpsConfig::default()).unwrap_err();
-        assert!(matches!(e, AllocateError::WrongResource { .. }));
-    }
-
-    #[test]
-    fn preferred_allocation_follows_nvlink() {
-        let v = view();
-        let mut avail = Vec::new();
-        for gpu in ["GPU-0", "GPU-1", "GPU-2", "GPU-3"] {
-            for k in 0..4 {
-                avail.push(super::super::slot_id(gpu, k));
-            }
-        }
-        // GPU-0 is partly used: the pair GPU-2/GPU-3 has more free tokens.
-        avail.retain(|id| id != "GPU-0::0");
-        let p = preferred(&avail, &[], 2, &v);
-        assert_eq!(p, ["GPU-2::0", "GPU-3::0"]);
-        // Must include a GPU-1 token: its NVLink peer GPU-0 comes next.
-        let p = preferred(&avail, &["GPU-1::2".to_string()], 2, &v);
-        assert_eq!(p, ["GPU-1::2", "GPU-0::1"]);
-        // More tokens than GPUs: one per GPU first.
-        let p = preferred(&avail, &[], 5, &v);
-        let gpus: BTreeSet<&str> = p.iter().map(|id| device_gpu(id)).collect();
-        assert_eq!((p.len(), gpus.len()), (5, 4));
-    }
-
-    #[test]
-    fn pick_pod_takes_the_oldest_unanswered_asker() {
-        let pod = |uid: &str, created: i64, n: u64, phase: &str| PodInfo {
+    fn pod(uid: &str, created: i64, phase: &str, containers: Vec<Container>) -> PodInfo {
+        PodInfo {
             uid: uid.into(),
             namespace: "ns".into(),
             name: uid.into(),
             phase: phase.into(),
             created_unix: created,
             annotations: BTreeMap::new(),
-            containers: vec![ContainerInfo {
-                name: "c".into(),
-                resources: [("tessera.io/gpu".to_string(), n)].into(),
-            }],
+            containers,
+        }
+    }
+
+    fn asking(name: &str, kind: ContainerKind, n: &str) -> Container {
+        Container::new(name, kind, &[("tessera.io/gpu", n)])
+    }
+
+    fn picked(pods: &[PodInfo], count: usize, state: &Answered) -> Option<(String, String)> {
+        pick(pods, "tessera.io/gpu", count, state).map(|(p, c)| (p.uid, c))
+    }
+
+    fn answer(state: &mut Answered, uid: &str) {
+        *state
+            .calls
+            .entry((uid.into(), "tessera.io/gpu".into()))
+            .or_default() += 1;
+    }
+
+    #[test]
+    fn pick_takes_the_oldest_unanswered_asker() {
+        let one = |uid: &str, created: i64, n: &str, phase: &str| {
+            pod(
+                uid,
+                created,
+                phase,
+                vec![asking("c", ContainerKind::App, n)],
+            )
         };
         let pods = vec![
-            pod("new", 20, 1, "Pending"),
-            pod("old", 10, 1, "Pending"),
-            pod("running", 1, 1, "Running"),
-            pod("two", 5, 2, "Pending"),
+            one("new", 20, "1", "Pending"),
+            one("old", 10, "1", "Pending"),
+            one("running", 1, "1", "Running"),
+            one("two", 5, "2", "Pending"),
         ];
-        let mut answered = BTreeMap::new();
-        assert_eq!(
-            pick_pod(&pods, "tessera.io/gpu", 1, &answered).unwrap().uid,
-            "old"
+        let mut state = Answered::default();
+        assert_eq!(picked(&pods, 1, &state).unwrap().0, "old");
+        answer(&mut state, "old");
+        assert_eq!(picked(&pods, 1, &state).unwrap().0, "new");
+        assert_eq!(picked(&pods, 2, &state).unwrap().0, "two");
+        assert!(picked(&pods, 3, &state).is_none());
+        // A refused pod is out: the kubelet failed its admission.
+        state.refused.insert("new".into());
+        assert!(picked(&pods, 1, &state).is_none());
+    }
+
+    #[test]
+    fn pick_follows_the_kubelet_through_a_pods_containers() {
+        // Spec order: app `a`, init `load` (2 GPUs), sidecar `proxy`, app `b`.
+        let multi = pod(
+            "multi",
+            20,
+            "Pending",
+            vec![
+                asking("load", ContainerKind::Init, "2"),
+                asking("proxy", ContainerKind::Sidecar, "1"),
+                asking("a", ContainerKind::App, "1"),
+                Container::new("cpu-only", ContainerKind::App, &[("cpu", "1")]),
+                asking("b", ContainerKind::App, "1"),
+            ],
         );
-        answered.insert("old".to_string(), 1);
-        assert_eq!(
-            pick_pod(&pods, "tessera.io/gpu", 1, &answered).unwrap().uid,
-            "new"
+        let older = pod(
+            "older",
+            10,
+            "Pending",
+            vec![asking("c", ContainerKind::App, "1")],
         );
+        let pods = vec![multi, older];
+        let mut state = Answered::default();
+        // The kubelet starts on `multi` with its init container's 2 devices.
         assert_eq!(
-            pick_pod(&pods, "tessera.io/gpu", 2, &answered).unwrap().uid,
-            "two"
+            picked(&pods, 2, &state),
+            Some(("multi".into(), "load".into()))
         );
-        assert!(pick_pod(&pods, "tessera.io/gpu", 3, &answered).is_none());
+        answer(&mut state, "multi");
+        // The next 1-device calls finish `multi` before the older pod, in order.
+        for container in ["proxy", "a", "b"] {
+            assert_eq!(
+                picked(&pods, 1, &state),
+                Some(("multi".into(), container.into()))
+            );
+            answer(&mut state, "multi");
+        }
+        assert_eq!(picked(&pods, 1, &state), Some(("older".into(), "c".into())));
     }
 }

@@ -18,13 +18,21 @@
 //! - `tessera.io/mig-<profile>` (`+` written `.`, as NVIDIA's mixed strategy
 //!   does): one device per existing MIG instance, ID = its `MIG-…` UUID, health
 //!   = its parent GPU's.
+//! - `nvidia.com/gpu` (optional, on by default): one device per GPU without MIG
+//!   mode, ID = its UUID, so pods written for NVIDIA's device plugin run on
+//!   Tessera's nodes. Answered from the decision like the others, for whole
+//!   (exclusive) GPUs only. The kubelet uses one plugin per resource name (the
+//!   last to register), so this must not be on where NVIDIA's plugin also runs.
 //!
 //! Each resource has its own socket `tessera-<name>.sock` in the device-plugins
 //! directory, and re-registers when the kubelet's socket is recreated
 //! ([`registration`]).
 
 pub mod allocate;
+pub mod handover;
+pub mod preferred;
 pub mod registration;
+pub mod response;
 pub mod service;
 
 use std::collections::BTreeMap;
@@ -68,6 +76,8 @@ pub enum Resource {
     Gpu { slots: u32 },
     /// `tessera.io/mig-<profile>`: existing MIG instances of one profile.
     Mig { profile: String },
+    /// `nvidia.com/gpu`: whole GPUs, one device each.
+    NvidiaGpu,
 }
 
 impl Resource {
@@ -80,21 +90,32 @@ impl Resource {
                 tessera_core::request::RES_MIG_PREFIX,
                 profile.replace('+', ".")
             ),
+            Resource::NvidiaGpu => tessera_core::request::RES_NVIDIA_GPU.to_string(),
         }
     }
 
     /// The plugin's socket file name (relative to the device-plugins directory).
     pub fn socket_name(&self) -> String {
         let name = self.name();
-        let short = name.rsplit('/').next().unwrap_or(&name);
-        format!("tessera-{short}.sock")
+        let (vendor, short) = name.split_once('/').unwrap_or(("", &name));
+        // `tessera-gpu.sock` is tessera.io/gpu; NVIDIA's own plugin uses `nvidia-gpu.sock`.
+        match vendor {
+            "tessera.io" => format!("tessera-{short}.sock"),
+            _ => format!(
+                "tessera-{}-{short}.sock",
+                vendor.split('.').next().unwrap_or(vendor)
+            ),
+        }
     }
 
-    /// The resources a node with these GPUs offers.
-    pub fn for_node(view: &NodeView, slots: u32) -> Vec<Resource> {
+    /// The resources a node with these GPUs offers; `nvidia_gpu` adds `nvidia.com/gpu`.
+    pub fn for_node(view: &NodeView, slots: u32, nvidia_gpu: bool) -> Vec<Resource> {
         let mut out = Vec::new();
         if view.gpus.iter().any(|g| !g.mig_enabled) {
             out.push(Resource::Gpu { slots });
+            if nvidia_gpu {
+                out.push(Resource::NvidiaGpu);
+            }
         }
         let mut profiles: Vec<String> = view
             .gpus
@@ -147,7 +168,12 @@ impl Resource {
                         });
                     }
                 }
-                Resource::Gpu { .. } => {}
+                Resource::NvidiaGpu if !gpu.mig_enabled => out.push(pb::Device {
+                    id: gpu.uuid.clone(),
+                    health: health(gpu),
+                    topology: topo(gpu),
+                }),
+                Resource::Gpu { .. } | Resource::NvidiaGpu => {}
             }
         }
         out
@@ -191,7 +217,7 @@ gpus:
             gpus: fake.discover().unwrap(),
             health: BTreeMap::new(),
         };
-        let res = Resource::for_node(&view, 4);
+        let res = Resource::for_node(&view, 4, false);
         let names: Vec<String> = res.iter().map(Resource::name).collect();
         assert_eq!(
             names,
@@ -202,6 +228,14 @@ gpus:
             ]
         );
         assert_eq!(res[2].socket_name(), "tessera-mig-1g.10gb.me.sock");
+        // nvidia.com/gpu: one device per GPU without MIG, named by UUID.
+        let with_nvidia = Resource::for_node(&view, 4, true);
+        assert_eq!(with_nvidia[1], Resource::NvidiaGpu);
+        assert_eq!(with_nvidia[1].name(), "nvidia.com/gpu");
+        assert_eq!(with_nvidia[1].socket_name(), "tessera-nvidia-gpu.sock");
+        let whole = with_nvidia[1].devices(&view);
+        let ids: Vec<&str> = whole.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["GPU-a"]);
         let devs = res[0].devices(&view);
         assert_eq!(
             devs.len(),

@@ -7,7 +7,8 @@ use futures::Stream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::allocate::{Allocator, preferred};
+use super::allocate::Allocator;
+use super::preferred::preferred;
 use super::{NodeView, Resource};
 use crate::proto::deviceplugin as pb;
 use crate::proto::deviceplugin::device_plugin_server::DevicePlugin;

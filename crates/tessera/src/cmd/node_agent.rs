@@ -12,6 +12,7 @@ use tessera_node::backend::fake::Fake;
 use tessera_node::backend::nvml::Nvml;
 use tessera_node::backend::{GpuBackend, HostProc, ProcReader, Unavailable};
 use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods, PodSource};
+use tessera_node::deviceplugin::handover::DeviceList;
 use tessera_node::deviceplugin::registration::PluginConfig;
 use tessera_node::health::XidPolicy;
 use tessera_node::inventory::Inventory;
@@ -94,6 +95,18 @@ pub struct NodeAgentArgs {
     /// Do not write GFD-style nvidia.com/* labels on the Node.
     #[arg(long)]
     no_node_labels: bool,
+    /// How containers are told their GPUs: volume-mounts, cdi-cri or envvar, or a
+    /// comma-separated list (envvar can be overridden by the pod's own environment).
+    #[arg(long, default_value = "volume-mounts", value_name = "LIST", value_parser = parse_device_list)]
+    device_list_strategy: DeviceList,
+    /// Do not serve nvidia.com/gpu (serve it only where NVIDIA's device plugin does not run).
+    #[arg(long)]
+    no_nvidia_gpu_resource: bool,
+}
+
+fn parse_device_list(s: &str) -> Result<DeviceList, String> {
+    s.parse()
+        .map_err(|e: tessera_node::deviceplugin::handover::UnknownStrategy| e.to_string())
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -275,6 +288,8 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
             host_root: args.mps_root.clone(),
             ..MpsConfig::default()
         },
+        device_list: args.device_list_strategy.clone(),
+        nvidia_gpu: !args.no_nvidia_gpu_resource,
         node_labels: !args.no_node_labels,
     };
 
@@ -422,6 +437,7 @@ mod tests {
             &["--backend", "cuda"][..],
             &["--slots", "0"],
             &["--quiet-period", "soon"],
+            &["--device-list-strategy", "volume-mount"],
             &["--bogus"],
         ] {
             let e =

@@ -1,0 +1,315 @@
+//! One container's `Allocate` answer from its GPUs in a verified decision. Pure.
+//!
+//! The devices are the decision's (GPU UUIDs, or MIG instance UUIDs), not the
+//! tokens the kubelet picked; they are handed over by the configured
+//! [`DeviceList`](super::handover::DeviceList) strategies, and the share
+//! settings (MPS limits, time-slice memory budget) follow the isolation mode.
+
+use tessera_core::allocation::{AllocatedGpu, Allocation};
+use tessera_core::request::Isolation;
+
+use super::allocate::{AllocateError, Handover};
+use super::{NodeView, Resource};
+use crate::backend::GpuInfo;
+use crate::proto::deviceplugin as pb;
+
+fn find_gpu<'a>(
+    pod: &str,
+    g: &AllocatedGpu,
+    view: &'a NodeView,
+) -> Result<&'a GpuInfo, AllocateError> {
+    let found = if g.uuid.is_empty() {
+        view.gpus.iter().find(|x| x.index == g.index)
+    } else {
+        view.gpu(&g.uuid)
+    };
+    let gpu = found.ok_or_else(|| AllocateError::UnknownGpu {
+        pod: pod.to_string(),
+        gpu: if g.uuid.is_empty() {
+            format!("index {}", g.index)
+        } else {
+            g.uuid.clone()
+        },
+    })?;
+    if let Some(crate::health::GpuHealth::Unhealthy { reason, .. }) = view.health.get(&gpu.uuid) {
+        return Err(AllocateError::UnhealthyGpu {
+            pod: pod.to_string(),
+            gpu: gpu.uuid.clone(),
+            reason: reason.clone(),
+        });
+    }
+    Ok(gpu)
+}
+
+/// The UUID of the MIG instance a grant names: by UUID when the decision has
+/// one (and then it must be the instance the decision describes), else by
+/// profile and placement.
+fn mig_instance(
+    pod: &str,
+    g: &AllocatedGpu,
+    gpu: &GpuInfo,
+    resource: &Resource,
+) -> Result<String, AllocateError> {
+    let no_instance = |profile: &str, start: u8| AllocateError::NoMigInstance {
+        pod: pod.to_string(),
+        gpu: gpu.uuid.clone(),
+        profile: profile.to_string(),
+        start,
+    };
+    let grant = g
+        .mig
+        .as_ref()
+        .ok_or_else(|| no_instance("(none in decision)", 0))?;
+    let inst = if grant.uuid.is_empty() {
+        gpu.mig_instances
+            .iter()
+            .find(|m| m.profile == grant.profile && m.start.is_none_or(|s| s == grant.start))
+            .ok_or_else(|| no_instance(&grant.profile, grant.start))?
+    } else {
+        let inst = gpu
+            .mig_instances
+            .iter()
+            .find(|m| m.uuid == grant.uuid)
+            .ok_or_else(|| no_instance(&grant.profile, grant.start))?;
+        if inst.profile != grant.profile || inst.start.is_some_and(|s| s != grant.start) {
+            return Err(AllocateError::MigMismatch {
+                pod: pod.to_string(),
+                gpu: gpu.uuid.clone(),
+                uuid: grant.uuid.clone(),
+                profile: grant.profile.clone(),
+                start: grant.start,
+                found: match inst.start {
+                    Some(s) => format!("{} at start {s}", inst.profile),
+                    None => inst.profile.clone(),
+                },
+            });
+        }
+        inst
+    };
+    if let Resource::Mig { profile } = resource
+        && profile != &grant.profile
+    {
+        return Err(AllocateError::WrongResource {
+            pod: pod.to_string(),
+            isolation: format!("MIG {}", grant.profile),
+            resource: resource.name(),
+        });
+    }
+    Ok(inst.uuid.clone())
+}
+
+/// Builds the answer for a container that gets `gpus` of the verified decision `alloc`.
+pub fn container_response(
+    pod: &str,
+    alloc: &Allocation,
+    gpus: &[&AllocatedGpu],
+    resource: &Resource,
+    view: &NodeView,
+    handover: &Handover,
+) -> Result<pb::ContainerAllocateResponse, AllocateError> {
+    let fits = match resource {
+        Resource::Mig { .. } => alloc.isolation == Isolation::Mig,
+        Resource::Gpu { .. } => alloc.isolation != Isolation::Mig,
+        // Whole devices: a share or a MIG slice would let more pods use one GPU
+        // than the kubelet counts for nvidia.com/gpu.
+        Resource::NvidiaGpu => alloc.isolation == Isolation::Exclusive,
+    };
+    if !fits {
+        return Err(AllocateError::WrongResource {
+            pod: pod.to_string(),
+            isolation: alloc.isolation.name().to_string(),
+            resource: resource.name(),
+        });
+    }
+    let mut ids = Vec::with_capacity(gpus.len());
+    for g in gpus {
+        let gpu = find_gpu(pod, g, view)?;
+        ids.push(if alloc.isolation == Isolation::Mig {
+            mig_instance(pod, g, gpu, resource)?
+        } else {
+            gpu.uuid.clone()
+        });
+    }
+    let mut resp = pb::ContainerAllocateResponse::default();
+    handover.device_list.hand_over(&ids, &mut resp);
+    resp.envs
+        .insert("TESSERA_ISOLATION".into(), alloc.isolation.name().into());
+    let mps = &handover.mps;
+    match alloc.isolation {
+        Isolation::Mps => {
+            let max_milli = gpus.iter().map(|g| g.cores_milli).max().unwrap_or(1000);
+            let pct = max_milli.div_ceil(10).clamp(1, 100);
+            resp.envs
+                .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), pct.to_string());
+            // Devices are numbered as the client sees them: by position in its own list.
+            let limits: Vec<String> = gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| format!("{i}={}M", g.memory_mib))
+                .collect();
+            resp.envs
+                .insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), limits.join(","));
+            resp.envs.insert(
+                "CUDA_MPS_PIPE_DIRECTORY".into(),
+                mps.container_pipe_dir.clone(),
+            );
+            resp.mounts.push(pb::Mount {
+                container_path: mps.container_pipe_dir.clone(),
+                host_path: format!("{}/pipe", mps.host_root),
+                read_only: false,
+            });
+            resp.mounts.push(pb::Mount {
+                container_path: "/dev/shm".into(),
+                host_path: format!("{}/shm", mps.host_root),
+                read_only: false,
+            });
+        }
+        Isolation::TimeSlice => {
+            // Time slicing enforces nothing; tell the workload its memory budget.
+            let mem: Vec<String> = gpus.iter().map(|g| g.memory_mib.to_string()).collect();
+            resp.envs
+                .insert("TESSERA_GPU_MEMORY_MIB".into(), mem.join(","));
+        }
+        Isolation::Exclusive | Isolation::Mig => {}
+    }
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::backend::GpuBackend;
+    use crate::backend::fake::Fake;
+    use crate::deviceplugin::allocate::MpsConfig;
+    use crate::deviceplugin::handover::DeviceList;
+    use tessera_core::allocation::{MigGrant, VERSION};
+
+    fn view() -> NodeView {
+        let fake = Fake::from_yaml(
+            r#"
+gpus:
+  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB, numaNode: 0, nvlinks: { GPU-1: 12 } }
+  - { uuid: GPU-1, product: NVIDIA A100-SXM4-80GB, numaNode: 0 }
+  - { uuid: GPU-2, product: NVIDIA A100-SXM4-80GB, numaNode: 1, nvlinks: { GPU-3: 12 } }
+  - { uuid: GPU-3, product: NVIDIA A100-SXM4-80GB, numaNode: 1 }
+  - uuid: GPU-4
+    product: NVIDIA A100-SXM4-80GB
+    mig: { enabled: true, instances: [ { uuid: MIG-x, profile: 3g.40gb, start: 4 } ] }
+"#,
+            "t",
+        )
+        .unwrap();
+        NodeView {
+            gpus: fake.discover().unwrap(),
+            health: BTreeMap::new(),
+        }
+    }
+
+    fn alloc(isolation: Isolation, gpus: Vec<AllocatedGpu>) -> Allocation {
+        Allocation {
+            version: VERSION,
+            pod_uid: "u".into(),
+            pod: "ns/p".into(),
+            node: "n".into(),
+            policy: "tessera".into(),
+            isolation,
+            gpus,
+            containers: Vec::new(),
+            signature: String::new(),
+        }
+    }
+
+    /// The answer when the container gets all of `alloc`'s GPUs, handed over by `envvar`.
+    fn answer(
+        a: &Allocation,
+        resource: &Resource,
+    ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
+        let handover = Handover {
+            mps: MpsConfig::default(),
+            device_list: "envvar".parse::<DeviceList>().unwrap(),
+        };
+        let gpus: Vec<&AllocatedGpu> = a.gpus.iter().collect();
+        container_response("ns/p", a, &gpus, resource, &view(), &handover)
+    }
+
+    fn g(index: u32, uuid: &str, memory_mib: u64, cores_milli: u32) -> AllocatedGpu {
+        AllocatedGpu {
+            index,
+            uuid: uuid.into(),
+            memory_mib,
+            cores_milli,
+            mig: None,
+        }
+    }
+
+    #[test]
+    fn mps_share_sets_thread_percentage_memory_limit_and_pipe() {
+        let a = alloc(Isolation::Mps, vec![g(2, "", 20_000, 333)]);
+        let r = answer(&a, &Resource::Gpu { slots: 4 }).unwrap();
+        assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-2");
+        // 333 per-mille rounds up to 34 %.
+        assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "34");
+        assert_eq!(r.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=20000M");
+        assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tessera/mps/pipe");
+        assert_eq!(r.mounts[0].host_path, "/run/tessera/mps/pipe");
+        assert_eq!(r.mounts[1].container_path, "/dev/shm");
+    }
+
+    #[test]
+    fn mig_and_mismatches() {
+        let mut m = g(4, "GPU-4", 40_192, 428);
+        m.mig = Some(MigGrant {
+            profile: "3g.40gb".into(),
+            start: 4,
+            size: 4,
+            uuid: String::new(),
+        });
+        let a = alloc(Isolation::Mig, vec![m.clone()]);
+        let mig = Resource::Mig {
+            profile: "3g.40gb".into(),
+        };
+        let r = answer(&a, &mig).unwrap();
+        assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-x");
+        assert!(!r.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+        m.mig.as_mut().unwrap().start = 0;
+        let a = alloc(Isolation::Mig, vec![m]);
+        let e = answer(&a, &mig).unwrap_err();
+        assert!(matches!(e, AllocateError::NoMigInstance { .. }), "{e}");
+        let whole = alloc(Isolation::Exclusive, vec![g(0, "GPU-9", 0, 1000)]);
+        let e = answer(&whole, &Resource::Gpu { slots: 1 }).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "pod ns/p: decision names GPU GPU-9, which this node does not have"
+        );
+        let e = answer(&whole, &mig).unwrap_err();
+        assert!(matches!(e, AllocateError::WrongResource { .. }));
+    }
+
+    #[test]
+    fn mig_grant_by_uuid_hands_out_that_instance() {
+        let mig = Resource::Mig {
+            profile: "3g.40gb".into(),
+        };
+        let with_uuid = |profile: &str, start: u8, uuid: &str| {
+            let mut m = g(4, "GPU-4", 40_192, 428);
+            m.mig = Some(MigGrant {
+                profile: profile.into(),
+                start,
+                size: 4,
+                uuid: uuid.into(),
+            });
+            alloc(Isolation::Mig, vec![m])
+        };
+        // The scheduler names the instance at placement start 4 by its UUID.
+        let r = answer(&with_uuid("3g.40gb", 4, "MIG-x"), &mig).unwrap();
+        assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-x");
+        // A UUID that names an instance of another profile or placement than
+        // the decision says is refused, not handed out.
+        for (profile, start) in [("1g.10gb", 4), ("3g.40gb", 0)] {
+            let e = answer(&with_uuid(profile, start, "MIG-x"), &mig).unwrap_err();
+            assert!(e.to_string().contains("MIG-x"), "{e}");
+        }
+    }
+}
