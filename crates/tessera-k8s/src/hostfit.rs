@@ -18,7 +18,7 @@ use tessera_core::request;
 
 /// What a pod takes of the countable resources, resource name → amount
 /// (`ephemeral-storage` in MiB, everything else in units).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct HostAsk(pub BTreeMap<String, u64>);
 
 /// Tessera's share resources: accounted by the ledger, advertised by no one.

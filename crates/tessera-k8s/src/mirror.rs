@@ -182,7 +182,7 @@ pub struct Mirror {
     dirty: bool,
     rng: SmallRng,
     /// Per request shape, each node's verdict (see [`ShapeCache`]).
-    shapes: HashMap<Request, ShapeCache>,
+    shapes: HashMap<(Request, HostAsk), ShapeCache>,
     /// The verdicts of the last request a non-cacheable policy judged.
     uncached: Option<ShapeCache>,
     /// Node name to id, for the extender's name lists.
@@ -454,6 +454,7 @@ impl Mirror {
             &h.host,
             true,
         );
+        self.host_changed(&h.node);
         if let Some(old) = self.held.insert(uid, h) {
             self.unaccount(&old);
         }
@@ -462,6 +463,20 @@ impl Mirror {
     fn unaccount(&mut self, h: &Held) {
         if let Some(used) = self.host_used.get_mut(&h.node) {
             hostfit::account(used, &h.host, false);
+        }
+        self.host_changed(&h.node);
+    }
+
+    /// The node's countable resources changed: its cached verdicts are stale
+    /// (they include the host check), whether or not the ledger changed too.
+    fn host_changed(&mut self, node: &str) {
+        let Some(id) = self.by_name.get(node).copied() else {
+            return;
+        };
+        for c in self.shapes.values_mut().chain(self.uncached.as_mut()) {
+            if let Some(v) = c.verdicts.get_mut(id.0 as usize) {
+                *v = None;
+            }
         }
     }
 
@@ -635,10 +650,11 @@ impl Mirror {
 
     /// Fills the verdict cache of `req`'s shape for `ids`, refreshing only the
     /// nodes the ledger changed since the shape was last asked (see [`ShapeCache`]).
-    fn ensure_verdicts(&mut self, req: &Request, ids: &[Option<NodeId>]) {
+    fn ensure_verdicts(&mut self, key: &(Request, HostAsk), ids: &[Option<NodeId>]) {
+        let req = &key.0;
         let cacheable = self.policy.cacheable() && req.constraints.pinned_uuids.is_empty();
         let cursor = self.ledger.change_cursor();
-        let mut cache = match self.shapes.remove(req) {
+        let mut cache = match self.shapes.remove(key) {
             Some(c) if cacheable && c.generation == self.generation => c,
             _ => ShapeCache {
                 cursor,
@@ -657,9 +673,15 @@ impl Mirror {
         cache.cursor = cursor;
         for id in ids.iter().flatten() {
             if cache.verdicts[id.0 as usize].is_none() {
-                let v = match self.score_node(*id, req) {
-                    Ok(s) => Verdict::Fit(s.score),
-                    Err(r) => Verdict::No {
+                let host = self.host_fits(&self.facts[id.0 as usize], &key.1);
+                let v = match host.map(|()| self.score_node(*id, req)) {
+                    // Device-plugin slots, pod count: preemption can free them.
+                    Err(why) => Verdict::No {
+                        message: why.into(),
+                        resolvable: true,
+                    },
+                    Ok(Ok(s)) => Verdict::Fit(s.score),
+                    Ok(Err(r)) => Verdict::No {
                         message: r.to_string().into(),
                         resolvable: resolvable(&r),
                     },
@@ -671,15 +693,15 @@ impl Mirror {
             if self.shapes.len() >= MAX_SHAPES {
                 self.shapes.clear();
             }
-            self.shapes.insert(req.clone(), cache);
+            self.shapes.insert(key.clone(), cache);
         } else {
             self.uncached = Some(cache);
         }
     }
 
-    fn verdicts(&self, req: &Request) -> &[Option<Verdict>] {
+    fn verdicts(&self, key: &(Request, HostAsk)) -> &[Option<Verdict>] {
         self.shapes
-            .get(req)
+            .get(key)
             .or(self.uncached.as_ref())
             .map_or(&[], |c| c.verdicts.as_slice())
     }
@@ -709,22 +731,16 @@ impl Mirror {
             return Ok(out);
         }
         let ids = self.ids_of(names);
-        self.ensure_verdicts(&req, &ids);
-        let verdicts = self.verdicts(&req);
+        let key = (req, host);
+        self.ensure_verdicts(&key, &ids);
+        let verdicts = self.verdicts(&key);
         out.passed.reserve(names.len());
         for (name, id) in names.iter().zip(&ids) {
             match id
                 .and_then(|id| verdicts.get(id.0 as usize))
                 .and_then(Option::as_ref)
             {
-                Some(Verdict::Fit(_)) => {
-                    // Device-plugin slots are not in the per-shape cache: check them per pod.
-                    let facts = id.map(|id| &self.facts[id.0 as usize]);
-                    match facts.map(|f| self.host_fits(f, &host)) {
-                        Some(Err(why)) => out.failed.push((name, Arc::from(why))),
-                        _ => out.passed.push(name),
-                    }
-                }
+                Some(Verdict::Fit(_)) => out.passed.push(name),
                 Some(Verdict::No {
                     message,
                     resolvable,
@@ -755,8 +771,9 @@ impl Mirror {
             return Ok(names.iter().map(|n| (*n, 0)).collect());
         }
         let ids = self.ids_of(names);
-        self.ensure_verdicts(&req, &ids);
-        let verdicts = self.verdicts(&req);
+        let key = (req, hostfit::host_ask(pod).unwrap_or_default());
+        self.ensure_verdicts(&key, &ids);
+        let verdicts = self.verdicts(&key);
         let raw: Vec<(&'a str, f64)> = names
             .iter()
             .zip(&ids)
