@@ -155,18 +155,25 @@ fn localhost() -> ServerName<'static> {
     ServerName::try_from("localhost").expect("server name")
 }
 
-/// POSTs an AdmissionReview for `pod` to /validate and returns the `response` part.
+/// POSTs an AdmissionReview for creating `pod` to /validate and returns the `response` part.
 async fn admit(server: &Server, pki: &Pki, uid: &str, user: &str, pod: Value) -> Value {
+    let request =
+        json!({"uid": uid, "operation": "CREATE", "userInfo": {"username": user}, "object": pod});
+    post_review(server, pki, "/validate", request).await
+}
+
+/// POSTs an AdmissionReview with `request` to `path` and returns the `response` part.
+async fn post_review(server: &Server, pki: &Pki, path: &str, request: Value) -> Value {
+    let uid = request["uid"].as_str().unwrap_or_default().to_string();
     let review = json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {"uid": uid, "operation": "CREATE", "userInfo": {"username": user}, "object": pod}
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request
     });
     let (status, body) = https(
         server.addr,
         &pki.cert_der,
         localhost(),
         "POST",
-        "/validate",
+        path,
         Some(&review),
     )
     .await
@@ -254,21 +261,19 @@ async fn admission_reviews_are_answered_over_https() {
     .await;
     assert_eq!(r["allowed"], true, "{r}");
 
-    // A good GPU pod: allowed, and (standalone mode) patched onto our scheduler.
-    let r = admit(
-        &server,
-        &pki,
-        "uid-good",
-        "alice",
-        pod(
-            "good",
-            json!({"tessera.io/gpu": "1", "tessera.io/gpu-memory": "4Gi"}),
-            json!({}),
-        ),
-    )
-    .await;
+    // A good GPU pod: allowed by /validate (which never patches), and
+    // (standalone mode) patched onto our scheduler by /mutate.
+    let good = pod(
+        "good",
+        json!({"tessera.io/gpu": "1", "tessera.io/gpu-memory": "4Gi"}),
+        json!({}),
+    );
+    let r = admit(&server, &pki, "uid-good", "alice", good.clone()).await;
     assert_eq!(r["allowed"], true, "{r}");
-    assert!(r.get("status").is_none(), "{r}");
+    assert!(r.get("status").is_none() && r.get("patch").is_none(), "{r}");
+    let create = |uid: &str, object: &Value| json!({"uid": uid, "operation": "CREATE", "userInfo": {"username": "alice"}, "object": object});
+    let r = post_review(&server, &pki, "/mutate", create("uid-mutate", &good)).await;
+    assert_eq!(r["allowed"], true, "{r}");
     assert_eq!(r["patchType"], "JSONPatch", "{r}");
     let patch = base64::engine::general_purpose::STANDARD
         .decode(r["patch"].as_str().expect("patch"))
@@ -277,6 +282,44 @@ async fn admission_reviews_are_answered_over_https() {
     assert_eq!(
         patch,
         json!([{"op": "add", "path": "/spec/schedulerName", "value": "tessera"}])
+    );
+
+    // A plain stock GPU pod stays with the default scheduler, unless its
+    // namespace opted in (the webhook entry that posts to /mutate/all-gpu-pods).
+    let stock = pod("stock", json!({"nvidia.com/gpu": "1"}), json!({}));
+    let r = post_review(&server, &pki, "/mutate", create("uid-stock", &stock)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(r.get("patch").is_none(), "{r}");
+    let r = post_review(
+        &server,
+        &pki,
+        "/mutate/all-gpu-pods",
+        create("uid-stock-ns", &stock),
+    )
+    .await;
+    assert_eq!(r["patchType"], "JSONPatch", "{r}");
+
+    // Removing the scheduler's annotation is refused as firmly as forging it.
+    let granted = pod(
+        "granted",
+        json!({"tessera.io/gpu": "1"}),
+        json!({"tessera.io/allocation": "{\"gpus\":[0]}"}),
+    );
+    let stripped = pod("granted", json!({"tessera.io/gpu": "1"}), json!({}));
+    let r = post_review(
+        &server,
+        &pki,
+        "/validate",
+        json!({"uid": "uid-strip", "operation": "UPDATE", "userInfo": {"username": "alice"},
+               "object": stripped, "oldObject": granted}),
+    )
+    .await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        message(&r).contains(
+            "alice may not remove the tessera.io/allocation annotation of pod ml/granted"
+        ),
+        "{r}"
     );
 
     // A body that is not an AdmissionReview: 400 over the wire too.

@@ -1,0 +1,447 @@
+use super::*;
+use crate::webhook::UserInfo;
+use tessera_core::model::Catalog;
+
+const SA: &str = "system:serviceaccount:tessera-system:tessera-scheduler";
+
+/// A pod `ml/p` with one container `c` asking `resources`.
+fn pod(resources: Value, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"requests": resources}}]}
+    })
+}
+
+fn with(mut pod: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').expect("a JSON pointer");
+    let slot = pod.pointer_mut(parent).expect("parent exists");
+    slot[key] = value;
+    pod
+}
+
+fn request(op: &str, object: Value, old: Option<Value>, user: &str) -> AdmissionRequest {
+    AdmissionRequest {
+        uid: "req-1".into(),
+        operation: op.into(),
+        user_info: UserInfo {
+            username: user.into(),
+        },
+        object: Some(object),
+        old_object: old,
+    }
+}
+
+fn config() -> WebhookConfig {
+    WebhookConfig {
+        scheduler_name: None,
+        allocation_writers: vec![SA.into()],
+        catalog: Catalog::default(),
+    }
+}
+
+fn standalone() -> WebhookConfig {
+    WebhookConfig {
+        scheduler_name: Some("tessera".into()),
+        ..config()
+    }
+}
+
+fn message(r: &AdmissionResponse) -> &str {
+    r.message()
+        .unwrap_or_else(|| panic!("a denial with a message: {r:?}"))
+}
+
+fn patch_of(r: &AdmissionResponse) -> Option<Value> {
+    let b64 = r.patch.as_ref()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .expect("base64 patch");
+    Some(serde_json::from_slice(&bytes).expect("JSON patch"))
+}
+
+#[test]
+fn malformed_requests_are_denied_with_the_parser_message() {
+    let c = config();
+    let cases = [
+        (json!({"tessera.io/gpu": "one"}), "tessera.io/gpu"),
+        (
+            json!({"tessera.io/gpu": "1", "tessera.io/gpu-memory": "-1Gi"}),
+            "tessera.io/gpu-memory",
+        ),
+        (
+            json!({"tessera.io/mig-5g.99gb": "1"}),
+            "unknown MIG profile",
+        ),
+        (
+            json!({"tessera.io/gpu": "1", "tessera.io/gpu-cores": "150"}),
+            "between 1 and 100",
+        ),
+    ];
+    for (res, want) in cases {
+        let r = validate(
+            &c,
+            &request("CREATE", pod(res.clone(), json!({})), None, "alice"),
+        );
+        assert!(!r.allowed, "{res}");
+        let m = message(&r);
+        assert!(m.contains(want) && m.contains("ml/p"), "{res}: {m}");
+    }
+    let ok = validate(
+        &c,
+        &request(
+            "CREATE",
+            pod(json!({"tessera.io/gpu": "1"}), json!({})),
+            None,
+            "alice",
+        ),
+    );
+    assert!(ok.allowed);
+    assert!(ok.patch.is_none(), "validation never patches");
+}
+
+/// Finding 2: the annotation is the record of what a pod holds, so adding,
+/// changing and removing it are the scheduler's alone, on every pod.
+#[test]
+fn only_the_scheduler_may_set_change_or_remove_the_allocation() {
+    let c = config();
+    let a = json!({ANNOTATION: "{\"v\":1,\"gpus\":[0]}"});
+    let b = json!({ANNOTATION: "{\"v\":1,\"gpus\":[1]}"});
+    let none = json!({});
+    let gpu = json!({"tessera.io/gpu": "1"});
+    let stock = json!({"nvidia.com/gpu": "1"});
+    // (op, resources, old annotations, new annotations, user, refused with this verb)
+    let cases = [
+        ("CREATE", &gpu, None, &a, "alice", Some("set")),
+        ("CREATE", &gpu, None, &a, SA, None),
+        ("UPDATE", &gpu, Some(&none), &a, "alice", Some("set")),
+        ("UPDATE", &gpu, Some(&a), &b, "alice", Some("change")),
+        ("UPDATE", &gpu, Some(&a), &none, "alice", Some("remove")),
+        ("UPDATE", &stock, Some(&a), &none, "alice", Some("remove")),
+        ("UPDATE", &gpu, Some(&a), &none, "", Some("remove")),
+        ("UPDATE", &gpu, Some(&a), &none, SA, None),
+        ("UPDATE", &gpu, Some(&a), &b, SA, None),
+        // A label change that leaves the annotation alone passes.
+        ("UPDATE", &gpu, Some(&a), &a, "alice", None),
+        ("UPDATE", &gpu, Some(&none), &none, "alice", None),
+    ];
+    for (op, res, old, new, user, refused) in cases {
+        let old = old.map(|o| pod(res.clone(), o.clone()));
+        let r = validate(
+            &c,
+            &request(op, pod(res.clone(), new.clone()), old.clone(), user),
+        );
+        let case = format!("{op} {res} {old:?} -> {new} by {user:?}");
+        match refused {
+            None => assert!(r.allowed, "{case}: {r:?}"),
+            Some(verb) => {
+                assert!(!r.allowed, "{case}");
+                let m = message(&r);
+                let who = if user.is_empty() {
+                    "an unnamed user"
+                } else {
+                    user
+                };
+                assert!(
+                    m.contains(&format!(
+                        "{who} may not {verb} the tessera.io/allocation annotation of pod ml/p"
+                    )),
+                    "{case}: {m}"
+                );
+            }
+        }
+    }
+    // An UPDATE must show the old pod, or the change cannot be judged.
+    let mut r = request("UPDATE", pod(gpu.clone(), none.clone()), None, "alice");
+    let denied = validate(&c, &r);
+    assert!(
+        message(&denied).contains("carries no oldObject"),
+        "{denied:?}"
+    );
+    r.old_object = Some(json!({"kind": "Pod", "spec": {"containers": "not a list"}}));
+    let denied = validate(&c, &r);
+    assert!(
+        message(&denied).contains("the oldObject is not a valid Pod"),
+        "{denied:?}"
+    );
+}
+
+/// Finding 3: only pods that ask for Tessera (or whose namespace opted in as a
+/// whole) get our schedulerName; plain stock GPU pods stay with the default
+/// scheduler and the stock device plugin.
+#[test]
+fn only_pods_that_claim_tessera_get_its_scheduler() {
+    let label = |p: Value, v: &str| with(p, "/metadata/labels", json!({SCHEDULE_LABEL: v}));
+    let named = |p: Value, n: &str| with(p, "/spec/schedulerName", json!(n));
+    let gpu = || pod(json!({"tessera.io/gpu": "1"}), json!({}));
+    let stock = || pod(json!({"nvidia.com/gpu": "1"}), json!({}));
+    let mig = || pod(json!({"nvidia.com/mig-1g.10gb": "1"}), json!({}));
+    let cpu = || pod(json!({"cpu": "1"}), json!({}));
+    let init_only = with(
+        cpu(),
+        "/spec/initContainers",
+        json!([{"name": "i", "resources": {"limits": {"tessera.io/gpu-milli": "500"}}}]),
+    );
+    // (pod, the namespace opted in as a whole, patched)
+    let cases = [
+        (gpu(), false, true),
+        (
+            pod(json!({"tessera.io/mig-1g.10gb": "1"}), json!({})),
+            false,
+            true,
+        ),
+        (init_only, false, true),
+        (stock(), false, false),
+        (mig(), false, false),
+        (cpu(), false, false),
+        (label(stock(), "true"), false, true),
+        (label(mig(), "true"), false, true),
+        (label(stock(), "false"), false, false),
+        (label(cpu(), "true"), false, false),
+        (
+            pod(
+                json!({"nvidia.com/gpu": "1"}),
+                json!({"tessera.io/isolation": "exclusive"}),
+            ),
+            false,
+            true,
+        ),
+        (
+            pod(
+                json!({"nvidia.com/gpu": "1"}),
+                json!({"tessera.io/gpu-model": "A100-80GB"}),
+            ),
+            false,
+            true,
+        ),
+        (
+            pod(
+                json!({"nvidia.com/gpu": "1"}),
+                json!({"tessera.io/unrelated": "x"}),
+            ),
+            false,
+            false,
+        ),
+        (named(gpu(), "default-scheduler"), false, true),
+        (named(gpu(), ""), false, true),
+        // A pod that names its own scheduler is never changed.
+        (named(gpu(), "volcano"), false, false),
+        (named(label(stock(), "true"), "volcano"), true, false),
+        (named(gpu(), "tessera"), false, false),
+        // A namespace that opted in: every GPU pod, but still not CPU pods.
+        (stock(), true, true),
+        (mig(), true, true),
+        (cpu(), true, false),
+    ];
+    let c = standalone();
+    for (p, all_gpu_pods, patched) in cases {
+        let r = mutate(
+            &c,
+            &request("CREATE", p.clone(), None, "alice"),
+            all_gpu_pods,
+        );
+        assert!(r.allowed, "{p}: {r:?}");
+        let want = patched
+            .then(|| json!([{"op": "add", "path": "/spec/schedulerName", "value": "tessera"}]));
+        assert_eq!(
+            patch_of(&r),
+            want,
+            "{p} (namespace opted in: {all_gpu_pods})"
+        );
+        if patched {
+            assert_eq!(r.patch_type.as_deref(), Some("JSONPatch"));
+        }
+    }
+    // Not configured to mutate, or not a CREATE: nothing to do.
+    let r = mutate(&config(), &request("CREATE", gpu(), None, "alice"), true);
+    assert!(r.allowed && r.patch.is_none());
+    let r = mutate(&c, &request("UPDATE", gpu(), Some(gpu()), "alice"), true);
+    assert!(r.allowed && r.patch.is_none());
+    // What is not a pod is denied with the decoder's message, not patched.
+    let r = mutate(
+        &c,
+        &request("CREATE", json!({"spec": 7}), None, "alice"),
+        false,
+    );
+    assert!(
+        message(&r).contains("the object is not a valid Pod"),
+        "{r:?}"
+    );
+}
+
+/// Finding 3, validation side: a stock GPU pod is not Tessera's to judge,
+/// unless it is placed by Tessera (our schedulerName) or opted in.
+#[test]
+fn stock_gpu_pods_are_judged_only_when_tessera_places_them() {
+    let c = standalone();
+    let stock = with(
+        pod(json!({"nvidia.com/gpu": "2"}), json!({})),
+        "/spec/containers/0/env",
+        json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+    );
+    let r = validate(&c, &request("CREATE", stock.clone(), None, "alice"));
+    assert!(r.allowed, "{r:?}");
+    let ours = with(stock.clone(), "/spec/schedulerName", json!("tessera"));
+    let r = validate(&c, &request("CREATE", ours, None, "alice"));
+    assert!(message(&r).contains("NVIDIA_VISIBLE_DEVICES"), "{r:?}");
+    let opted = with(stock, "/metadata/labels", json!({SCHEDULE_LABEL: "true"}));
+    let r = validate(&c, &request("CREATE", opted, None, "alice"));
+    assert!(message(&r).contains("NVIDIA_VISIBLE_DEVICES"), "{r:?}");
+    // A malformed stock request is the stock plugin's business, not a Tessera denial.
+    let r = validate(
+        &c,
+        &request(
+            "CREATE",
+            pod(json!({"nvidia.com/gpu": "two"}), json!({})),
+            None,
+            "alice",
+        ),
+    );
+    assert!(r.allowed, "{r:?}");
+}
+
+/// Finding 15: a pod Tessera places may not pick its own devices; the denial
+/// names the pod, the container and the variable.
+#[test]
+fn pods_that_choose_their_own_gpus_are_refused() {
+    let c = standalone();
+    let gpu = || pod(json!({"tessera.io/gpu": "1"}), json!({}));
+    let cases = [
+        (
+            "/spec/containers/0/env",
+            json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+            "container \"c\" sets NVIDIA_VISIBLE_DEVICES",
+        ),
+        (
+            "/spec/containers/0/env",
+            json!([{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}]),
+            "container \"c\" sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        ),
+        (
+            "/spec/initContainers",
+            json!([{"name": "warm", "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}]}]),
+            "init container \"warm\" sets CUDA_VISIBLE_DEVICES",
+        ),
+        (
+            "/spec/containers/0/env",
+            json!([{"name": "TESSERA_ISOLATION", "value": "exclusive"}]),
+            "container \"c\" sets TESSERA_ISOLATION",
+        ),
+        (
+            "/spec/containers/0/envFrom",
+            json!([{"configMapRef": {"name": "settings"}}]),
+            "container \"c\" imports envFrom configMap \"settings\" without a prefix",
+        ),
+        (
+            "/spec/containers/0/volumeMounts",
+            json!([{"name": "v", "mountPath": "/var/run/nvidia-container-devices/all"}]),
+            "container \"c\" mounts a volume at /var/run/nvidia-container-devices/all",
+        ),
+    ];
+    for (pointer, value, want) in cases {
+        let p = with(gpu(), pointer, value.clone());
+        let r = validate(&c, &request("CREATE", p, None, "alice"));
+        assert!(!r.allowed, "{value}");
+        let m = message(&r);
+        assert!(
+            m.starts_with("Tessera: pod ml/p may not choose its own GPUs") && m.contains(want),
+            "{value}: {m}"
+        );
+    }
+    // CPU pods placed by Tessera are held to the same rule.
+    let cpu = with(
+        with(
+            pod(json!({"cpu": "1"}), json!({})),
+            "/spec/schedulerName",
+            json!("tessera"),
+        ),
+        "/spec/containers/0/env",
+        json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+    );
+    assert!(!validate(&c, &request("CREATE", cpu, None, "alice")).allowed);
+    // Several breaches are all named.
+    let p = with(
+        gpu(),
+        "/spec/containers/0/env",
+        json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+               {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/x"}]),
+    );
+    let r = validate(&c, &request("CREATE", p, None, "alice"));
+    let m = message(&r);
+    assert!(
+        m.contains("NVIDIA_VISIBLE_DEVICES") && m.contains("CUDA_MPS_PIPE_DIRECTORY"),
+        "{m}"
+    );
+    // Harmless variables and prefixed imports pass.
+    let p = with(
+        with(
+            gpu(),
+            "/spec/containers/0/env",
+            json!([{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]),
+        ),
+        "/spec/containers/0/envFrom",
+        json!([{"prefix": "APP_", "secretRef": {"name": "s"}}]),
+    );
+    assert!(validate(&c, &request("CREATE", p, None, "alice")).allowed);
+}
+
+/// Finding 15 on UPDATE: an ephemeral container added to a running GPU pod
+/// (`kubectl debug`) is held to the rule; a pod admitted before the rule can
+/// still be updated as long as the update adds no breach.
+#[test]
+fn updates_may_not_add_a_way_to_other_gpus() {
+    let c = config();
+    let before = pod(json!({"tessera.io/gpu": "1"}), json!({}));
+    let debug = with(
+        before.clone(),
+        "/spec/ephemeralContainers",
+        json!([{"name": "dbg", "image": "busybox",
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]),
+    );
+    let r = validate(&c, &request("UPDATE", debug.clone(), Some(before), "alice"));
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains("ephemeral container \"dbg\" sets NVIDIA_VISIBLE_DEVICES"),
+        "{r:?}"
+    );
+    let relabelled = with(debug.clone(), "/metadata/labels", json!({"team": "a"}));
+    let r = validate(
+        &c,
+        &request("UPDATE", relabelled, Some(debug.clone()), "alice"),
+    );
+    assert!(r.allowed, "{r:?}");
+    // The scheduler's own annotation write on such a pod is not held up either.
+    let annotated = with(
+        debug.clone(),
+        "/metadata/annotations",
+        json!({ANNOTATION: "{}"}),
+    );
+    let r = validate(&c, &request("UPDATE", annotated, Some(debug), SA));
+    assert!(r.allowed, "{r:?}");
+}
+
+#[test]
+fn other_operations_and_subjects_pass() {
+    let c = standalone();
+    let r = validate(
+        &c,
+        &AdmissionRequest {
+            uid: "d".into(),
+            operation: "DELETE".into(),
+            old_object: Some(pod(json!({}), json!({ANNOTATION: "x"}))),
+            ..AdmissionRequest::default()
+        },
+    );
+    assert!(r.allowed && r.uid == "d");
+    let r = validate(
+        &c,
+        &request("CREATE", json!({"kind": "Pod", "spec": 7}), None, "alice"),
+    );
+    assert!(
+        message(&r).contains("the object is not a valid Pod"),
+        "{r:?}"
+    );
+    let mut req = request("CREATE", json!({}), None, "alice");
+    req.object = None;
+    assert!(message(&validate(&c, &req)).contains("carries no object"));
+}
