@@ -218,10 +218,10 @@ impl RawConfig {
                     addr,
                     tls: webhook::tls_config(&cert, &key)?,
                     config: Arc::new(WebhookConfig {
-                        scheduler_name: self
-                            .webhook_set_scheduler_name
-                            .unwrap_or(false)
-                            .then(|| scheduler_name.clone()),
+                        // Always known, so the webhook checks every pod we will place;
+                        // set on pods only when asked.
+                        scheduler_name: Some(scheduler_name.clone()),
+                        set_scheduler_name: self.webhook_set_scheduler_name.unwrap_or(false),
                         allocation_writers: self.allocation_writers,
                         catalog: Default::default(),
                     }),

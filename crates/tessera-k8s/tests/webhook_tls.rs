@@ -83,6 +83,7 @@ async fn start(pki: &Pki, config: WebhookConfig) -> Server {
 fn config() -> WebhookConfig {
     WebhookConfig {
         scheduler_name: Some("tessera".into()),
+        set_scheduler_name: true,
         allocation_writers: vec![SCHEDULER_SA.into()],
         ..WebhookConfig::default()
     }

@@ -212,7 +212,11 @@ pub fn mutate(
 ) -> AdmissionResponse {
     let uid = req.uid.as_str();
     let allow = AdmissionResponse::allow(uid);
-    let Some(ours) = &config.scheduler_name else {
+    let Some(ours) = config
+        .scheduler_name
+        .as_ref()
+        .filter(|_| config.set_scheduler_name)
+    else {
         return allow;
     };
     if req.operation != "CREATE" {

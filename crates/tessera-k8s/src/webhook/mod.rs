@@ -45,9 +45,11 @@ pub use tls::{TlsError, TlsListener, serve, serve_on, tls_config};
 /// What the webhook enforces.
 #[derive(Debug, Clone, Default)]
 pub struct WebhookConfig {
-    /// Set `spec.schedulerName` to this on pods that claim Tessera and use the
-    /// default scheduler; pods that carry this name are Tessera's to check.
+    /// Pods that carry this `schedulerName` are Tessera's to check.
     pub scheduler_name: Option<String>,
+    /// Whether `/mutate` sets `scheduler_name` on pods that claim Tessera and
+    /// use the default scheduler.
+    pub set_scheduler_name: bool,
     /// Users allowed to change the allocation annotation (the scheduler's service account).
     pub allocation_writers: Vec<String>,
     /// GPU models known to the parser (built-ins by default).
@@ -221,6 +223,7 @@ mod tests {
             .unwrap();
         let config = WebhookConfig {
             scheduler_name: Some("tessera".into()),
+            set_scheduler_name: true,
             ..WebhookConfig::default()
         };
         let resp = router(Arc::new(config)).oneshot(req).await.unwrap();

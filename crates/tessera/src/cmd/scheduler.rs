@@ -55,7 +55,8 @@ pub struct SchedulerArgs {
     pub webhook_cert: Option<PathBuf>,
     #[arg(long)]
     pub webhook_key: Option<PathBuf>,
-    /// Let the webhook set schedulerName on GPU pods that use the default scheduler.
+    /// Let the webhook set schedulerName on pods that ask tessera.io/* resources (or stock GPU
+    /// pods labelled tessera.io/schedule=true, or in a namespace so labelled) and use the default scheduler.
     #[arg(long)]
     pub webhook_set_scheduler_name: bool,
     /// A user allowed to write tessera.io/allocation (repeatable; the scheduler's service account).

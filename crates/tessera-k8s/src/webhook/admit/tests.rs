@@ -35,6 +35,7 @@ fn request(op: &str, object: Value, old: Option<Value>, user: &str) -> Admission
 fn config() -> WebhookConfig {
     WebhookConfig {
         scheduler_name: None,
+        set_scheduler_name: false,
         allocation_writers: vec![SA.into()],
         catalog: Catalog::default(),
     }
@@ -43,6 +44,7 @@ fn config() -> WebhookConfig {
 fn standalone() -> WebhookConfig {
     WebhookConfig {
         scheduler_name: Some("tessera".into()),
+        set_scheduler_name: true,
         ..config()
     }
 }
@@ -444,4 +446,31 @@ fn other_operations_and_subjects_pass() {
     let mut req = request("CREATE", json!({}), None, "alice");
     req.object = None;
     assert!(message(&validate(&c, &req)).contains("carries no object"));
+}
+
+/// Without `--webhook-set-scheduler-name` the webhook still knows Tessera's
+/// name: a stock `nvidia.com/gpu` pod under `schedulerName: tessera` is
+/// Tessera's to check (device variables refused), and nothing is mutated.
+#[test]
+fn pods_under_our_name_are_checked_even_when_names_are_not_set() {
+    let checking = WebhookConfig {
+        scheduler_name: Some("tessera".into()),
+        set_scheduler_name: false,
+        ..config()
+    };
+    let mut pod = json!({
+        "metadata": {"name": "p", "namespace": "ml"},
+        "spec": {"schedulerName": "tessera", "containers": [{"name": "c",
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    });
+    let r = validate(&checking, &request("CREATE", pod.clone(), None, "alice"));
+    assert!(
+        !r.allowed && message(&r).contains("NVIDIA_VISIBLE_DEVICES"),
+        "{r:?}"
+    );
+    pod["spec"]["schedulerName"] = Value::Null;
+    pod["metadata"]["labels"] = json!({"tessera.io/schedule": "true"});
+    let r = mutate(&checking, &request("CREATE", pod, None, "alice"), false);
+    assert!(r.allowed && r.patch.is_none(), "{r:?}");
 }
