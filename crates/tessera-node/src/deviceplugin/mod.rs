@@ -190,6 +190,31 @@ pub fn device_gpu(id: &str) -> &str {
     id.split_once("::").map(|(u, _)| u).unwrap_or(id)
 }
 
+/// Four A100s in two NVLink pairs on two NUMA nodes, and one in MIG mode with a
+/// `3g.40gb` instance at start 4: the node the Allocate and preference tests share.
+#[cfg(test)]
+pub(crate) fn test_view() -> NodeView {
+    use crate::backend::GpuBackend;
+    let fake = crate::backend::fake::Fake::from_yaml(
+        r#"
+gpus:
+  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB, numaNode: 0, nvlinks: { GPU-1: 12 } }
+  - { uuid: GPU-1, product: NVIDIA A100-SXM4-80GB, numaNode: 0 }
+  - { uuid: GPU-2, product: NVIDIA A100-SXM4-80GB, numaNode: 1, nvlinks: { GPU-3: 12 } }
+  - { uuid: GPU-3, product: NVIDIA A100-SXM4-80GB, numaNode: 1 }
+  - uuid: GPU-4
+    product: NVIDIA A100-SXM4-80GB
+    mig: { enabled: true, instances: [ { uuid: MIG-x, profile: 3g.40gb, start: 4 } ] }
+"#,
+        "t",
+    )
+    .expect("a valid fake node");
+    NodeView {
+        gpus: fake.discover().expect("fake GPUs"),
+        health: Default::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -125,28 +125,9 @@ fn grow_set<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::GpuBackend;
-    use crate::backend::fake::Fake;
 
     fn view() -> NodeView {
-        let fake = Fake::from_yaml(
-            r#"
-gpus:
-  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB, numaNode: 0, nvlinks: { GPU-1: 12 } }
-  - { uuid: GPU-1, product: NVIDIA A100-SXM4-80GB, numaNode: 0 }
-  - { uuid: GPU-2, product: NVIDIA A100-SXM4-80GB, numaNode: 1, nvlinks: { GPU-3: 12 } }
-  - { uuid: GPU-3, product: NVIDIA A100-SXM4-80GB, numaNode: 1 }
-  - uuid: GPU-4
-    product: NVIDIA A100-SXM4-80GB
-    mig: { enabled: true, instances: [ { uuid: MIG-x, profile: 3g.40gb, start: 4 } ] }
-"#,
-            "t",
-        )
-        .unwrap();
-        NodeView {
-            gpus: fake.discover().unwrap(),
-            health: BTreeMap::new(),
-        }
+        crate::deviceplugin::test_view()
     }
 
     #[test]

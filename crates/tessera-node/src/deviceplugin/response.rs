@@ -177,34 +177,14 @@ pub fn container_response(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
-    use crate::backend::GpuBackend;
-    use crate::backend::fake::Fake;
     use crate::deviceplugin::allocate::MpsConfig;
     use crate::deviceplugin::handover::DeviceList;
     use tessera_core::allocation::{MigGrant, VERSION};
 
     fn view() -> NodeView {
-        let fake = Fake::from_yaml(
-            r#"
-gpus:
-  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB, numaNode: 0, nvlinks: { GPU-1: 12 } }
-  - { uuid: GPU-1, product: NVIDIA A100-SXM4-80GB, numaNode: 0 }
-  - { uuid: GPU-2, product: NVIDIA A100-SXM4-80GB, numaNode: 1, nvlinks: { GPU-3: 12 } }
-  - { uuid: GPU-3, product: NVIDIA A100-SXM4-80GB, numaNode: 1 }
-  - uuid: GPU-4
-    product: NVIDIA A100-SXM4-80GB
-    mig: { enabled: true, instances: [ { uuid: MIG-x, profile: 3g.40gb, start: 4 } ] }
-"#,
-            "t",
-        )
-        .unwrap();
-        NodeView {
-            gpus: fake.discover().unwrap(),
-            health: BTreeMap::new(),
-        }
+        crate::deviceplugin::test_view()
     }
 
     fn alloc(isolation: Isolation, gpus: Vec<AllocatedGpu>) -> Allocation {
