@@ -192,6 +192,9 @@ pub struct Mirror {
     node_problems: Vec<String>,
     /// Per node name, the countable resources the held pods take.
     host_used: FxHashMap<String, BTreeMap<String, u64>>,
+    /// No unconfirmed reservation expires before this (a scan of the holds is
+    /// skipped until then: they are tens of thousands on a large cluster).
+    next_expiry: Option<Instant>,
 }
 
 impl Mirror {
@@ -218,6 +221,7 @@ impl Mirror {
             generation: 0,
             node_problems: Vec::new(),
             host_used: FxHashMap::default(),
+            next_expiry: None,
         }
     }
 
@@ -494,6 +498,16 @@ impl Mirror {
     /// Drops reservations the API server did not accept before their deadline.
     pub fn expire_reservations(&mut self) {
         let now = Instant::now();
+        if self.next_expiry.is_none_or(|t| now < t) {
+            return;
+        }
+        self.next_expiry = self
+            .held
+            .values()
+            .filter(|h| !h.bound)
+            .filter_map(|h| h.expires)
+            .filter(|t| *t > now)
+            .min();
         let expired: Vec<String> = self
             .held
             .iter()
@@ -918,6 +932,8 @@ impl Mirror {
                 expires: Some(Instant::now() + RESERVATION_TTL),
             },
         );
+        let expires = Instant::now() + RESERVATION_TTL;
+        self.next_expiry = Some(self.next_expiry.map_or(expires, |t| t.min(expires)));
         Ok(Reservation::Write { annotation })
     }
 
