@@ -1,0 +1,740 @@
+//! Routing and the verbs every resource shares: GET, LIST (with pagination at
+//! the first page's resourceVersion), WATCH, create, PUT, PATCH and DELETE.
+//! Resource rules live in [`super::pods`], [`super::leases`], [`super::events`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::Response;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::sync::watch as flag;
+
+use super::select::{FieldSelector, LabelSelector};
+use super::status::{self, ApiError};
+use super::store::{Filter, Key, Resource, WatchFrom, key_of, rv_of, set_rv};
+use super::{Fault, Shared, State, WriteRecord, events, leases, patch, pods, watch};
+
+/// What the service does with a request.
+pub enum Outcome {
+    Respond(Response<axum::body::Body>),
+    /// Never answered: the process died.
+    Hang,
+    /// The connection is closed without an answer (file 05, the panicking patch).
+    Dropped,
+}
+
+/// A handler's answer.
+pub enum Reply {
+    Json(u16, Value),
+    Error(ApiError),
+    /// A watch stream: lines arrive on `rx` until the server-side timeout.
+    Watch {
+        rx: mpsc::UnboundedReceiver<String>,
+        timeout: Duration,
+        bookmark: Option<Resource>,
+    },
+    /// HTTP 200 with a single ERROR event, then the stream closes (file 14).
+    ErrorEvent(ApiError),
+    Dropped,
+}
+
+impl From<ApiError> for Reply {
+    fn from(e: ApiError) -> Reply {
+        Reply::Error(e)
+    }
+}
+
+/// A parsed request.
+pub struct Req<'a> {
+    pub method: &'a str,
+    pub resource: Resource,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub sub: Option<String>,
+    pub query: HashMap<String, String>,
+    pub content_type: String,
+    pub body: &'a [u8],
+}
+
+impl Req<'_> {
+    pub fn q(&self, k: &str) -> Option<&str> {
+        self.query.get(k).map(String::as_str)
+    }
+
+    pub fn json(&self) -> Result<Value, ApiError> {
+        if self.body.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(self.body).map_err(|e| {
+            status::bad_request(format!(
+                "{} in version \"{}\" cannot be handled as a {}: {e}",
+                self.resource.kind(),
+                self.resource.api_version().rsplit('/').next().unwrap_or("v1"),
+                self.resource.kind()
+            ))
+        })
+    }
+}
+
+fn hex(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn parse_query(q: Option<&str>) -> HashMap<String, String> {
+    q.unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(p), String::new()),
+        })
+        .collect()
+}
+
+/// `(resource, namespace, name, subresource)` of an API path.
+fn parse_path(path: &str) -> Option<(Resource, Option<String>, Option<String>, Option<String>)> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, r, tail @ ..] => (Some(ns.to_string()), {
+            let mut v = vec![*r];
+            v.extend_from_slice(tail);
+            v
+        }),
+        other => (None, other.to_vec()),
+    };
+    let resource = Resource::from_path(group, version, rest.first()?)?;
+    let name = rest.get(1).map(|s| s.to_string());
+    let sub = rest.get(2).map(|s| s.to_string());
+    if rest.len() > 3 {
+        return None;
+    }
+    Some((resource, namespace, name, sub))
+}
+
+fn verb(method: &str, has_name: bool, watch: bool) -> &'static str {
+    match (method, has_name, watch) {
+        ("GET", _, true) => "watch",
+        ("GET", false, _) => "list",
+        ("GET", true, _) => "get",
+        ("POST", _, _) => "create",
+        ("PUT", _, _) => "update",
+        ("PATCH", _, _) => "patch",
+        ("DELETE", _, _) => "delete",
+        _ => "other",
+    }
+}
+
+fn json_response(code: u16, body: &Value, retry_after: Option<u32>) -> Response<axum::body::Body> {
+    let mut b = Response::builder()
+        .status(code)
+        .header("content-type", "application/json");
+    if let Some(s) = retry_after {
+        b = b.header("retry-after", s.to_string());
+    }
+    b.body(axum::body::Body::from(
+        serde_json::to_vec(body).unwrap_or_default(),
+    ))
+    .unwrap_or_default()
+}
+
+const VERSION: &str = r#"{"major":"1","minor":"28","gitVersion":"v1.28.0","gitCommit":"8bfc72d03e2130f1bee566d692596931b0ff57cf","gitTreeState":"archive","buildDate":"2026-12-01T02:32:14Z","goVersion":"go1.27.3","compiler":"gc","platform":"linux/amd64"}"#;
+
+/// Serves one request under the lock; the caller adds latency around it.
+pub fn serve(
+    shared: &Arc<Shared>,
+    session: u64,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    dead: flag::Receiver<bool>,
+) -> Outcome {
+    let path = parts.uri.path();
+    let method = parts.method.as_str();
+    if path == "/version" {
+        let v: Value = serde_json::from_str(VERSION).unwrap_or_default();
+        return Outcome::Respond(json_response(200, &v, None));
+    }
+    let Some((resource, namespace, name, sub)) = parse_path(path) else {
+        return Outcome::Respond(json_response(404, &status::no_route().body, None));
+    };
+    let req = Req {
+        method,
+        resource,
+        namespace,
+        name,
+        sub,
+        query: parse_query(parts.uri.query()),
+        content_type: parts
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string(),
+        body,
+    };
+    let watching = matches!(req.q("watch"), Some("true" | "1"));
+    let mut st = shared.lock();
+    let counter = format!(
+        "{} {}{}",
+        verb(method, req.name.is_some(), watching),
+        resource.plural(),
+        req.sub.as_ref().map(|s| format!("/{s}")).unwrap_or_default()
+    );
+    *st.counters.entry(counter).or_default() += 1;
+
+    let writing = matches!(method, "POST" | "PUT" | "PATCH" | "DELETE");
+    let mut crash_after = false;
+    if writing {
+        let Some(s) = st.sessions.get_mut(&session) else {
+            return Outcome::Hang;
+        };
+        s.writes += 1;
+        let n = s.writes;
+        match s.faults.iter().find(|(k, _)| *k == n).map(|(_, f)| *f) {
+            Some(Fault::CrashBefore) => {
+                let _ = s.dead.send(true);
+                return Outcome::Hang;
+            }
+            Some(Fault::Fail) => {
+                let e = status::injected("fault injected by the test double");
+                record(&mut st, session, &req, e.code);
+                return Outcome::Respond(json_response(e.code, &e.body, None));
+            }
+            Some(Fault::CrashAfter) => crash_after = true,
+            None => {}
+        }
+    }
+    let reply = dispatch(&mut st, &req, watching);
+    if writing {
+        let code = match &reply {
+            Reply::Json(c, _) => *c,
+            Reply::Error(e) => e.code,
+            _ => 0,
+        };
+        record(&mut st, session, &req, code);
+    }
+    if crash_after {
+        if let Some(s) = st.sessions.get(&session) {
+            let _ = s.dead.send(true);
+        }
+        return Outcome::Hang;
+    }
+    drop(st);
+    match reply {
+        Reply::Json(code, v) => Outcome::Respond(json_response(code, &v, None)),
+        Reply::Error(e) => Outcome::Respond(json_response(e.code, &e.body, e.retry_after)),
+        Reply::ErrorEvent(e) => {
+            let line = super::store::event_line("ERROR", &e.body);
+            Outcome::Respond(watch::response(watch::Stream::once(line)))
+        }
+        Reply::Watch {
+            rx,
+            timeout,
+            bookmark,
+        } => Outcome::Respond(watch::response(watch::Stream::live(
+            rx,
+            timeout,
+            bookmark.map(|r| (shared.clone(), r)),
+            dead,
+        ))),
+        Reply::Dropped => Outcome::Dropped,
+    }
+}
+
+fn record(st: &mut State, session: u64, req: &Req<'_>, status: u16) {
+    let rv = st.store.rv;
+    st.writes.push(WriteRecord {
+        session,
+        at: Instant::now(),
+        method: req.method.to_string(),
+        resource: req.resource.plural().to_string(),
+        namespace: req.namespace.clone().unwrap_or_default(),
+        name: req.name.clone().unwrap_or_default(),
+        subresource: req.sub.clone().unwrap_or_default(),
+        status,
+        rv,
+    });
+}
+
+fn dispatch(st: &mut State, req: &Req<'_>, watching: bool) -> Reply {
+    let result = match (req.method, &req.name, req.sub.as_deref()) {
+        ("GET", None, None) if watching => return watch_start(st, req),
+        ("GET", None, None) => list(st, req),
+        ("GET", Some(n), None) => get(st, req, n),
+        ("POST", None, None) => create_at(st, req),
+        ("POST", Some(n), Some("binding")) if req.resource == Resource::Pods => {
+            pods::bind(st, req, n).map(|v| (201, v))
+        }
+        ("PUT", Some(n), None | Some("status")) => put(st, req, n),
+        ("PATCH", Some(n), None | Some("status")) => match patch_object(st, req, n) {
+            Ok(r) => Ok(r),
+            Err(PatchFailure::Api(e)) => Err(e),
+            Err(PatchFailure::Dropped) => return Reply::Dropped,
+        },
+        ("DELETE", Some(n), None) => delete(st, req, n),
+        _ => Err(status::method_not_allowed(req.method, req.resource.plural())),
+    };
+    match result {
+        Ok((code, v)) => Reply::Json(code, v),
+        Err(e) => Reply::Error(e),
+    }
+}
+
+pub fn key(req: &Req<'_>, name: &str) -> Key {
+    let ns = if req.resource.namespaced() {
+        req.namespace.clone().unwrap_or_default()
+    } else {
+        String::new()
+    };
+    (ns, name.to_string())
+}
+
+fn get(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value), ApiError> {
+    st.store
+        .get(req.resource, &key(req, name))
+        .map(|o| (200, (**o).clone()))
+        .ok_or_else(|| status::not_found(req.resource, name))
+}
+
+pub fn now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// Creates `obj` of `resource`: validation, defaults, AlreadyExists, then the write.
+pub fn create(st: &mut State, resource: Resource, obj: &Value) -> Result<Arc<Value>, ApiError> {
+    let mut obj = obj.clone();
+    if !obj.is_object() {
+        return Err(status::bad_request("the body is not an object".into()));
+    }
+    if obj.get("metadata").is_none_or(|m| !m.is_object()) {
+        obj["metadata"] = json!({});
+    }
+    if obj.pointer("/metadata/name").and_then(Value::as_str).is_none_or(str::is_empty) {
+        let Some(prefix) = obj
+            .pointer("/metadata/generateName")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            return Err(status::invalid(
+                resource,
+                "",
+                vec![status::Cause {
+                    reason: "FieldValueRequired",
+                    message: "Required value: name or generateName is required".into(),
+                    field: "metadata.name".into(),
+                }],
+            ));
+        };
+        let suffix: String = (0..5)
+            .map(|_| {
+                const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+                ALPHABET[rand::Rng::random_range(&mut st.rng, 0..ALPHABET.len())] as char
+            })
+            .collect();
+        obj["metadata"]["name"] = json!(format!("{prefix}{suffix}"));
+    }
+    if resource.namespaced() {
+        if obj.pointer("/metadata/namespace").is_none() {
+            obj["metadata"]["namespace"] = json!("default");
+        }
+    } else if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("namespace");
+    }
+    obj["kind"] = json!(resource.kind());
+    obj["apiVersion"] = json!(resource.api_version());
+    match resource {
+        Resource::Pods => pods::defaults(&mut obj),
+        Resource::Namespaces => {
+            let name = key_of(&obj).1;
+            obj["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
+            obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            obj["status"] = json!({"phase": "Active"});
+        }
+        Resource::Leases => leases::check_times(&obj)?,
+        Resource::Events => events::validate(&obj)?,
+        _ => {}
+    }
+    let k = key_of(&obj);
+    if st.store.get(resource, &k).is_some() {
+        return Err(status::already_exists(resource, &k.1));
+    }
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+        m.remove("deletionTimestamp");
+    }
+    obj["metadata"]["uid"] = json!(st.uid());
+    obj["metadata"]["creationTimestamp"] = json!(now());
+    Ok(st.store.create(resource, obj))
+}
+
+fn create_at(st: &mut State, req: &Req<'_>) -> Result<(u16, Value), ApiError> {
+    let mut obj = req.json()?;
+    if req.resource.namespaced() {
+        let ns = req.namespace.clone().unwrap_or_else(|| "default".into());
+        match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+            Some(given) if !given.is_empty() && given != ns => {
+                return Err(status::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request".into(),
+                ));
+            }
+            _ => {
+                if obj.get("metadata").is_none_or(|m| !m.is_object()) {
+                    obj["metadata"] = json!({});
+                }
+                obj["metadata"]["namespace"] = json!(ns);
+            }
+        }
+    }
+    create(st, req.resource, &obj).map(|o| (201, (*o).clone()))
+}
+
+/// How an update came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    Put,
+    Patch,
+    Apply,
+}
+
+/// Stores `new` over `old` with the server's update rules; `None` status when
+/// nothing changed (no write, same resourceVersion).
+pub fn update_object(
+    st: &mut State,
+    req: &Req<'_>,
+    old: &Arc<Value>,
+    mut new: Value,
+    how: How,
+) -> Result<(u16, Value), ApiError> {
+    let r = req.resource;
+    let (ns, name) = key_of(old);
+    if !new.is_object() {
+        return Err(status::bad_request("the body is not an object".into()));
+    }
+    if new.get("metadata").is_none_or(|m| !m.is_object()) {
+        new["metadata"] = json!({});
+    }
+    let stored_rv = rv_of(old).unwrap_or_default().to_string();
+    match rv_of(&new) {
+        None | Some("") if how == How::Put && !leases::allows_unconditional(r) => {
+            return Err(leases::rv_required(&name));
+        }
+        Some(given) if !given.is_empty() && given != stored_rv => {
+            return Err(status::modified(r, &name));
+        }
+        _ => {}
+    }
+    let new_name = new.pointer("/metadata/name").and_then(Value::as_str);
+    if new_name.is_some_and(|n| n != name) {
+        return Err(status::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            new_name.unwrap_or_default()
+        )));
+    }
+    let old_uid = old.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
+    match new.pointer("/metadata/uid").and_then(Value::as_str) {
+        None | Some("") => new["metadata"]["uid"] = old_uid,
+        Some(u) if Some(u) != old_uid.as_str() => {
+            return Err(status::invalid(
+                r,
+                &name,
+                vec![status::Cause {
+                    reason: "FieldValueInvalid",
+                    message: format!("Invalid value: \"{u}\": field is immutable"),
+                    field: "metadata.uid".into(),
+                }],
+            ));
+        }
+        Some(_) => {}
+    }
+    new["metadata"]["name"] = json!(name);
+    if r.namespaced() {
+        new["metadata"]["namespace"] = json!(ns);
+    }
+    for field in ["creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"] {
+        match old.pointer(&format!("/metadata/{field}")) {
+            Some(v) if !v.is_null() => new["metadata"][field] = v.clone(),
+            _ => {
+                if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove(field);
+                }
+            }
+        }
+    }
+    new["kind"] = json!(r.kind());
+    new["apiVersion"] = json!(r.api_version());
+    match r {
+        Resource::Pods => pods::prepare_update(old, &mut new, req.sub.as_deref())?,
+        Resource::Leases => leases::check_times(&new)?,
+        _ => {}
+    }
+    set_rv(&mut new, stored_rv.parse().unwrap_or(0));
+    if new == **old {
+        return Ok((200, (**old).clone()));
+    }
+    if r == Resource::Pods && pods::may_go(&new) {
+        // The update that removes the last finalizer of a deleted pod is the
+        // deletion itself: one write, and the answer shows the updated object
+        // at its old resourceVersion (file 16).
+        st.store.delete(r, &key_of(old));
+        return Ok((200, new));
+    }
+    if r == Resource::Leases && how != How::Apply {
+        leases::record_update(st, old, &new, req.q("fieldManager"));
+    }
+    let stored = st.store.update(r, new);
+    Ok((200, (*stored).clone()))
+}
+
+fn put(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value), ApiError> {
+    let new = req.json()?;
+    let old = st
+        .store
+        .get(req.resource, &key(req, name))
+        .cloned()
+        .ok_or_else(|| status::not_found(req.resource, name))?;
+    update_object(st, req, &old, new, How::Put)
+}
+
+/// Why a PATCH got no 2xx.
+pub enum PatchFailure {
+    Api(ApiError),
+    Dropped,
+}
+
+impl From<ApiError> for PatchFailure {
+    fn from(e: ApiError) -> PatchFailure {
+        PatchFailure::Api(e)
+    }
+}
+
+fn patch_object(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value), PatchFailure> {
+    let body: Value = serde_json::from_slice(req.body)
+        .map_err(|e| status::bad_request(format!("error decoding patch: {e}")))?;
+    let ct = req.content_type.split(';').next().unwrap_or_default().trim();
+    if ct == "application/apply-patch+yaml" {
+        return leases::apply(st, req, name, &body).map_err(PatchFailure::Api);
+    }
+    let old = st
+        .store
+        .get(req.resource, &key(req, name))
+        .cloned()
+        .ok_or_else(|| status::not_found(req.resource, name))?;
+    let mut new = (*old).clone();
+    match ct {
+        "application/merge-patch+json" => patch::merge(&mut new, &body),
+        "application/strategic-merge-patch+json" => patch::strategic(&mut new, &body),
+        "application/json-patch+json" => match patch::json_patch(&mut new, &body) {
+            Ok(()) => {}
+            Err(patch::PatchError::OpFailed) => return Err(status::json_patch_failed().into()),
+            Err(patch::PatchError::Malformed(m)) => return Err(status::bad_request(m).into()),
+            Err(patch::PatchError::ServerPanic) => return Err(PatchFailure::Dropped),
+        },
+        other => {
+            return Err(ApiError {
+                code: 415,
+                body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {other:?})"),
+                    "reason": "UnsupportedMediaType", "code": 415}),
+                retry_after: None,
+            }
+            .into());
+        }
+    }
+    update_object(st, req, &old, new, How::Patch).map_err(PatchFailure::Api)
+}
+
+fn delete(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value), ApiError> {
+    if req.resource == Resource::Pods {
+        return pods::delete(st, req, name);
+    }
+    let k = key(req, name);
+    if st.store.get(req.resource, &k).is_none() {
+        return Err(status::not_found(req.resource, name));
+    }
+    let gone = st.store.delete(req.resource, &k);
+    Ok((200, gone.map(|g| (*g).clone()).unwrap_or_default()))
+}
+
+fn filter(req: &Req<'_>) -> Result<Filter, ApiError> {
+    Ok(Filter {
+        resource: req.resource,
+        namespace: if req.resource.namespaced() {
+            req.namespace.clone()
+        } else {
+            None
+        },
+        labels: LabelSelector::parse(req.q("labelSelector").unwrap_or_default())?,
+        fields: FieldSelector::parse(req.resource, req.q("fieldSelector").unwrap_or_default())?,
+    })
+}
+
+/// The key a continue token's `start` counts from.
+fn list_key(req: &Req<'_>, obj: &Value) -> String {
+    let (ns, name) = key_of(obj);
+    if req.resource.namespaced() && req.namespace.is_none() {
+        format!("{ns}/{name}")
+    } else {
+        name
+    }
+}
+
+fn continue_token(rv: i64, start: &str) -> String {
+    let start = serde_json::to_string(start).unwrap_or_default();
+    URL_SAFE_NO_PAD.encode(format!("{{\"v\":\"meta.k8s.io/v1\",\"rv\":{rv},\"start\":{start}}}"))
+}
+
+fn decode_token(token: &str) -> Result<(i64, String), ApiError> {
+    let bad = || status::bad_request(format!("continue key is not valid: {token}"));
+    let raw = URL_SAFE_NO_PAD.decode(token.trim_end_matches('=')).map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rv = v.get("rv").and_then(Value::as_i64).ok_or_else(bad)?;
+    let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;
+    Ok((rv, start.to_string()))
+}
+
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
+
+fn list(st: &mut State, req: &Req<'_>) -> Result<(u16, Value), ApiError> {
+    let f = filter(req)?;
+    let current = st.store.rv;
+    let limit: Option<usize> = req.q("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0);
+    let rv_param = req.q("resourceVersion").unwrap_or_default();
+    let exact = req.q("resourceVersionMatch") == Some("Exact");
+    let (items, list_rv, start, limit) = if let Some(token) = req.q("continue") {
+        let (rv, start) = decode_token(token)?;
+        let at = if rv < 0 { current } else { rv as u64 };
+        match st.store.snapshot(&f, at) {
+            Some(items) => (items, at, Some(start), limit),
+            None => {
+                return Err(status::expired(
+                    CONTINUE_EXPIRED,
+                    Some(continue_token(-1, &start)),
+                ));
+            }
+        }
+    } else if rv_param == "0" && !exact {
+        // Served from the watch cache, which ignores `limit` (file 09).
+        (st.store.snapshot(&f, current).unwrap_or_default(), current, None, None)
+    } else if exact {
+        let at: u64 = rv_param
+            .parse()
+            .map_err(|_| status::bad_request(format!("invalid resource version: {rv_param}")))?;
+        match st.store.snapshot(&f, at) {
+            Some(items) => (items, at, None, limit),
+            None => {
+                return Err(status::expired(
+                    "The resourceVersion for the provided list is too old.",
+                    None,
+                ));
+            }
+        }
+    } else {
+        (st.store.snapshot(&f, current).unwrap_or_default(), current, None, limit)
+    };
+    let mut items: Vec<Arc<Value>> = items;
+    if let Some(start) = &start {
+        items.retain(|o| list_key(req, o).as_str() >= start.as_str());
+    }
+    let total = items.len();
+    let mut metadata = json!({"resourceVersion": list_rv.to_string()});
+    if let Some(limit) = limit
+        && total > limit
+    {
+        items.truncate(limit);
+        let last = items.last().map(|o| list_key(req, o)).unwrap_or_default();
+        metadata["continue"] = json!(continue_token(list_rv as i64, &format!("{last}\u{0}")));
+        if f.labels.is_empty() && f.fields.is_empty() {
+            metadata["remainingItemCount"] = json!(total - limit);
+        }
+    }
+    // Built-in lists carry no kind/apiVersion on their items; custom resources do.
+    let strip = req.resource.group().is_empty() || req.resource == Resource::Leases;
+    let items: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            let mut v = (**o).clone();
+            if strip && let Some(m) = v.as_object_mut() {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            v
+        })
+        .collect();
+    Ok((
+        200,
+        json!({
+            "kind": format!("{}List", req.resource.kind()),
+            "apiVersion": req.resource.api_version(),
+            "metadata": metadata,
+            "items": items,
+        }),
+    ))
+}
+
+fn watch_start(st: &mut State, req: &Req<'_>) -> Reply {
+    let f = match filter(req) {
+        Ok(f) => f,
+        Err(e) => return Reply::Error(e),
+    };
+    let from = match req.q("resourceVersion").unwrap_or_default() {
+        "" | "0" => WatchFrom::Now,
+        v => match v.parse() {
+            Ok(rv) => WatchFrom::After(rv),
+            Err(_) => {
+                return Reply::Error(status::bad_request(format!(
+                    "invalid resource version: {v}"
+                )));
+            }
+        },
+    };
+    let mut timeout = Duration::from_secs(
+        req.q("timeoutSeconds")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(1800),
+    );
+    if let Some(cap) = st.config.watch_timeout_cap {
+        timeout = timeout.min(cap);
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    match st.store.watch(f, from, tx) {
+        Ok(()) => Reply::Watch {
+            rx,
+            timeout,
+            bookmark: matches!(req.q("allowWatchBookmarks"), Some("true" | "1"))
+                .then_some(req.resource),
+        },
+        Err(e) => Reply::ErrorEvent(e),
+    }
+}
