@@ -5,3 +5,5 @@
 mod apiserver;
 
 mod replay;
+mod watches;
+mod behaviour;

@@ -71,7 +71,7 @@ pub async fn send(
         Ok(resp) => {
             let status = resp.status().as_u16();
             let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-            let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+            let body = if path.contains("watch=") {
                 // A watch: one JSON object per line.
                 Value::Array(
                     String::from_utf8_lossy(&bytes)
@@ -79,7 +79,9 @@ pub async fn send(
                         .filter_map(|l| serde_json::from_str(l).ok())
                         .collect(),
                 )
-            });
+            } else {
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+            };
             Answer {
                 status: Some(status),
                 body,
