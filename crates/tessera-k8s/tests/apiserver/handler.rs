@@ -21,7 +21,8 @@ use super::{Fault, Shared, State, WriteRecord, events, leases, patch, pods, watc
 
 /// What the service does with a request.
 pub enum Outcome {
-    Respond(Response<axum::body::Body>),
+    /// The answer, and extra time it takes (a long LIST).
+    Respond(Response<axum::body::Body>, Duration),
     /// Never answered: the process died.
     Hang,
     /// The connection is closed without an answer (file 05, the panicking patch).
@@ -182,10 +183,10 @@ pub fn serve(
     let method = parts.method.as_str();
     if path == "/version" {
         let v: Value = serde_json::from_str(VERSION).unwrap_or_default();
-        return Outcome::Respond(json_response(200, &v, None));
+        return Outcome::Respond(json_response(200, &v, None), Duration::ZERO);
     }
     let Some((resource, namespace, name, sub)) = parse_path(path) else {
-        return Outcome::Respond(json_response(404, &status::no_route().body, None));
+        return Outcome::Respond(json_response(404, &status::no_route().body, None), Duration::ZERO);
     };
     let req = Req {
         method,
@@ -228,7 +229,7 @@ pub fn serve(
             Some(Fault::Fail) => {
                 let e = status::injected("fault injected by the test double");
                 record(&mut st, session, &req, e.code);
-                return Outcome::Respond(json_response(e.code, &e.body, None));
+                return Outcome::Respond(json_response(e.code, &e.body, None), Duration::ZERO);
             }
             Some(Fault::CrashAfter) => crash_after = true,
             None => {}
@@ -249,24 +250,32 @@ pub fn serve(
         }
         return Outcome::Hang;
     }
+    let per_item = st.config.list_latency_per_item;
     drop(st);
+    let none = Duration::ZERO;
     match reply {
-        Reply::Json(code, v) => Outcome::Respond(json_response(code, &v, None)),
-        Reply::Error(e) => Outcome::Respond(json_response(e.code, &e.body, e.retry_after)),
+        Reply::Json(code, v) => {
+            let items = v.get("items").and_then(Value::as_array).map_or(0, Vec::len);
+            Outcome::Respond(json_response(code, &v, None), per_item * items as u32)
+        }
+        Reply::Error(e) => Outcome::Respond(json_response(e.code, &e.body, e.retry_after), none),
         Reply::ErrorEvent(e) => {
             let line = super::store::event_line("ERROR", &e.body);
-            Outcome::Respond(watch::response(watch::Stream::once(line)))
+            Outcome::Respond(watch::response(watch::Stream::once(line)), none)
         }
         Reply::Watch {
             rx,
             timeout,
             bookmark,
-        } => Outcome::Respond(watch::response(watch::Stream::live(
-            rx,
-            timeout,
-            bookmark.map(|r| (shared.clone(), r)),
-            dead,
-        ))),
+        } => Outcome::Respond(
+            watch::response(watch::Stream::live(
+                rx,
+                timeout,
+                bookmark.map(|r| (shared.clone(), r)),
+                dead,
+            )),
+            none,
+        ),
         Reply::Dropped => Outcome::Dropped,
     }
 }
