@@ -51,7 +51,8 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn latency() -> (Duration, Duration) {
     let spec = std::env::var("TESSERA_CRASH_LATENCY_MS").unwrap_or_else(|_| "0-2".into());
     let (lo, hi) = spec.split_once('-').unwrap_or((&spec, &spec));
-    let ms = |s: &str| Duration::from_micros((s.trim().parse::<f64>().unwrap_or(0.0) * 1000.0) as u64);
+    let ms =
+        |s: &str| Duration::from_micros((s.trim().parse::<f64>().unwrap_or(0.0) * 1000.0) as u64);
     (ms(lo), ms(hi))
 }
 
@@ -158,7 +159,10 @@ async fn post(addr: SocketAddr, path: &str, body: &Value) -> Result<Value, Strin
                 serde_json::to_vec(body).unwrap_or_default(),
             )))
             .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| format!("send: {e}"))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| format!("send: {e}"))?;
         let status = resp.status();
         let bytes = resp
             .into_body()
@@ -184,10 +188,10 @@ impl FakeKubeScheduler {
             let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
             let mut backoff: HashMap<String, Instant> = HashMap::new();
             loop {
-                let Some(addr) = *rx.borrow() else {
+                if rx.borrow().is_none() {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
-                };
+                }
                 let now = Instant::now();
                 let mut pending: Vec<Value> = server
                     .objects::<Value>(Resource::Pods)
@@ -206,13 +210,19 @@ impl FakeKubeScheduler {
                 pending.sort_by_key(|p| {
                     (
                         -p["spec"]["priority"].as_i64().unwrap_or(0),
-                        p["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                        p["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
                     )
                 });
                 for p in pending {
                     // Tessera may have restarted elsewhere meanwhile.
                     let Some(addr) = *rx.borrow() else { break };
-                    let uid = p["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+                    let uid = p["metadata"]["uid"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
                     let retry = |backoff: &mut HashMap<String, Instant>, rng: &mut SmallRng| {
                         backoff.insert(
                             uid.clone(),
@@ -221,10 +231,16 @@ impl FakeKubeScheduler {
                     };
                     let args = json!({"Pod": p, "Nodes": null, "NodeNames": nodes});
                     let passed = match post(addr, "/scheduler/filter", &args).await {
-                        Ok(r) if r["Error"].as_str().unwrap_or_default().is_empty() => r["NodeNames"]
-                            .as_array()
-                            .map(|a| a.iter().filter_map(|n| n.as_str().map(str::to_string)).collect::<Vec<_>>())
-                            .unwrap_or_default(),
+                        Ok(r) if r["Error"].as_str().unwrap_or_default().is_empty() => {
+                            r["NodeNames"]
+                                .as_array()
+                                .map(|a| {
+                                    a.iter()
+                                        .filter_map(|n| n.as_str().map(str::to_string))
+                                        .collect::<Vec<_>>()
+                                })
+                                .unwrap_or_default()
+                        }
                         _ => Vec::new(),
                     };
                     if passed.is_empty() {
@@ -232,14 +248,21 @@ impl FakeKubeScheduler {
                         continue;
                     }
                     let args = json!({"Pod": p, "Nodes": null, "NodeNames": passed});
-                    let scores: HashMap<String, i64> = match post(addr, "/scheduler/prioritize", &args).await {
-                        Ok(Value::Array(a)) => a
-                            .iter()
-                            .filter_map(|h| Some((h["Host"].as_str()?.to_string(), h["Score"].as_i64()?)))
-                            .collect(),
-                        _ => HashMap::new(),
-                    };
-                    let best = passed.iter().map(|n| scores.get(n).copied().unwrap_or(0)).max().unwrap_or(0);
+                    let scores: HashMap<String, i64> =
+                        match post(addr, "/scheduler/prioritize", &args).await {
+                            Ok(Value::Array(a)) => a
+                                .iter()
+                                .filter_map(|h| {
+                                    Some((h["Host"].as_str()?.to_string(), h["Score"].as_i64()?))
+                                })
+                                .collect(),
+                            _ => HashMap::new(),
+                        };
+                    let best = passed
+                        .iter()
+                        .map(|n| scores.get(n).copied().unwrap_or(0))
+                        .max()
+                        .unwrap_or(0);
                     let top: Vec<&String> = passed
                         .iter()
                         .filter(|n| scores.get(*n).copied().unwrap_or(0) == best)
@@ -257,7 +280,10 @@ impl FakeKubeScheduler {
                     });
                     // Failed binds come back as pending pods after the retry delay.
                     backoff.insert(
-                        p["metadata"]["uid"].as_str().unwrap_or_default().to_string(),
+                        p["metadata"]["uid"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
                         Instant::now() + Duration::from_millis(rng.random_range(20..100)),
                     );
                 }
@@ -329,7 +355,8 @@ async fn run_seed(
     let names = add_gpu_nodes(&server, nodes, 8);
     let arrivals = arrive(&server, workload(&mut rng, pods, mode));
     let base = config(mode, key_file);
-    let fake = (mode == Mode::Extender).then(|| FakeKubeScheduler::spawn(server.clone(), names, seed));
+    let fake =
+        (mode == Mode::Extender).then(|| FakeKubeScheduler::spawn(server.clone(), names, seed));
     // Standalone writes about three times per pod (annotation, binding, event), extender twice.
     let span = (pods as u64 * 3 / 4).max(5);
     let mut crashes = Vec::new();

@@ -55,11 +55,20 @@ async fn binding_writes_node_annotations_and_condition_at_once() {
     let api: Api<Pod> = Api::namespaced(client, "fx");
     let before = server.resource_version();
     let (service, _s2) = server.service();
-    let watch_path = format!("/api/v1/namespaces/fx/pods?watch=1&resourceVersion={before}&timeoutSeconds=0");
+    let watch_path =
+        format!("/api/v1/namespaces/fx/pods?watch=1&resourceVersion={before}&timeoutSeconds=0");
 
-    let b = binding("p1", "n1", Some(&uid), &[("tessera.io/allocation", "grant")]);
+    let b = binding(
+        "p1",
+        "n1",
+        Some(&uid),
+        &[("tessera.io/allocation", "grant")],
+    );
     let ok = bind(&api, &b).await.unwrap();
-    assert_eq!(ok, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}));
+    assert_eq!(
+        ok,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+    );
     assert_eq!(server.resource_version(), before + 1, "one write");
     let events = send(&service, "GET", &watch_path, None, None).await.body;
     let events = events.as_array().unwrap();
@@ -67,12 +76,19 @@ async fn binding_writes_node_annotations_and_condition_at_once() {
     let p = &events[0]["object"];
     assert_eq!(events[0]["type"], "MODIFIED");
     assert_eq!(p["spec"]["nodeName"], "n1");
-    assert_eq!(p["metadata"]["annotations"]["tessera.io/allocation"], "grant");
+    assert_eq!(
+        p["metadata"]["annotations"]["tessera.io/allocation"],
+        "grant"
+    );
     assert_eq!(p["status"]["conditions"][0]["type"], "PodScheduled");
     assert_eq!(p["status"]["conditions"][0]["status"], "True");
 
     // Again, even to the same node: 409 with the recorded body.
-    let again = bind(&api, &binding("p1", "n1", None, &[("tessera.io/allocation", "other")])).await;
+    let again = bind(
+        &api,
+        &binding("p1", "n1", None, &[("tessera.io/allocation", "other")]),
+    )
+    .await;
     let Err(kube::Error::Api(status)) = again else {
         panic!("expected a 409, got {again:?}");
     };
@@ -83,7 +99,10 @@ async fn binding_writes_node_annotations_and_condition_at_once() {
         assert_eq!(status.reason, "Conflict");
     }
     let stored = server.get(Resource::Pods, "fx", "p1").unwrap();
-    assert_eq!(stored["metadata"]["annotations"]["tessera.io/allocation"], "grant", "unchanged");
+    assert_eq!(
+        stored["metadata"]["annotations"]["tessera.io/allocation"], "grant",
+        "unchanged"
+    );
 
     // A stale uid (the pod was replaced) is a precondition failure.
     server.create(Resource::Pods, &pod("p2")).unwrap();
@@ -92,7 +111,13 @@ async fn binding_writes_node_annotations_and_condition_at_once() {
         panic!("expected a 409, got {stale:?}");
     };
     assert_eq!(status.code, 409);
-    assert!(status.message.contains("Precondition failed: UID in precondition"), "{}", status.message);
+    assert!(
+        status
+            .message
+            .contains("Precondition failed: UID in precondition"),
+        "{}",
+        status.message
+    );
 }
 
 fn annotate(value: &str) -> Patch<Value> {
@@ -100,7 +125,9 @@ fn annotate(value: &str) -> Patch<Value> {
 }
 
 async fn hangs<T>(f: impl std::future::Future<Output = T>) -> bool {
-    tokio::time::timeout(Duration::from_millis(200), f).await.is_err()
+    tokio::time::timeout(Duration::from_millis(200), f)
+        .await
+        .is_err()
 }
 
 #[tokio::test]
@@ -114,10 +141,21 @@ async fn faults_fail_or_crash_a_sessions_nth_write() {
     let (client, session) = server.client();
     let api: Api<Pod> = Api::namespaced(client, "fx");
     session.fault(1, Fault::Fail);
-    let failed = api.patch("p", &PatchParams::default(), &annotate("1")).await;
-    assert!(matches!(failed, Err(kube::Error::Api(ref s)) if s.code == 500), "{failed:?}");
-    assert_eq!(annotation(&server), Value::Null, "a failed write writes nothing");
-    api.patch("p", &PatchParams::default(), &annotate("2")).await.unwrap();
+    let failed = api
+        .patch("p", &PatchParams::default(), &annotate("1"))
+        .await;
+    assert!(
+        matches!(failed, Err(kube::Error::Api(ref s)) if s.code == 500),
+        "{failed:?}"
+    );
+    assert_eq!(
+        annotation(&server),
+        Value::Null,
+        "a failed write writes nothing"
+    );
+    api.patch("p", &PatchParams::default(), &annotate("2"))
+        .await
+        .unwrap();
     assert_eq!(annotation(&server), "2");
 
     let (client, session) = server.client();
@@ -125,16 +163,31 @@ async fn faults_fail_or_crash_a_sessions_nth_write() {
     session.fault(1, Fault::CrashBefore);
     assert!(hangs(api.patch("p", &PatchParams::default(), &annotate("3"))).await);
     assert!(session.is_dead());
-    assert_eq!(annotation(&server), "2", "the request never reached the server");
+    assert_eq!(
+        annotation(&server),
+        "2",
+        "the request never reached the server"
+    );
 
     let (client, session) = server.client();
     let api: Api<Pod> = Api::namespaced(client, "fx");
     session.fault(2, Fault::CrashAfter);
-    api.patch("p", &PatchParams::default(), &annotate("4")).await.unwrap();
+    api.patch("p", &PatchParams::default(), &annotate("4"))
+        .await
+        .unwrap();
     assert!(hangs(api.patch("p", &PatchParams::default(), &annotate("5"))).await);
-    tokio::time::timeout(Duration::from_secs(1), session.died()).await.unwrap();
-    assert_eq!(annotation(&server), "5", "committed, but the answer never came");
-    assert!(hangs(api.get("p")).await, "a dead process gets no more answers");
+    tokio::time::timeout(Duration::from_secs(1), session.died())
+        .await
+        .unwrap();
+    assert_eq!(
+        annotation(&server),
+        "5",
+        "committed, but the answer never came"
+    );
+    assert!(
+        hangs(api.get("p")).await,
+        "a dead process gets no more answers"
+    );
     assert_eq!(session.writes(), 2);
 }
 
@@ -165,17 +218,28 @@ async fn counters_see_concurrent_requests_under_latency() {
 async fn lease_apply_conflicts_with_another_manager() {
     let server = ApiServer::new(Config::default());
     let (service, _session) = server.service();
-    let path = |m: &str| format!("/apis/coordination.k8s.io/v1/namespaces/fx/leases/l?fieldManager={m}");
-    let take = |who: &str| json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "spec": {"holderIdentity": who, "renewTime": "2026-12-01T03:29:59.733369Z", "leaseDurationSeconds": 2}});
+    let path =
+        |m: &str| format!("/apis/coordination.k8s.io/v1/namespaces/fx/leases/l?fieldManager={m}");
+    let take = |who: &str| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "spec": {"holderIdentity": who, "renewTime": "2026-12-01T03:29:59.733369Z", "leaseDurationSeconds": 2}})
+    };
     const APPLY: &str = "application/apply-patch+yaml";
     let a = send(&service, "PATCH", &path("a"), Some(APPLY), Some(&take("a"))).await;
     assert_eq!(a.status, Some(201), "{}", a.body);
     let b = send(&service, "PATCH", &path("b"), Some(APPLY), Some(&take("b"))).await;
     assert_eq!(b.status, Some(409), "{}", b.body);
     assert_eq!(b.body["reason"], "Conflict");
-    let release = json!({"spec": {"holderIdentity": null, "renewTime": null, "leaseDurationSeconds": null}});
-    let r = send(&service, "PATCH", &path("b"), Some("application/strategic-merge-patch+json"), Some(&release)).await;
+    let release =
+        json!({"spec": {"holderIdentity": null, "renewTime": null, "leaseDurationSeconds": null}});
+    let r = send(
+        &service,
+        "PATCH",
+        &path("b"),
+        Some("application/strategic-merge-patch+json"),
+        Some(&release),
+    )
+    .await;
     assert_eq!(r.status, Some(200));
     let b = send(&service, "PATCH", &path("b"), Some(APPLY), Some(&take("b"))).await;
     assert_eq!(b.status, Some(200), "{}", b.body);

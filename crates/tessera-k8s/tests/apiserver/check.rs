@@ -38,9 +38,14 @@ fn whole_gpu(pod: &Pod) -> bool {
     };
     let has = |k: &str| resources.iter().any(|(r, _)| r == k);
     has("tessera.io/gpu")
-        && !["tessera.io/gpu-memory", "tessera.io/gpu-memory-percent", "tessera.io/gpu-cores", "tessera.io/gpu-milli"]
-            .iter()
-            .any(|r| has(r))
+        && ![
+            "tessera.io/gpu-memory",
+            "tessera.io/gpu-memory-percent",
+            "tessera.io/gpu-cores",
+            "tessera.io/gpu-milli",
+        ]
+        .iter()
+        .any(|r| has(r))
 }
 
 /// Checks the stored pods against the stored `GpuNode` inventory.
@@ -75,29 +80,29 @@ pub fn audit(server: &ApiServer, key: &[u8]) -> Audit {
             .and_then(|a| a.get(ANNOTATION));
         if !convert::wants_gpu(pod) {
             if grant.is_some() {
-                audit
-                    .violations
-                    .push(format!("{key_name}: CPU-only pod on {node} carries a GPU grant"));
+                audit.violations.push(format!(
+                    "{key_name}: CPU-only pod on {node} carries a GPU grant"
+                ));
             }
             continue;
         }
         audit.bound_gpu += 1;
         let Some(value) = grant else {
-            audit
-                .violations
-                .push(format!("{key_name}: GPU pod bound to {node} without a grant"));
+            audit.violations.push(format!(
+                "{key_name}: GPU pod bound to {node} without a grant"
+            ));
             continue;
         };
-        let allocation =
-            match Allocation::decode_verified(value, key, convert::pod_uid(pod), node) {
-                Ok(a) => a,
-                Err(e) => {
-                    audit.violations.push(format!(
-                        "{key_name}: GPU pod bound to {node} has no valid grant: {e}"
-                    ));
-                    continue;
-                }
-            };
+        let allocation = match Allocation::decode_verified(value, key, convert::pod_uid(pod), node)
+        {
+            Ok(a) => a,
+            Err(e) => {
+                audit.violations.push(format!(
+                    "{key_name}: GPU pod bound to {node} has no valid grant: {e}"
+                ));
+                continue;
+            }
+        };
         for g in &allocation.gpus {
             match gpus.get(&g.uuid) {
                 Some((owner, _)) if owner == node => {}

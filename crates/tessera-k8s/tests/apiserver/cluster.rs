@@ -40,7 +40,9 @@ pub fn add_gpu_nodes(server: &ApiServer, count: usize, gpus: u32) -> Vec<String>
                         .collect(),
                 },
             );
-            server.create(Resource::GpuNodes, &inventory).expect("gpunode");
+            server
+                .create(Resource::GpuNodes, &inventory)
+                .expect("gpunode");
             name
         })
         .collect()
@@ -52,7 +54,10 @@ pub enum Shape {
     /// Whole GPUs (`tessera.io/gpu`).
     Whole(u32),
     /// One GPU shared: memory in GiB and compute in per cent.
-    Share { memory_gib: u32, cores_pct: u32 },
+    Share {
+        memory_gib: u32,
+        cores_pct: u32,
+    },
     CpuOnly,
 }
 

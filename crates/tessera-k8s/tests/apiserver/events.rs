@@ -16,7 +16,8 @@ fn name_part_ok(s: &str) -> bool {
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
 }
 
 fn subdomain_ok(s: &str) -> bool {
@@ -27,7 +28,8 @@ fn subdomain_ok(s: &str) -> bool {
             !b.is_empty()
                 && b[0].is_ascii_alphanumeric()
                 && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         })
 }
 
@@ -58,7 +60,11 @@ pub fn validate(ev: &Value) -> Result<(), ApiError> {
     }
     let controller = s("reportingController");
     if controller.is_empty() {
-        causes.push(cause("FieldValueRequired", "reportingController", "Required value".into()));
+        causes.push(cause(
+            "FieldValueRequired",
+            "reportingController",
+            "Required value".into(),
+        ));
         causes.push(cause(
             "FieldValueInvalid",
             "reportingController",

@@ -75,7 +75,11 @@ impl Req<'_> {
             status::bad_request(format!(
                 "{} in version \"{}\" cannot be handled as a {}: {e}",
                 self.resource.kind(),
-                self.resource.api_version().rsplit('/').next().unwrap_or("v1"),
+                self.resource
+                    .api_version()
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or("v1"),
                 self.resource.kind()
             ))
         })
@@ -118,8 +122,15 @@ fn parse_query(q: Option<&str>) -> HashMap<String, String> {
         .collect()
 }
 
-/// `(resource, namespace, name, subresource)` of an API path.
-fn parse_path(path: &str) -> Option<(Resource, Option<String>, Option<String>, Option<String>)> {
+/// Where an API path points.
+struct Route {
+    resource: Resource,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<Route> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest) = match segs.as_slice() {
         ["api", v, rest @ ..] => ("", *v, rest),
@@ -140,7 +151,12 @@ fn parse_path(path: &str) -> Option<(Resource, Option<String>, Option<String>, O
     if rest.len() > 3 {
         return None;
     }
-    Some((resource, namespace, name, sub))
+    Some(Route {
+        resource,
+        namespace,
+        name,
+        sub,
+    })
 }
 
 fn verb(method: &str, has_name: bool, watch: bool) -> &'static str {
@@ -185,8 +201,17 @@ pub fn serve(
         let v: Value = serde_json::from_str(VERSION).unwrap_or_default();
         return Outcome::Respond(json_response(200, &v, None), Duration::ZERO);
     }
-    let Some((resource, namespace, name, sub)) = parse_path(path) else {
-        return Outcome::Respond(json_response(404, &status::no_route().body, None), Duration::ZERO);
+    let Some(Route {
+        resource,
+        namespace,
+        name,
+        sub,
+    }) = parse_path(path)
+    else {
+        return Outcome::Respond(
+            json_response(404, &status::no_route().body, None),
+            Duration::ZERO,
+        );
     };
     let req = Req {
         method,
@@ -209,7 +234,10 @@ pub fn serve(
         "{} {}{}",
         verb(method, req.name.is_some(), watching),
         resource.plural(),
-        req.sub.as_ref().map(|s| format!("/{s}")).unwrap_or_default()
+        req.sub
+            .as_ref()
+            .map(|s| format!("/{s}"))
+            .unwrap_or_default()
     );
     *st.counters.entry(counter).or_default() += 1;
 
@@ -223,7 +251,7 @@ pub fn serve(
         let n = s.writes;
         match s.faults.iter().find(|(k, _)| *k == n).map(|(_, f)| *f) {
             Some(Fault::CrashBefore) => {
-                let _ = s.dead.send(true);
+                s.die();
                 return Outcome::Hang;
             }
             Some(Fault::Fail) => {
@@ -245,8 +273,8 @@ pub fn serve(
         record(&mut st, session, &req, code);
     }
     if crash_after {
-        if let Some(s) = st.sessions.get(&session) {
-            let _ = s.dead.send(true);
+        if let Some(s) = st.sessions.get_mut(&session) {
+            s.die();
         }
         return Outcome::Hang;
     }
@@ -311,7 +339,10 @@ fn dispatch(st: &mut State, req: &Req<'_>, watching: bool) -> Reply {
             Err(PatchFailure::Dropped) => return Reply::Dropped,
         },
         ("DELETE", Some(n), None) => delete(st, req, n),
-        _ => Err(status::method_not_allowed(req.method, req.resource.plural())),
+        _ => Err(status::method_not_allowed(
+            req.method,
+            req.resource.plural(),
+        )),
     };
     match result {
         Ok((code, v)) => Reply::Json(code, v),
@@ -350,7 +381,11 @@ pub fn create(st: &mut State, resource: Resource, obj: &Value) -> Result<Arc<Val
     if obj.get("metadata").is_none_or(|m| !m.is_object()) {
         obj["metadata"] = json!({});
     }
-    if obj.pointer("/metadata/name").and_then(Value::as_str).is_none_or(str::is_empty) {
+    if obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
         let Some(prefix) = obj
             .pointer("/metadata/generateName")
             .and_then(Value::as_str)
@@ -491,7 +526,11 @@ pub fn update_object(
     if r.namespaced() {
         new["metadata"]["namespace"] = json!(ns);
     }
-    for field in ["creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"] {
+    for field in [
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+    ] {
         match old.pointer(&format!("/metadata/{field}")) {
             Some(v) if !v.is_null() => new["metadata"][field] = v.clone(),
             _ => {
@@ -551,7 +590,12 @@ impl From<ApiError> for PatchFailure {
 fn patch_object(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value), PatchFailure> {
     let body: Value = serde_json::from_slice(req.body)
         .map_err(|e| status::bad_request(format!("error decoding patch: {e}")))?;
-    let ct = req.content_type.split(';').next().unwrap_or_default().trim();
+    let ct = req
+        .content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim();
     if ct == "application/apply-patch+yaml" {
         return leases::apply(st, req, name, &body).map_err(PatchFailure::Api);
     }
@@ -621,12 +665,16 @@ fn list_key(req: &Req<'_>, obj: &Value) -> String {
 
 fn continue_token(rv: i64, start: &str) -> String {
     let start = serde_json::to_string(start).unwrap_or_default();
-    URL_SAFE_NO_PAD.encode(format!("{{\"v\":\"meta.k8s.io/v1\",\"rv\":{rv},\"start\":{start}}}"))
+    URL_SAFE_NO_PAD.encode(format!(
+        "{{\"v\":\"meta.k8s.io/v1\",\"rv\":{rv},\"start\":{start}}}"
+    ))
 }
 
 fn decode_token(token: &str) -> Result<(i64, String), ApiError> {
     let bad = || status::bad_request(format!("continue key is not valid: {token}"));
-    let raw = URL_SAFE_NO_PAD.decode(token.trim_end_matches('=')).map_err(|_| bad())?;
+    let raw = URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .map_err(|_| bad())?;
     let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
     let rv = v.get("rv").and_then(Value::as_i64).ok_or_else(bad)?;
     let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;
@@ -638,7 +686,10 @@ const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to di
 fn list(st: &mut State, req: &Req<'_>) -> Result<(u16, Value), ApiError> {
     let f = filter(req)?;
     let current = st.store.rv;
-    let limit: Option<usize> = req.q("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0);
+    let limit: Option<usize> = req
+        .q("limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0);
     let rv_param = req.q("resourceVersion").unwrap_or_default();
     let exact = req.q("resourceVersionMatch") == Some("Exact");
     let (items, list_rv, start, limit) = if let Some(token) = req.q("continue") {
@@ -655,7 +706,12 @@ fn list(st: &mut State, req: &Req<'_>) -> Result<(u16, Value), ApiError> {
         }
     } else if rv_param == "0" && !exact {
         // Served from the watch cache, which ignores `limit` (file 09).
-        (st.store.snapshot(&f, current).unwrap_or_default(), current, None, None)
+        (
+            st.store.snapshot(&f, current).unwrap_or_default(),
+            current,
+            None,
+            None,
+        )
     } else if exact {
         let at: u64 = rv_param
             .parse()
@@ -670,7 +726,12 @@ fn list(st: &mut State, req: &Req<'_>) -> Result<(u16, Value), ApiError> {
             }
         }
     } else {
-        (st.store.snapshot(&f, current).unwrap_or_default(), current, None, limit)
+        (
+            st.store.snapshot(&f, current).unwrap_or_default(),
+            current,
+            None,
+            limit,
+        )
     };
     let mut items: Vec<Arc<Value>> = items;
     if let Some(start) = &start {

@@ -4,6 +4,7 @@
 #[path = "mod.rs"]
 mod apiserver;
 
-mod replay;
-mod watches;
 mod behaviour;
+mod replay;
+mod units;
+mod watches;

@@ -53,13 +53,13 @@ pub mod check;
 pub mod cluster;
 mod events;
 mod handler;
-mod leases;
-mod patch;
+pub mod leases;
+pub mod patch;
 mod pods;
 pub mod process;
-mod select;
-mod status;
-mod store;
+pub mod select;
+pub mod status;
+pub mod store;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap};
@@ -163,6 +163,16 @@ pub(crate) struct SessionState {
     writes: u64,
     faults: Vec<(u64, Fault)>,
     dead: flag::Sender<bool>,
+    died_at: Option<Instant>,
+}
+
+impl SessionState {
+    pub(crate) fn die(&mut self) {
+        if self.died_at.is_none() {
+            self.died_at = Some(Instant::now());
+        }
+        let _ = self.dead.send(true);
+    }
 }
 
 /// Everything behind the lock.
@@ -243,6 +253,7 @@ impl ApiServer {
                     writes: 0,
                     faults: Vec::new(),
                     dead: tx,
+                    died_at: None,
                 },
             );
             id
@@ -349,9 +360,18 @@ impl Session {
 
     /// The process dies now: no request of it is answered any more.
     pub fn kill(&self) {
-        if let Some(s) = self.shared.lock().sessions.get(&self.id) {
-            let _ = s.dead.send(true);
+        if let Some(s) = self.shared.lock().sessions.get_mut(&self.id) {
+            s.die();
         }
+    }
+
+    /// When the session died, if it did.
+    pub fn died_at(&self) -> Option<Instant> {
+        self.shared
+            .lock()
+            .sessions
+            .get(&self.id)
+            .and_then(|s| s.died_at)
     }
 
     pub fn is_dead(&self) -> bool {

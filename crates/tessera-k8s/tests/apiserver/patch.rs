@@ -40,8 +40,13 @@ pub fn merge(target: &mut Value, patch: &Value) {
 /// The merge key of a list field, by the field's name (`patchMergeKey` in the API types).
 fn merge_key(field: &str) -> Option<&'static str> {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "schedulingGates"
-        | "volumes" | "env" | "imagePullSecrets" => Some("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "schedulingGates"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets" => Some("name"),
         "conditions" => Some("type"),
         "ownerReferences" => Some("uid"),
         _ => None,
@@ -185,14 +190,20 @@ fn remove(doc: &mut Value, toks: &[String]) -> Result<Value, PatchError> {
 /// RFC 6902, as evanphx/json-patch applies it: `test` of `null` also passes on
 /// an absent member (file 05: `test /spec/nodeName null` on an unbound pod).
 pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), PatchError> {
-    let ops = patch
-        .as_array()
-        .ok_or_else(|| PatchError::Malformed("json: cannot unmarshal object into Go value of type jsonpatch.Patch".into()))?;
+    let ops = patch.as_array().ok_or_else(|| {
+        PatchError::Malformed(
+            "json: cannot unmarshal object into Go value of type jsonpatch.Patch".into(),
+        )
+    })?;
     for op in ops {
         let name = op.get("op").and_then(Value::as_str).unwrap_or_default();
         let path = tokens(op.get("path").and_then(Value::as_str).unwrap_or_default())?;
         match name {
-            "add" => add(doc, &path, op.get("value").cloned().ok_or(PatchError::OpFailed)?)?,
+            "add" => add(
+                doc,
+                &path,
+                op.get("value").cloned().ok_or(PatchError::OpFailed)?,
+            )?,
             "remove" => {
                 remove(doc, &path)?;
             }
@@ -226,46 +237,4 @@ pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), PatchError> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    #[test]
-    fn merge_deletes_with_null() {
-        let mut d = json!({"metadata": {"annotations": {"a": "1", "b": "2"}}});
-        merge(&mut d, &json!({"metadata": {"annotations": {"a": null, "c": "3"}}}));
-        assert_eq!(d, json!({"metadata": {"annotations": {"b": "2", "c": "3"}}}));
-    }
-
-    #[test]
-    fn strategic_merges_keyed_lists() {
-        let mut d = json!({"spec": {"schedulingGates": [{"name": "a"}, {"name": "b"}]}});
-        strategic(&mut d, &json!({"spec": {"schedulingGates": [{"name": "c"}]}}));
-        assert_eq!(d["spec"]["schedulingGates"].as_array().unwrap().len(), 3);
-        strategic(
-            &mut d,
-            &json!({"spec": {"schedulingGates": [{"name": "a", "$patch": "delete"}]}}),
-        );
-        assert_eq!(
-            d["spec"]["schedulingGates"],
-            json!([{"name": "c"}, {"name": "b"}])
-        );
-    }
-
-    #[test]
-    fn json_patch_rules_of_file_05() {
-        let mut d = json!({"metadata": {"name": "p5"}, "spec": {}});
-        let add = json!([{"op": "add", "path": "/metadata/annotations/tessera.io~1x", "value": "1"}]);
-        assert_eq!(json_patch(&mut d, &add), Err(PatchError::OpFailed));
-        let null_ok = json!([{"op": "test", "path": "/spec/nodeName", "value": null}]);
-        assert_eq!(json_patch(&mut d, &null_ok), Ok(()));
-        let empty = json!([{"op": "test", "path": "/spec/nodeName", "value": ""}]);
-        assert_eq!(json_patch(&mut d, &empty), Err(PatchError::OpFailed));
-        let novalue = json!([{"op": "test", "path": "/spec/nodeName"}]);
-        assert_eq!(json_patch(&mut d, &novalue), Err(PatchError::ServerPanic));
-    }
 }

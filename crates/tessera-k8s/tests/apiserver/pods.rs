@@ -4,10 +4,10 @@
 
 use serde_json::{Map, Value, json};
 
+use super::State;
 use super::handler::{Req, key, now};
 use super::status::{self, ApiError, Cause};
 use super::store::{Resource, key_of, rv_of};
-use super::State;
 
 /// Defaults the API server adds to a new pod (file 01), as far as a scheduler reads them.
 pub fn defaults(pod: &mut Value) {
@@ -18,7 +18,11 @@ pub fn defaults(pod: &mut Value) {
     let mut has_compute = false;
     if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
         for c in containers {
-            if let Some(limits) = c.pointer("/resources/limits").and_then(Value::as_object).cloned() {
+            if let Some(limits) = c
+                .pointer("/resources/limits")
+                .and_then(Value::as_object)
+                .cloned()
+            {
                 let requests = c["resources"]
                     .as_object_mut()
                     .map(|r| r.entry("requests").or_insert_with(|| json!({})));
@@ -29,7 +33,10 @@ pub fn defaults(pod: &mut Value) {
                 }
             }
             for part in ["requests", "limits"] {
-                if let Some(m) = c.pointer(&format!("/resources/{part}")).and_then(Value::as_object) {
+                if let Some(m) = c
+                    .pointer(&format!("/resources/{part}"))
+                    .and_then(Value::as_object)
+                {
                     has_compute |= m.contains_key("cpu") || m.contains_key("memory");
                 }
             }
@@ -43,20 +50,30 @@ pub fn defaults(pod: &mut Value) {
             c.entry("imagePullPolicy").or_insert(json!("IfNotPresent"));
         }
     }
-    let Some(s) = spec.as_object_mut() else { return };
+    let Some(s) = spec.as_object_mut() else {
+        return;
+    };
     s.entry("restartPolicy").or_insert(json!("Always"));
-    s.entry("terminationGracePeriodSeconds").or_insert(json!(30));
+    s.entry("terminationGracePeriodSeconds")
+        .or_insert(json!(30));
     s.entry("dnsPolicy").or_insert(json!("ClusterFirst"));
     s.entry("securityContext").or_insert(json!({}));
-    s.entry("schedulerName").or_insert(json!("default-scheduler"));
+    s.entry("schedulerName")
+        .or_insert(json!("default-scheduler"));
     s.entry("priority").or_insert(json!(0));
     s.entry("enableServiceLinks").or_insert(json!(true));
     s.entry("preemptionPolicy")
         .or_insert(json!("PreemptLowerPriority"));
     let tolerations = s.entry("tolerations").or_insert(json!([]));
     if let Some(t) = tolerations.as_array_mut() {
-        for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
-            if !t.iter().any(|x| x.get("key").and_then(Value::as_str) == Some(key)) {
+        for key in [
+            "node.kubernetes.io/not-ready",
+            "node.kubernetes.io/unreachable",
+        ] {
+            if !t
+                .iter()
+                .any(|x| x.get("key").and_then(Value::as_str) == Some(key))
+            {
                 t.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
             }
         }
@@ -193,7 +210,9 @@ pub fn prepare_update(old: &Value, new: &mut Value, sub: Option<&str>) -> Result
 /// Whether a pod marked for deletion may be removed now: no finalizer holds it
 /// and its grace period is over (no kubelet here to end a longer one).
 pub fn may_go(pod: &Value) -> bool {
-    let terminating = pod.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null());
+    let terminating = pod
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null());
     let finalizers = pod
         .pointer("/metadata/finalizers")
         .and_then(Value::as_array)
@@ -225,11 +244,17 @@ pub fn bind(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiError
         ));
     }
     let target = binding.get("target").cloned().unwrap_or(json!({}));
-    let node = target.get("name").and_then(Value::as_str).unwrap_or_default();
+    let node = target
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if node.is_empty() {
         return Err(status::internal("target.name: Required value".into()));
     }
-    let kind = target.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let kind = target
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if !kind.is_empty() && kind != "Node" {
         return Err(status::internal(format!(
             "target.kind: Unsupported value: \"{kind}\": supported values: \"Node\", \"<empty>\""
@@ -240,12 +265,17 @@ pub fn bind(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiError
         return Err(status::not_found(Resource::Pods, name));
     };
     let ns = k.0.clone();
-    let stored_uid = old.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default();
+    let stored_uid = old
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if let Some(uid) = meta.get("uid").and_then(Value::as_str)
         && !uid.is_empty()
         && uid != stored_uid
     {
-        return Err(status::precondition_failed(&ns, name, "UID", uid, stored_uid));
+        return Err(status::precondition_failed(
+            &ns, name, "UID", uid, stored_uid,
+        ));
     }
     let stored_rv = rv_of(&old).unwrap_or_default();
     if let Some(rv) = meta.get("resourceVersion").and_then(Value::as_str)
@@ -260,7 +290,10 @@ pub fn bind(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiError
             stored_rv,
         ));
     }
-    if old.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()) {
+    if old
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+    {
         return Err(status::binding_conflict(
             name,
             format!("pod {name} is being deleted, cannot be assigned to a host"),
@@ -283,7 +316,10 @@ pub fn bind(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiError
     let mut pod = (*old).clone();
     pod["spec"]["nodeName"] = json!(node);
     if let Some(Value::Object(extra)) = meta.get("annotations") {
-        if !pod["metadata"].get("annotations").is_some_and(Value::is_object) {
+        if !pod["metadata"]
+            .get("annotations")
+            .is_some_and(Value::is_object)
+        {
             pod["metadata"]["annotations"] = Value::Object(Map::new());
         }
         for (k, v) in extra {
@@ -295,7 +331,10 @@ pub fn bind(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiError
         .as_object_mut()
         .map(|s| s.entry("conditions").or_insert_with(|| json!([])));
     if let Some(Value::Array(cs)) = conditions {
-        match cs.iter().position(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled")) {
+        match cs
+            .iter()
+            .position(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"))
+        {
             Some(i) if cs[i].get("status").and_then(Value::as_str) == Some("True") => {}
             Some(i) => cs[i] = scheduled,
             None => cs.push(scheduled),
@@ -316,14 +355,19 @@ pub fn delete(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value),
     let Some(old) = st.store.get(Resource::Pods, &k).cloned() else {
         return Err(status::not_found(Resource::Pods, name));
     };
-    let stored_uid = old.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default();
+    let stored_uid = old
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if let Some(uid) = opts.pointer("/preconditions/uid").and_then(Value::as_str)
         && uid != stored_uid
     {
         return Err(status::delete_precondition(name, "UID", uid, stored_uid));
     }
     let stored_rv = rv_of(&old).unwrap_or_default();
-    if let Some(rv) = opts.pointer("/preconditions/resourceVersion").and_then(Value::as_str)
+    if let Some(rv) = opts
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str)
         && rv != stored_rv
     {
         return Err(status::delete_precondition(
@@ -337,7 +381,10 @@ pub fn delete(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value),
         .q("gracePeriodSeconds")
         .and_then(|g| g.parse::<i64>().ok())
         .or_else(|| opts.get("gracePeriodSeconds").and_then(Value::as_i64));
-    let phase = old.pointer("/status/phase").and_then(Value::as_str).unwrap_or_default();
+    let phase = old
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     // Pods never scheduled, and finished pods, need no kubelet to stop them.
     let grace = if node_name(&old).is_empty() || phase == "Succeeded" || phase == "Failed" {
         0

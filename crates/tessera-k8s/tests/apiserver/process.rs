@@ -87,7 +87,9 @@ impl Process {
             let _ = k.send(());
         }
         match self.thread.take() {
-            Some(t) => t.join().map_err(|_| "the scheduler thread panicked".to_string())?,
+            Some(t) => t
+                .join()
+                .map_err(|_| "the scheduler thread panicked".to_string())?,
             None => Ok(()),
         }
     }

@@ -61,7 +61,9 @@ pub async fn send(
     if let Some(ct) = content_type {
         b = b.header("content-type", ct);
     }
-    let bytes = body.map(|v| serde_json::to_vec(v).unwrap()).unwrap_or_default();
+    let bytes = body
+        .map(|v| serde_json::to_vec(v).unwrap())
+        .unwrap_or_default();
     let req = b.body(KubeBody::from(bytes)).unwrap();
     match service.clone().oneshot(req).await {
         Err(_) => Answer {
@@ -252,7 +254,12 @@ fn project(v: &Value) -> Value {
     let mut spec = m("/spec");
     if let Some(s) = spec.as_object_mut() {
         // Defaults a scheduler never reads.
-        for f in ["dnsPolicy", "enableServiceLinks", "restartPolicy", "securityContext"] {
+        for f in [
+            "dnsPolicy",
+            "enableServiceLinks",
+            "restartPolicy",
+            "securityContext",
+        ] {
             s.remove(f);
         }
     }
@@ -317,7 +324,10 @@ async fn replay(
         );
         let recorded = &resp["body"];
         // A generated name is random: map the recorded one to ours.
-        if let Some(prefix) = req.pointer("/body/metadata/generateName").and_then(Value::as_str) {
+        if let Some(prefix) = req
+            .pointer("/body/metadata/generateName")
+            .and_then(Value::as_str)
+        {
             let name_of = |v: &Value| {
                 v.pointer("/metadata/name")
                     .or_else(|| v.pointer("/details/name"))
@@ -383,15 +393,30 @@ async fn recorded_sequences_replay_with_the_same_answers() {
         ("05-patch-resourceversion-preconditions.json", &[]),
         ("06-patch-bound-pod.json", &[]),
         ("07-put-stale-resourceversion.json", &[]),
-        ("09-list-paginated.json", &[(4, "resourceVersion=0 lists the watch cache, whose resourceVersion lags the server's (240, not 241); the double has no separate cache")]),
+        (
+            "09-list-paginated.json",
+            &[(
+                4,
+                "resourceVersion=0 lists the watch cache, whose resourceVersion lags the server's (240, not 241); the double has no separate cache",
+            )],
+        ),
         ("10-lease-optimistic-concurrency.json", &[]),
         ("12-scheduling-gates.json", &[]),
-        ("13-events-v1.json", &[(1, "core/v1 and events.k8s.io events are separate stores in the double")]),
+        (
+            "13-events-v1.json",
+            &[(
+                1,
+                "core/v1 and events.k8s.io events are separate stores in the double",
+            )],
+        ),
         ("16-delete-semantics.json", &[]),
-        ("17-binding-validation-and-misc.json", &[
-            (10, "the double has no RBAC"),
-            (11, "lists pods of files the sequence skips (14)"),
-        ]),
+        (
+            "17-binding-validation-and-misc.json",
+            &[
+                (10, "the double has no RBAC"),
+                (11, "lists pods of files the sequence skips (14)"),
+            ],
+        ),
     ];
     for (file, skip) in plan {
         if replay(&server, &service, &mut names, file, skip)

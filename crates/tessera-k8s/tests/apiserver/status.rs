@@ -232,7 +232,9 @@ pub fn expired(message: &str, continue_token: Option<String>) -> ApiError {
 pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
     failure(
         405,
-        format!("the server does not allow this method on the requested resource ({method} {path})"),
+        format!(
+            "the server does not allow this method on the requested resource ({method} {path})"
+        ),
         Some("MethodNotAllowed"),
         Some(json!({})),
     )

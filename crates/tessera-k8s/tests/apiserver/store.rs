@@ -254,10 +254,11 @@ impl Store {
         if !change.resource.watched() {
             return;
         }
-        self.watchers.retain(|w| match event_for(&w.filter, &change) {
-            Some(line) => w.tx.send(line).is_ok(),
-            None => !w.tx.is_closed(),
-        });
+        self.watchers
+            .retain(|w| match event_for(&w.filter, &change) {
+                Some(line) => w.tx.send(line).is_ok(),
+                None => !w.tx.is_closed(),
+            });
         self.history.push_back(change);
         while self.history.len() > self.window {
             if let Some(c) = self.history.pop_front() {
@@ -359,11 +360,7 @@ impl Store {
                 (_, None) => {}
             }
         }
-        Some(
-            objs.into_values()
-                .filter(|o| filter.matches(o))
-                .collect(),
-        )
+        Some(objs.into_values().filter(|o| filter.matches(o)).collect())
     }
 
     /// Registers a watch. The backlog is sent before any later change can be,

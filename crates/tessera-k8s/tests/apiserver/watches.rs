@@ -39,8 +39,12 @@ fn summary(events: &Value) -> Vec<(String, Option<String>, Option<String>, bool)
             let o = &e["object"];
             (
                 e["type"].as_str().unwrap_or_default().to_string(),
-                o.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_string),
-                o.pointer("/spec/nodeName").and_then(Value::as_str).map(str::to_string),
+                o.pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                o.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
                 o.pointer("/metadata/deletionTimestamp").is_some(),
             )
         })
@@ -56,11 +60,24 @@ async fn watch_events_of_a_pod_lifecycle_match_file_08() {
     let s = steps(&f);
     let server = ApiServer::new(Config::default());
     let (service, _session) = server.service();
-    let list = send(&service, "GET", "/api/v1/namespaces/fx/pods?labelSelector=case%3D08", None, None).await;
-    let rv: u64 = list.body["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+    let list = send(
+        &service,
+        "GET",
+        "/api/v1/namespaces/fx/pods?labelSelector=case%3D08",
+        None,
+        None,
+    )
+    .await;
+    let rv: u64 = list.body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let watch = |extra: &str| {
         let service: ApiService = service.clone();
-        let path = format!("/api/v1/namespaces/fx/pods?watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=1{extra}");
+        let path = format!(
+            "/api/v1/namespaces/fx/pods?watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=1{extra}"
+        );
         tokio::spawn(async move { send(&service, "GET", &path, None, None).await })
     };
     let a = watch("");
@@ -68,8 +85,20 @@ async fn watch_events_of_a_pod_lifecycle_match_file_08() {
     until_watchers(&server, 2).await;
     for step in &s[3..] {
         let r = &step["request"];
-        let answer = send(&service, r["method"].as_str().unwrap(), r["path"].as_str().unwrap(), r["content_type"].as_str(), r.get("body").filter(|b| !b.is_null())).await;
-        assert_eq!(answer.status, step["response"]["status"].as_u64().map(|v| v as u16), "{}", r["path"]);
+        let answer = send(
+            &service,
+            r["method"].as_str().unwrap(),
+            r["path"].as_str().unwrap(),
+            r["content_type"].as_str(),
+            r.get("body").filter(|b| !b.is_null()),
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            step["response"]["status"].as_u64().map(|v| v as u16),
+            "{}",
+            r["path"]
+        );
     }
     let (a, b) = (a.await.unwrap(), b.await.unwrap());
     assert_eq!(a.status, Some(200));
@@ -88,7 +117,10 @@ async fn watch_events_of_a_pod_lifecycle_match_file_08() {
             ("BOOKMARK".into(), v(5), None, false),
         ]
     );
-    assert_eq!(a.body[4]["object"]["metadata"]["deletionGracePeriodSeconds"], 0);
+    assert_eq!(
+        a.body[4]["object"]["metadata"]["deletionGracePeriodSeconds"],
+        0
+    );
     // Watch B (unassigned pods): the binding is a DELETED of the old object at the new resourceVersion.
     assert_eq!(
         summary(&b.body),
@@ -119,13 +151,34 @@ async fn expired_resource_versions_match_files_14_and_15() {
     let server = ApiServer::new(Config::default());
     let (service, _session) = server.service();
     for name in ["p1", "p2", "p3"] {
-        server.create(Resource::Pods, &pod(name, json!({}))).unwrap();
+        server
+            .create(Resource::Pods, &pod(name, json!({})))
+            .unwrap();
     }
-    let page1 = send(&service, "GET", "/api/v1/namespaces/fx/pods?limit=2", None, None).await;
-    let old_rv = page1.body["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let page1 = send(
+        &service,
+        "GET",
+        "/api/v1/namespaces/fx/pods?limit=2",
+        None,
+        None,
+    )
+    .await;
+    let old_rv = page1.body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // Inside the window a watch from the old resourceVersion replays what followed.
-    server.create(Resource::Pods, &pod("p14", json!({}))).unwrap();
-    let replayed = send(&service, "GET", &format!("/api/v1/namespaces/fx/pods?watch=1&resourceVersion={old_rv}&timeoutSeconds=0"), None, None).await;
+    server
+        .create(Resource::Pods, &pod("p14", json!({})))
+        .unwrap();
+    let replayed = send(
+        &service,
+        "GET",
+        &format!("/api/v1/namespaces/fx/pods?watch=1&resourceVersion={old_rv}&timeoutSeconds=0"),
+        None,
+        None,
+    )
+    .await;
     assert_eq!(summary(&replayed.body).len(), 1, "{}", replayed.body);
     assert_eq!(replayed.body[0]["type"], "ADDED");
 
@@ -135,24 +188,56 @@ async fn expired_resource_versions_match_files_14_and_15() {
     let recorded = &steps(&f14)[6]["response"]["events"];
     assert_eq!(w.body.as_array().unwrap().len(), 1);
     let mut want = recorded[0].clone();
-    want["object"]["message"] = json!(format!("too old resource version: 1 ({})", server.resource_version() + 1));
+    want["object"]["message"] = json!(format!(
+        "too old resource version: 1 ({})",
+        server.resource_version() + 1
+    ));
     assert_eq!(w.body[0], want);
 
-    let exact = send(&service, "GET", &format!("/api/v1/namespaces/fx/pods?resourceVersion={old_rv}&resourceVersionMatch=Exact"), None, None).await;
+    let exact = send(
+        &service,
+        "GET",
+        &format!("/api/v1/namespaces/fx/pods?resourceVersion={old_rv}&resourceVersionMatch=Exact"),
+        None,
+        None,
+    )
+    .await;
     assert_eq!(exact.status, Some(410));
     assert_eq!(exact.body, steps(&f14)[8]["response"]["body"]);
 
     let token = page1.body["metadata"]["continue"].as_str().unwrap();
-    let page2 = send(&service, "GET", &format!("/api/v1/namespaces/fx/pods?limit=2&continue={token}"), None, None).await;
+    let page2 = send(
+        &service,
+        "GET",
+        &format!("/api/v1/namespaces/fx/pods?limit=2&continue={token}"),
+        None,
+        None,
+    )
+    .await;
     assert_eq!(page2.status, Some(410));
     let recorded = &steps(&f15)[3]["response"]["body"];
     assert_eq!(page2.body["message"], recorded["message"]);
     assert_eq!(page2.body["reason"], "Expired");
     let fresh = page2.body["metadata"]["continue"].as_str().unwrap();
-    let page2b = send(&service, "GET", &format!("/api/v1/namespaces/fx/pods?limit=2&continue={fresh}"), None, None).await;
+    let page2b = send(
+        &service,
+        "GET",
+        &format!("/api/v1/namespaces/fx/pods?limit=2&continue={fresh}"),
+        None,
+        None,
+    )
+    .await;
     assert_eq!(page2b.status, Some(200));
-    assert_eq!(page2b.body["metadata"]["resourceVersion"], server.resource_version().to_string());
-    let names: Vec<&str> = page2b.body["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        page2b.body["metadata"]["resourceVersion"],
+        server.resource_version().to_string()
+    );
+    let names: Vec<&str> = page2b.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["p3"]);
 }
 
@@ -163,19 +248,54 @@ async fn pages_are_served_at_the_first_pages_resource_version() {
     let server = ApiServer::new(Config::default());
     let (service, _session) = server.service();
     for name in ["a", "b", "d"] {
-        server.create(Resource::Pods, &pod(name, json!({}))).unwrap();
+        server
+            .create(Resource::Pods, &pod(name, json!({})))
+            .unwrap();
     }
-    let p1 = send(&service, "GET", "/api/v1/namespaces/fx/pods?limit=2", None, None).await;
+    let p1 = send(
+        &service,
+        "GET",
+        "/api/v1/namespaces/fx/pods?limit=2",
+        None,
+        None,
+    )
+    .await;
     assert_eq!(p1.body["metadata"]["remainingItemCount"], 1);
     server.create(Resource::Pods, &pod("c", json!({}))).unwrap();
     let token = p1.body["metadata"]["continue"].as_str().unwrap();
-    let p2 = send(&service, "GET", &format!("/api/v1/namespaces/fx/pods?limit=2&continue={token}"), None, None).await;
-    assert_eq!(p2.body["metadata"]["resourceVersion"], p1.body["metadata"]["resourceVersion"]);
-    let names: Vec<&str> = p2.body["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    let p2 = send(
+        &service,
+        "GET",
+        &format!("/api/v1/namespaces/fx/pods?limit=2&continue={token}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        p2.body["metadata"]["resourceVersion"],
+        p1.body["metadata"]["resourceVersion"]
+    );
+    let names: Vec<&str> = p2.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["d"]);
     assert!(p2.body["metadata"].get("continue").is_none());
-    let all = send(&service, "GET", "/api/v1/namespaces/fx/pods?limit=2&resourceVersion=0", None, None).await;
-    assert_eq!(all.body["items"].as_array().unwrap().len(), 4, "resourceVersion=0 ignores limit");
+    let all = send(
+        &service,
+        "GET",
+        "/api/v1/namespaces/fx/pods?limit=2&resourceVersion=0",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        all.body["items"].as_array().unwrap().len(),
+        4,
+        "resourceVersion=0 ignores limit"
+    );
 }
 
 /// File 18: with resourceVersion 0 or none, a watch starts with ADDED for every match.
@@ -183,10 +303,21 @@ async fn pages_are_served_at_the_first_pages_resource_version() {
 async fn watch_without_resource_version_starts_with_the_current_state() {
     let server = ApiServer::new(Config::default());
     let (service, _session) = server.service();
-    server.create(Resource::Pods, &pod("p11-run", json!({"app": "guarded"}))).unwrap();
-    server.create(Resource::Pods, &pod("other", json!({}))).unwrap();
+    server
+        .create(Resource::Pods, &pod("p11-run", json!({"app": "guarded"})))
+        .unwrap();
+    server
+        .create(Resource::Pods, &pod("other", json!({})))
+        .unwrap();
     for rv in ["&resourceVersion=0", ""] {
-        let w = send(&service, "GET", &format!("/api/v1/namespaces/fx/pods?watch=1{rv}&timeoutSeconds=0&labelSelector=app"), None, None).await;
+        let w = send(
+            &service,
+            "GET",
+            &format!("/api/v1/namespaces/fx/pods?watch=1{rv}&timeoutSeconds=0&labelSelector=app"),
+            None,
+            None,
+        )
+        .await;
         let s = summary(&w.body);
         assert_eq!(s.len(), 1, "{rv}: {}", w.body);
         assert_eq!(s[0].0, "ADDED");
@@ -203,12 +334,17 @@ async fn kube_watcher_lists_watches_and_relists_after_expiry() {
         ..Config::default()
     });
     for i in 0..5 {
-        server.create(Resource::Pods, &pod(&format!("p{i}"), json!({}))).unwrap();
+        server
+            .create(Resource::Pods, &pod(&format!("p{i}"), json!({})))
+            .unwrap();
     }
     let (client, _session) = server.client();
     let api: Api<Pod> = Api::all(client);
     // Without bookmarks a re-watch starts from the last event it saw.
-    let stream = watcher::watcher(api, watcher::Config::default().page_size(2).disable_bookmarks());
+    let stream = watcher::watcher(
+        api,
+        watcher::Config::default().page_size(2).disable_bookmarks(),
+    );
     let mut stream = std::pin::pin!(stream.into_stream());
     let mut next = async || {
         tokio::time::timeout(Duration::from_secs(10), stream.try_next())
@@ -228,7 +364,9 @@ async fn kube_watcher_lists_watches_and_relists_after_expiry() {
     }
     assert_eq!(listed, 5);
     assert_eq!(server.counters().verb("list"), 3, "pages of 2");
-    server.create(Resource::Pods, &pod("late", json!({}))).unwrap();
+    server
+        .create(Resource::Pods, &pod("late", json!({})))
+        .unwrap();
     match next().await {
         Event::Apply(p) => assert_eq!(p.metadata.name.as_deref(), Some("late")),
         other => panic!("unexpected {other:?}"),
@@ -236,12 +374,16 @@ async fn kube_watcher_lists_watches_and_relists_after_expiry() {
     // The watch ends after 200 ms and resumes from "late"; a write of another
     // kind and a compaction put that resourceVersion out of the history, so the
     // re-watch gets 410 and the watcher starts over with a fresh list.
-    server.create(Resource::Nodes, &json!({"metadata": {"name": "n9"}})).unwrap();
+    server
+        .create(Resource::Nodes, &json!({"metadata": {"name": "n9"}}))
+        .unwrap();
     server.compact();
     let mut relisted = false;
     for _ in 0..5 {
         if let Ok(Ok(Some(Event::Init))) =
-            tokio::time::timeout(Duration::from_secs(5), stream.next()).await.map(|e| e.transpose())
+            tokio::time::timeout(Duration::from_secs(5), stream.next())
+                .await
+                .map(|e| e.transpose())
         {
             relisted = true;
             break;
