@@ -15,6 +15,7 @@
 //! `TESSERA_CRASH_NODES` (default 20, 8 GPUs each), `TESSERA_CRASH_SEED`
 //! (first seed, default 1), `TESSERA_CRASH_LATENCY_MS` (`lo-hi`, default `0-2`),
 //! `TESSERA_CRASH_MAX` (crashes per run at most, default 8; 0 gives a run without crashes),
+//! `TESSERA_CRASH_JOBS` (seeds run at once, default 1),
 //! `TESSERA_CRASH_LIST_US` (LIST time per item returned, default 100 µs: a
 //! restarted scheduler's lists of 1,000 pods take 100 ms, as big lists do).
 //! A failure names the seed; rerun it with `TESSERA_CRASH_SEED=<seed> TESSERA_CRASH_RUNS=1`.
@@ -30,6 +31,7 @@ use apiserver::check::{Audit, audit};
 use apiserver::cluster::{Shape, add_gpu_nodes, bound, node_of, pod};
 use apiserver::process::Process;
 use apiserver::{ApiServer, Config, Fault, Resource};
+use futures::StreamExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -407,11 +409,16 @@ async fn crash_and_restart(mode: Mode) {
     let dir = tempfile::tempdir().expect("temp dir");
     let key_file = dir.path().join("key");
     std::fs::write(&key_file, KEY).expect("key file");
+    let jobs: usize = env("TESSERA_CRASH_JOBS", 1);
     let started = Instant::now();
     let mut failures = Vec::new();
     let mut total_crashes = 0;
-    for seed in first..first + runs {
-        let run = run_seed(seed, mode, pods, nodes, &key_file).await;
+    let key_file = &key_file;
+    let mut done = futures::stream::iter(first..first + runs)
+        .map(|seed| run_seed(seed, mode, pods, nodes, key_file))
+        .buffer_unordered(jobs.max(1));
+    while let Some(run) = done.next().await {
+        let seed = run.seed;
         total_crashes += run.crashes.len();
         let mut problems = run.audit.violations.clone();
         if run.stalled {
