@@ -245,3 +245,80 @@ async fn lease_apply_conflicts_with_another_manager() {
     assert_eq!(b.status, Some(200), "{}", b.body);
     assert_eq!(b.body["spec"]["holderIdentity"], "b");
 }
+
+/// File 11 without a PodDisruptionBudget: a pending pod is gone at once, a
+/// bound one terminates gracefully marked `DisruptionTarget`, a missing one is 404.
+#[tokio::test]
+async fn eviction_without_a_budget_matches_file_11() {
+    let Some(f) = fixture("11-eviction-pdb.json") else {
+        return;
+    };
+    let s = steps(&f);
+    let server = ApiServer::new(Config::default());
+    let (service, _session) = server.service();
+    let evict = |name: &str| format!("/api/v1/namespaces/fx/pods/{name}/eviction");
+    let body = |name: &str| json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "fx"}});
+    server.create(Resource::Pods, &pod("p11-pending")).unwrap();
+    let before = server.resource_version();
+    let e = send(
+        &service,
+        "POST",
+        &evict("p11-pending"),
+        Some("application/json"),
+        Some(&body("p11-pending")),
+    )
+    .await;
+    assert_eq!(e.status, Some(201));
+    assert_eq!(e.body, s[3]["response"]["body"]);
+    assert!(server.get(Resource::Pods, "fx", "p11-pending").is_none());
+    assert_eq!(
+        server.resource_version(),
+        before + 3,
+        "recorded: 383 → 387 with nothing else between"
+    );
+
+    server.create(Resource::Pods, &pod("p11-free")).unwrap();
+    let (client, _s) = server.client();
+    bind(
+        &Api::namespaced(client, "fx"),
+        &binding("p11-free", "n1", None, &[]),
+    )
+    .await
+    .unwrap();
+    let e = send(
+        &service,
+        "POST",
+        &evict("p11-free"),
+        Some("application/json"),
+        Some(&body("p11-free")),
+    )
+    .await;
+    assert_eq!(e.status, Some(201));
+    let p = server
+        .get(Resource::Pods, "fx", "p11-free")
+        .expect("a bound pod terminates gracefully");
+    assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 30);
+    let target = p["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "DisruptionTarget")
+        .cloned()
+        .unwrap();
+    let recorded = s[14]["response"]["body"]["status"]["conditions"][2].clone();
+    assert_eq!(
+        (&target["reason"], &target["message"]),
+        (&recorded["reason"], &recorded["message"])
+    );
+
+    let missing = send(
+        &service,
+        "POST",
+        &evict("no-such-pod"),
+        Some("application/json"),
+        Some(&body("no-such-pod")),
+    )
+    .await;
+    assert_eq!(missing.status, Some(404));
+    assert_eq!(missing.body, s[20]["response"]["body"]);
+}

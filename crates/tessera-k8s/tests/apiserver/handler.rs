@@ -332,6 +332,9 @@ fn dispatch(st: &mut State, req: &Req<'_>, watching: bool) -> Reply {
         ("POST", Some(n), Some("binding")) if req.resource == Resource::Pods => {
             pods::bind(st, req, n).map(|v| (201, v))
         }
+        ("POST", Some(n), Some("eviction")) if req.resource == Resource::Pods => {
+            pods::evict(st, req, n).map(|v| (201, v))
+        }
         ("PUT", Some(n), None | Some("status")) => put(st, req, n),
         ("PATCH", Some(n), None | Some("status")) => match patch_object(st, req, n) {
             Ok(r) => Ok(r),

@@ -30,7 +30,8 @@
 //!   sets `nodeName` and `PodScheduled=True`, as `BindingREST` does. [`pods`]
 //! - DELETE: unbound pods go at once, bound pods stay terminating with
 //!   `deletionTimestamp` until `gracePeriodSeconds=0`; finalizers hold them;
-//!   DeleteOptions preconditions (file 16). [`pods`]
+//!   DeleteOptions preconditions (file 16). Eviction as file 11 shows it
+//!   without a PodDisruptionBudget (the double keeps none). [`pods`]
 //! - Leases: 409 AlreadyExists, PUT with a stale resourceVersion → 409,
 //!   without one → 422, MicroTime without six fractional digits → 400
 //!   (file 10); server-side apply with per-field managers and 409 on a field

@@ -416,3 +416,43 @@ pub fn delete(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value),
     }
     Ok((200, (*marked).clone()))
 }
+
+/// `POST pods/NAME/eviction` with no PodDisruptionBudget in the way (the
+/// double keeps none): the pod gets `DisruptionTarget=True`, then is deleted
+/// as a DELETE would (file 11: a pending pod is gone at once, a bound one
+/// terminates gracefully; a terminating pod is evicted again with 201).
+pub fn evict(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiError> {
+    let k = key(req, name);
+    let Some(old) = st.store.get(Resource::Pods, &k).cloned() else {
+        return Err(status::not_found(Resource::Pods, name));
+    };
+    if old
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Ok(status::success_201());
+    }
+    let mut pod = (*old).clone();
+    let target = json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
+        "lastTransitionTime": now(), "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"});
+    let conditions = pod["status"]
+        .as_object_mut()
+        .map(|s| s.entry("conditions").or_insert_with(|| json!([])));
+    if let Some(Value::Array(cs)) = conditions {
+        cs.retain(|c| c.get("type").and_then(Value::as_str) != Some("DisruptionTarget"));
+        cs.push(target);
+    }
+    st.store.update(Resource::Pods, pod);
+    let no_body = Req {
+        method: "DELETE",
+        resource: Resource::Pods,
+        namespace: req.namespace.clone(),
+        name: req.name.clone(),
+        sub: None,
+        query: Default::default(),
+        content_type: String::new(),
+        body: &[],
+    };
+    delete(st, &no_body, name)?;
+    Ok(status::success_201())
+}
