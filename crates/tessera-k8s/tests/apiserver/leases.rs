@@ -16,9 +16,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::handler::{How, Req, create, key, update_object};
+use super::handler::{Req, create, key};
 use super::status::{self, ApiError, Cause};
 use super::store::{Resource, key_of};
+use super::update::{How, update_object};
 use super::{State, patch};
 
 /// Pods (and most kinds) take an update without resourceVersion; leases do not (files 07, 10).

@@ -55,12 +55,14 @@ pub mod cluster;
 mod events;
 mod handler;
 pub mod leases;
+mod list;
 pub mod patch;
 mod pods;
 pub mod process;
 pub mod select;
 pub mod status;
 pub mod store;
+mod update;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap};
