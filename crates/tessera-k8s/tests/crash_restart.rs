@@ -307,6 +307,8 @@ struct Run {
     crashes: Vec<(u64, Fault, u64)>,
     stalled: bool,
     audit: Audit,
+    /// How the over-committing binds came about.
+    evidence: Vec<String>,
     elapsed: Duration,
 }
 
@@ -392,13 +394,53 @@ async fn run_seed(
     }
     drop(fake);
     arrivals.abort();
+    let audit = audit(&server, KEY);
+    let evidence = explain(&server, &audit);
     Run {
         seed,
         crashes,
         stalled,
-        audit: audit(&server, KEY),
+        audit,
+        evidence,
         elapsed: started.elapsed(),
     }
+}
+
+/// For each pod on an over-committed GPU: which process bound it, how long
+/// after that process started, and when that process had listed all pods.
+fn explain(server: &ApiServer, audit: &Audit) -> Vec<String> {
+    let writes = server.writes();
+    let ms = |d: Duration| format!("{} ms", d.as_millis());
+    let mut lines = Vec::new();
+    for (gpu, holders) in &audit.overcommitted {
+        for holder in holders {
+            let (ns, name) = holder.split_once('/').unwrap_or(("", holder));
+            let Some(w) = writes.iter().find(|w| {
+                w.namespace == ns && w.name == name && w.subresource == "binding" && w.status == 201
+            }) else {
+                continue;
+            };
+            let Some((started, listed)) = server.session_times(w.session) else {
+                continue;
+            };
+            let since = |t: Instant| format!("+{}", ms(t.saturating_duration_since(started)));
+            let pods_listed = listed
+                .get("pods")
+                .map_or_else(|| "never".into(), |t| since(*t));
+            // Its first write for the pod (the grant) follows the decision.
+            let first = writes
+                .iter()
+                .find(|x| x.session == w.session && x.namespace == ns && x.name == name)
+                .map_or(w.at, |x| x.at);
+            lines.push(format!(
+                "{gpu}: {holder} granted by process {} at {}, bound at {}; its LIST of all pods was answered at {pods_listed}",
+                w.session,
+                since(first),
+                since(w.at)
+            ));
+        }
+    }
+    lines
 }
 
 async fn crash_and_restart(mode: Mode) {
@@ -437,6 +479,9 @@ async fn crash_and_restart(mode: Mode) {
             problems.len(),
             run.elapsed
         );
+        for line in &run.evidence {
+            eprintln!("  {line}");
+        }
         if !problems.is_empty() {
             failures.push((run.seed, problems));
         }

@@ -29,6 +29,8 @@ pub struct Audit {
     pub bound_gpu: usize,
     /// One line per broken rule.
     pub violations: Vec<String>,
+    /// Over-committed GPUs and the pods (`namespace/name`) holding them.
+    pub overcommitted: Vec<(String, Vec<String>)>,
 }
 
 /// Whether the pod asks for whole GPUs only (no share resources).
@@ -125,6 +127,7 @@ pub fn audit(server: &ApiServer, key: &[u8]) -> Audit {
     for (uuid, u) in &used {
         let capacity = gpus.get(uuid).map_or(0, |(_, m)| *m);
         if u.memory_mib > capacity || u.cores_milli > 1000 || (u.whole && u.holders.len() > 1) {
+            audit.overcommitted.push((uuid.clone(), u.holders.clone()));
             audit.violations.push(format!(
                 "GPU {uuid} over-committed: {} of {capacity} MiB, {} of 1000 milli-cores, held by {} pod(s){}: {}",
                 u.memory_mib,

@@ -229,6 +229,7 @@ pub fn serve(
         body,
     };
     let watching = matches!(req.q("watch"), Some("true" | "1"));
+    let listing = method == "GET" && req.name.is_none() && !watching;
     let mut st = shared.lock();
     let counter = format!(
         "{} {}{}",
@@ -284,7 +285,17 @@ pub fn serve(
     match reply {
         Reply::Json(code, v) => {
             let items = v.get("items").and_then(Value::as_array).map_or(0, Vec::len);
-            Outcome::Respond(json_response(code, &v, None), per_item * items as u32)
+            let extra = per_item * items as u32;
+            if listing && code == 200 && v.pointer("/metadata/continue").is_none() {
+                // The last page of a LIST: when this process has all of `resource`.
+                let mut st = shared.lock();
+                if let Some(s) = st.sessions.get_mut(&session) {
+                    s.listed
+                        .entry(resource.plural().to_string())
+                        .or_insert(Instant::now() + extra);
+                }
+            }
+            Outcome::Respond(json_response(code, &v, None), extra)
         }
         Reply::Error(e) => Outcome::Respond(json_response(e.code, &e.body, e.retry_after), none),
         Reply::ErrorEvent(e) => {

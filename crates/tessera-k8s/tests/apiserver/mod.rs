@@ -167,6 +167,9 @@ pub(crate) struct SessionState {
     faults: Vec<(u64, Fault)>,
     dead: flag::Sender<bool>,
     died_at: Option<Instant>,
+    started: Instant,
+    /// When the process first had a complete LIST of each resource.
+    listed: HashMap<String, Instant>,
 }
 
 impl SessionState {
@@ -257,6 +260,8 @@ impl ApiServer {
                     faults: Vec::new(),
                     dead: tx,
                     died_at: None,
+                    started: Instant::now(),
+                    listed: HashMap::new(),
                 },
             );
             id
@@ -333,6 +338,13 @@ impl ApiServer {
             in_flight: self.0.in_flight.load(Ordering::Relaxed),
             max_in_flight: self.0.max_in_flight.load(Ordering::Relaxed),
         }
+    }
+
+    /// When session `id` started, and when it first had a complete LIST of
+    /// each resource (by plural), for telling what a process knew when it wrote.
+    pub fn session_times(&self, id: u64) -> Option<(Instant, HashMap<String, Instant>)> {
+        let st = self.0.lock();
+        st.sessions.get(&id).map(|s| (s.started, s.listed.clone()))
     }
 
     pub fn writes(&self) -> Vec<WriteRecord> {
