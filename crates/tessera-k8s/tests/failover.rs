@@ -195,7 +195,7 @@ async fn failover(stop: Stop, seed: u64, key_file: &std::path::Path) -> Vec<Stri
     let first = bindings(&writes, b_id).first().map(|w| w.at);
     let since = |t: Instant| t.saturating_duration_since(stopped_at);
     eprintln!(
-        "{stop:?} seed {seed}: {faults:?}; b wrote the Lease {lease_taken:?} and bound its first pod {:?} after the stop",
+        "{stop:?} seed {seed}: {faults:?}; the survivor first wrote the Lease {lease_taken:?} and bound its first pod {:?} after the stop",
         first.map(since)
     );
     match first {
