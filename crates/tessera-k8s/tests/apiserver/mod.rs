@@ -42,11 +42,19 @@
 //!   recorded events.k8s.io validation (file 13). [`events`]
 //!
 //! Beyond the real server: per-request latency (seeded, uniform in a range,
-//! half before and half after the write), counters by verb and of requests in
-//! flight, and faults per [`Session`] (one scheduler process): fail its N-th
-//! write with a 500, or "crash" it before or after its N-th write is applied.
-//! A crashed session never gets another answer, as if the process died at
-//! that instant; the test then drops the process's runtime.
+//! half before and half after the write, plus a per-item cost for LISTs so a
+//! restarted client's lists take as long as a big cluster's), counters by
+//! verb and of requests in flight, a log of every write, and faults per
+//! [`Session`] (one scheduler process): fail its N-th write with a 500, or
+//! "crash" it before or after its N-th write is applied. A crashed session
+//! never gets another answer, as if the process died at that instant; the
+//! test then drops the process's runtime ([`process`]).
+//!
+//! Not modelled: authentication and RBAC, admission webhooks, namespaces as
+//! a precondition, PodDisruptionBudgets, the watch cache lagging the server's
+//! counter on `resourceVersion=0` lists, and one storage for core/v1 and
+//! events.k8s.io events. [`check`] and [`cluster`] are for scheduler tests:
+//! the invariants judged from stored objects, and nodes and pods to seed.
 
 #![allow(dead_code)]
 
