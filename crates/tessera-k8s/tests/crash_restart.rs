@@ -1,7 +1,8 @@
 //! Crash and restart: Tessera (in-process, `run::run`) places pods against the
 //! API-server double while it is killed after a seeded number of its own API
 //! writes (before or after the write lands), then restarted with fresh process
-//! state, until every pod is bound. Afterwards the double's stored objects
+//! state, until every pod is bound. Half the processes also get one write
+//! committed but answered `504 Timeout`. Afterwards the double's stored objects
 //! alone must show no GPU over-committed and a valid grant on every bound GPU
 //! pod ([`apiserver::check`]).
 //!
@@ -374,7 +375,12 @@ async fn run_seed(
             };
             (rng.random_range(1..=span), kind)
         });
-        let process = Process::start(&server, base.clone(), crash.as_slice());
+        // Half the processes also see one write committed but answered 504.
+        let mut faults: Vec<(u64, Fault)> = crash.into_iter().collect();
+        if rng.random_bool(0.5) {
+            faults.push((rng.random_range(1..=span), Fault::FailAfter));
+        }
+        let process = Process::start(&server, base.clone(), &faults);
         if let Some(f) = &fake {
             let _ = f.target.send(Some(process.addr));
         }

@@ -160,12 +160,28 @@ async fn faults_fail_or_crash_a_sessions_nth_write() {
 
     let (client, session) = server.client();
     let api: Api<Pod> = Api::namespaced(client, "fx");
+    session.fault(1, Fault::FailAfter);
+    let late = api
+        .patch("p", &PatchParams::default(), &annotate("2b"))
+        .await;
+    assert!(
+        matches!(late, Err(kube::Error::Api(ref s)) if s.code == 504),
+        "{late:?}"
+    );
+    assert_eq!(
+        annotation(&server),
+        "2b",
+        "written though the answer was a timeout"
+    );
+
+    let (client, session) = server.client();
+    let api: Api<Pod> = Api::namespaced(client, "fx");
     session.fault(1, Fault::CrashBefore);
     assert!(hangs(api.patch("p", &PatchParams::default(), &annotate("3"))).await);
     assert!(session.is_dead());
     assert_eq!(
         annotation(&server),
-        "2",
+        "2b",
         "the request never reached the server"
     );
 

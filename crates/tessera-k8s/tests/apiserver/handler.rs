@@ -244,6 +244,7 @@ pub fn serve(
 
     let writing = matches!(method, "POST" | "PUT" | "PATCH" | "DELETE");
     let mut crash_after = false;
+    let mut timed_out = false;
     if writing {
         let Some(s) = st.sessions.get_mut(&session) else {
             return Outcome::Hang;
@@ -261,10 +262,14 @@ pub fn serve(
                 return Outcome::Respond(json_response(e.code, &e.body, None), Duration::ZERO);
             }
             Some(Fault::CrashAfter) => crash_after = true,
+            Some(Fault::FailAfter) => timed_out = true,
             None => {}
         }
     }
-    let reply = dispatch(&mut st, &req, watching);
+    let mut reply = dispatch(&mut st, &req, watching);
+    if timed_out {
+        reply = Reply::Error(status::timeout());
+    }
     if writing {
         let code = match &reply {
             Reply::Json(c, _) => *c,

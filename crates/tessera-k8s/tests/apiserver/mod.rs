@@ -45,7 +45,8 @@
 //! half before and half after the write, plus a per-item cost for LISTs so a
 //! restarted client's lists take as long as a big cluster's), counters by
 //! verb and of requests in flight, a log of every write, and faults per
-//! [`Session`] (one scheduler process): fail its N-th write with a 500, or
+//! [`Session`] (one scheduler process): fail its N-th write with a 500 (or
+//! commit it and answer 504, as a server whose request timed out does), or
 //! "crash" it before or after its N-th write is applied. A crashed session
 //! never gets another answer, as if the process died at that instant; the
 //! test then drops the process's runtime ([`process`]).
@@ -129,6 +130,8 @@ impl Default for Config {
 pub enum Fault {
     /// Answered `500 InternalError`, nothing written.
     Fail,
+    /// Written, but answered `504 Timeout` as if the request outlived its deadline.
+    FailAfter,
     /// The process dies before the server sees the request.
     CrashBefore,
     /// The write is committed; the process dies before the answer arrives.

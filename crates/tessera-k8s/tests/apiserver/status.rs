@@ -219,6 +219,18 @@ pub fn injected(message: &str) -> ApiError {
     )
 }
 
+/// The server's answer when a request outlives its deadline; the write may
+/// still have been committed (apiserver `timeout.go`, not recorded).
+pub fn timeout() -> ApiError {
+    failure(
+        504,
+        "Timeout: request did not complete within requested timeout - context deadline exceeded"
+            .into(),
+        Some("Timeout"),
+        Some(json!({})),
+    )
+}
+
 /// 410 Expired (files 14, 15); `continue_token` for an expired LIST continue.
 pub fn expired(message: &str, continue_token: Option<String>) -> ApiError {
     let mut e = failure(410, message.into(), Some("Expired"), None);
