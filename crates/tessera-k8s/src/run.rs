@@ -130,7 +130,7 @@ impl RawConfig {
         let metrics_listen: SocketAddr = metrics_s
             .parse()
             .map_err(|e| invalid("metrics-listen", format!("{metrics_s:?}: {e}")))?;
-        if metrics_listen == listen {
+        if metrics_listen == listen && listen.port() != 0 {
             return Err(invalid(
                 "metrics-listen",
                 format!("{metrics_s} is also --listen; use two ports"),

@@ -85,9 +85,9 @@ fn config(mode: Mode, key_file: &std::path::Path) -> tessera_k8s::run::Config {
 /// shares of 5–15 % compute and 2–8 GiB, 50 % CPU only. About 70 % of the
 /// GPUs' compute is asked for, so every pod fits however they are packed.
 fn workload(rng: &mut SmallRng, count: usize, mode: Mode) -> Vec<Value> {
+    // Both modes: pods of Tessera's profile (the chart's kube-scheduler has one, `tessera`).
     let scheduler = match mode {
-        Mode::Standalone => "tessera",
-        Mode::Extender => "default-scheduler",
+        Mode::Standalone | Mode::Extender => "tessera",
     };
     let mut pods = Vec::with_capacity(count);
     for i in 0..count {

@@ -5,12 +5,12 @@
 //! leads. The survivor must bind its first pod, and every pod of the gap,
 //! within the Lease duration + 1 s of the stop (issue 9, "Must show").
 //!
-//! kube-lease-manager measures the lease with `SystemTime`, so this runs on
-//! real time with a 2 s lease and 1 s grace, set on the resolved `Config`
-//! (`RawConfig` has no lease-duration knob). Once the lease has expired the
-//! manager waits a random 100–1000 ms before it takes the lease over, so
-//! takeover lands between 1 s and 3 s after a kill; the bound leaves no room
-//! for a scheduler that waits for a periodic pass.
+//! This runs on real time with a 2 s lease (renew deadline 1.4 s, a Lease read
+//! every 0.4 s), client-go's proportions scaled down. A killed leader's Lease is
+//! taken over once it has gone unrenewed for 2 s on the survivor's clock, so
+//! takeover lands about 2–2.4 s after a kill (at once after a graceful
+//! shutdown, which releases the Lease); the bound leaves no room for a
+//! scheduler that waits for a periodic pass.
 //!
 //! `TESSERA_FAILOVER_RUNS` (default 3) and `TESSERA_FAILOVER_SEED` (default 1)
 //! choose the seeds.
@@ -30,7 +30,8 @@ use tessera_k8s::run::RawConfig;
 
 const KEY: &[u8] = b"failover-test-signing-key";
 const LEASE: Duration = Duration::from_secs(2);
-const GRACE: Duration = Duration::from_secs(1);
+const RENEW_DEADLINE: Duration = Duration::from_millis(1400);
+const RETRY: Duration = Duration::from_millis(400);
 const LEASE_NAMESPACE: &str = "tessera-system";
 const LEASE_NAME: &str = "tessera-scheduler";
 
@@ -42,9 +43,13 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn replica(identity: &str, key_file: &std::path::Path) -> tessera_k8s::run::Config {
-    let mut c = RawConfig {
+    RawConfig {
         mode: Some("standalone".into()),
         listen: Some("127.0.0.1:0".into()),
+        metrics_listen: Some("127.0.0.1:0".into()),
+        lease_duration: Some(LEASE),
+        renew_deadline: Some(RENEW_DEADLINE),
+        retry_period: Some(RETRY),
         signing_key_file: Some(key_file.to_path_buf()),
         scheduler_name: Some("tessera".into()),
         leader_elect: Some(true),
@@ -54,11 +59,7 @@ fn replica(identity: &str, key_file: &std::path::Path) -> tessera_k8s::run::Conf
         ..RawConfig::default()
     }
     .resolve()
-    .expect("valid config");
-    let lease = c.lease.as_mut().expect("leader election on");
-    lease.duration = LEASE;
-    lease.grace = GRACE;
-    c
+    .expect("valid config")
 }
 
 fn holder(server: &ApiServer) -> Option<String> {
@@ -187,7 +188,7 @@ async fn failover(stop: Stop, seed: u64, key_file: &std::path::Path) -> Vec<Stri
     let writes = server.writes();
     let lease_taken = writes
         .iter()
-        .find(|w| w.session == b_id && w.resource == "leases" && w.method == "PATCH")
+        .find(|w| w.session == b_id && w.resource == "leases" && w.method == "PUT")
         .map(|w| w.at.saturating_duration_since(stopped_at));
     drop(b);
 

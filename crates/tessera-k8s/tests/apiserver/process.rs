@@ -30,10 +30,11 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts a scheduler with `config` (its `listen` replaced by a free port)
-    /// whose session faults as `faults` say.
+    /// Starts a scheduler with `config` (its `listen` and `metrics_listen`
+    /// replaced by free ports) whose session faults as `faults` say.
     pub fn start(server: &ApiServer, mut config: Config, faults: &[(u64, Fault)]) -> Process {
         config.listen = free_addr();
+        config.metrics_listen = free_addr();
         let addr = config.listen;
         let (session_tx, session_rx) = std::sync::mpsc::channel();
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
