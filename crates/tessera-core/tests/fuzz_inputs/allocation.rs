@@ -7,7 +7,9 @@ use rand::Rng;
 use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
 use serde_json::Value;
-use tessera_core::allocation::{AllocatedGpu, Allocation, AllocationError, MigGrant, VERSION};
+use tessera_core::allocation::{
+    AllocatedGpu, Allocation, AllocationError, ContainerGrant, MigGrant, VERSION,
+};
 use tessera_core::request::Isolation;
 
 use crate::fuzz::{TOKENS, assert_reached, cases, fuzz, mutate_bytes, mutate_json, mutate_text};
@@ -35,6 +37,7 @@ fn allocation(isolation: Isolation, gpus: Vec<AllocatedGpu>) -> Allocation {
         policy: "tessera".into(),
         isolation,
         gpus,
+        containers: Vec::new(),
         signature: String::new(),
     }
 }
@@ -148,6 +151,25 @@ fn random_allocation(rng: &mut SmallRng) -> Allocation {
         },
         policy: text(rng),
         isolation,
+        containers: if rng.random_ratio(1, 4) {
+            (0..rng.random_range(1..4))
+                .map(|_| ContainerGrant {
+                    name: text(rng),
+                    // Mostly positions inside the list (a consistent grant), sometimes not.
+                    gpus: (0..rng.random_range(0..4))
+                        .map(|_| {
+                            if rng.random_ratio(7, 8) {
+                                rng.random_range(0..4)
+                            } else {
+                                rng.random()
+                            }
+                        })
+                        .collect(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
         gpus,
         signature: String::new(),
     }
@@ -184,6 +206,8 @@ fn annotation(rng: &mut SmallRng, seeds: &[String]) -> Annotation {
                 })
             } else if a.gpus.is_empty() {
                 Err(AllocationError::Empty)
+            } else if let Some(why) = container_problem(&a) {
+                Err(AllocationError::BadContainers(why))
             } else {
                 Ok(a)
             };
@@ -200,11 +224,34 @@ fn annotation(rng: &mut SmallRng, seeds: &[String]) -> Annotation {
     }
 }
 
+/// The per-container list's rules, restated: each container once, with at
+/// least one GPU, every position inside the pod's GPU list.
+fn container_problem(a: &Allocation) -> Option<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for c in &a.containers {
+        if !seen.insert(&c.name) {
+            return Some(format!("container {} is listed twice", c.name));
+        }
+        if c.gpus.is_empty() {
+            return Some(format!("container {} is given no GPU", c.name));
+        }
+        if let Some(p) = c.gpus.iter().find(|p| **p as usize >= a.gpus.len()) {
+            return Some(format!(
+                "container {} is given GPU position {p}, the pod has {} GPUs",
+                c.name,
+                a.gpus.len()
+            ));
+        }
+    }
+    None
+}
+
 fn assert_clear(e: &AllocationError, input: &str) {
     let m = e.to_string();
     // Every variant opens with the subject and goes on to say what is wrong.
     assert!(
-        m.starts_with("allocation annotation ") && m.len() > "allocation annotation is ".len() + 8,
+        (m.starts_with("allocation annotation ") || m.starts_with("allocation annotation's "))
+            && m.len() > "allocation annotation is ".len() + 8,
         "unclear error {m:?} for {input:?}"
     );
     if let AllocationError::Malformed(detail) = e {
