@@ -195,6 +195,11 @@ pub struct Mirror {
     /// No unconfirmed reservation expires before this (a scan of the holds is
     /// skipped until then: they are tens of thousands on a large cluster).
     next_expiry: Option<Instant>,
+    /// Nodes whose bound pods' grants do not fit their GPUs (two schedulers
+    /// raced, an annotation names a GPU that is gone): nothing more is placed
+    /// there until the next rebuild finds them consistent, since the ledger
+    /// could not count what they hold.
+    blocked: FxHashMap<NodeId, String>,
 }
 
 impl Mirror {
@@ -222,6 +227,7 @@ impl Mirror {
             node_problems: Vec::new(),
             host_used: FxHashMap::default(),
             next_expiry: None,
+            blocked: FxHashMap::default(),
         }
     }
 
@@ -446,8 +452,16 @@ impl Mirror {
                 }
             }
             Err(e) => {
-                let pod = h.pod.clone();
+                let (pod, node_name, granted) =
+                    (h.pod.clone(), h.node.clone(), h.allocation.is_some());
                 self.node_problems.push(format!("pod {pod}: {e}"));
+                if granted {
+                    // What this pod holds is not in the ledger: the node's GPUs would look free.
+                    self.blocked.entry(node).or_insert_with(|| {
+                        format!("bound pods hold more than its GPUs have (pod {pod}: {e}); nothing more is placed here until they leave")
+                    });
+                    self.host_changed(&node_name);
+                }
             }
         }
     }
@@ -491,6 +505,14 @@ impl Mirror {
                 && !self.dirty
             {
                 let _ = self.ledger.release(id);
+            }
+            // A pod leaving a blocked node may make it consistent: replay everything.
+            if self
+                .cluster
+                .node_id(&h.node)
+                .is_some_and(|n| self.blocked.contains_key(&n))
+            {
+                self.dirty = true;
             }
         }
     }
@@ -563,6 +585,7 @@ impl Mirror {
             .collect();
         self.shapes.clear();
         self.uncached = None;
+        self.blocked.clear();
         self.ledger = Ledger::new(&self.cluster);
         let mut uids: Vec<String> = self.held.keys().cloned().collect();
         // Replay in a fixed order so equal inputs give equal ledgers.
@@ -644,6 +667,9 @@ impl Mirror {
     // ---- decisions -------------------------------------------------------------------------
 
     fn score_node(&mut self, id: NodeId, req: &Request) -> Result<Scored, Reason> {
+        if let Some(why) = self.blocked.get(&id) {
+            return Err(Reason::Excluded { why: why.clone() });
+        }
         if req.gpu != GpuAsk::None && self.cluster.node(id).gpus.is_empty() {
             return Err(Reason::Excluded {
                 why: "no GPUs known (no GpuNode inventory)".into(),

@@ -238,3 +238,65 @@ async fn the_stock_resource_name_is_placed_as_whole_gpus() {
     let (_, v) = call(app, "/filter", filter_body(&third, &["n1"])).await;
     assert_eq!(v["NodeNames"], json!([]), "{v}");
 }
+
+/// The signed annotation Tessera would write for `p` on `node` of a fresh mirror.
+fn grant_for(p: &k8s_openapi::api::core::v1::Pod, node: &str) -> String {
+    let nodes = vec![kube_node(node, "32", "64Gi")];
+    let inv = vec![gpu_node(node, "A100-80GB", 81_920, 1)];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let r = lock(&m).reserve(p, node).unwrap();
+    match r {
+        tessera_k8s::mirror::Reservation::Write {
+            annotation: Some(a),
+        } => a,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Found by the crash-restart run (helper report): when bound pods' grants
+/// over-commit a GPU (two schedulers raced before the sync gate existed), the
+/// one that did not fit was left out of the ledger and the GPU looked free, so
+/// more pods piled onto it. Now the node takes nothing until they leave.
+#[tokio::test]
+async fn a_node_whose_bound_grants_overcommit_takes_nothing_more() {
+    let mut bound = Vec::new();
+    for (name, uid) in [("a", "uid-a"), ("b", "uid-b")] {
+        let mut p = pod("ml", name, uid, &SHARE);
+        let a = grant_for(&p, "n1");
+        p.spec.as_mut().unwrap().node_name = Some("n1".into());
+        p.metadata.annotations =
+            Some([(tessera_core::allocation::ANNOTATION.to_string(), a)].into());
+        bound.push(p);
+    }
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
+    // 60 % + 60 % of one GPU, both validly signed.
+    let m = mirror("tessera", nodes, inv, bound);
+    assert!(
+        lock(&m).problems().iter().any(|p| p.contains("ml/")),
+        "{:?}",
+        lock(&m).problems()
+    );
+    let app = router(state(m.clone(), None));
+    let small = pod(
+        "ml",
+        "c",
+        "uid-c",
+        &[
+            ("tessera.io/gpu", "1"),
+            ("tessera.io/gpu-memory-percent", "10"),
+            ("tessera.io/gpu-cores", "10"),
+        ],
+    );
+    let (_, v) = call(app.clone(), "/filter", filter_body(&small, &["n1"])).await;
+    assert_eq!(v["NodeNames"], json!([]), "{v}");
+    let why = v["FailedAndUnresolvableNodes"]["n1"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("hold more than its GPUs have"), "{v}");
+    assert!(lock(&m).reserve(&small, "n1").is_err());
+    // One of them leaves: the node is consistent again and takes the small pod.
+    lock(&m).remove_pod("uid-b");
+    let (_, v) = call(app, "/filter", filter_body(&small, &["n1"])).await;
+    assert_eq!(v["NodeNames"], json!(["n1"]), "{v}");
+}
