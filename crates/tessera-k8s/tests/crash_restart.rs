@@ -307,6 +307,8 @@ struct Run {
     seed: u64,
     crashes: Vec<(u64, Fault, u64)>,
     stalled: bool,
+    /// `run` ending by itself, which it must not.
+    exits: Vec<String>,
     audit: Audit,
     /// How the over-committing binds came about.
     evidence: Vec<String>,
@@ -317,6 +319,8 @@ enum Ended {
     Crashed,
     Done,
     Stalled,
+    /// `run` returned by itself.
+    Exited,
 }
 
 async fn wait(server: &ApiServer, process: &Process, total: usize) -> Ended {
@@ -331,7 +335,9 @@ async fn wait(server: &ApiServer, process: &Process, total: usize) -> Ended {
         }
         if now_bound != last.0 {
             last = (now_bound, Instant::now());
-        } else if last.1.elapsed() > QUIET || process.exited() {
+        } else if process.exited() {
+            return Ended::Exited;
+        } else if last.1.elapsed() > QUIET {
             return Ended::Stalled;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -366,6 +372,8 @@ async fn run_seed(
     let span = (pods as u64 * 3 / 4).max(5);
     let mut crashes = Vec::new();
     let mut stalled = false;
+    let mut retries = 0;
+    let mut exits = Vec::new();
     loop {
         let crash = (crashes.len() < max_crashes).then(|| {
             let kind = if rng.random_bool(0.5) {
@@ -385,8 +393,16 @@ async fn run_seed(
             let _ = f.target.send(Some(process.addr));
         }
         let ended = wait(&server, &process, pods).await;
-        let _ = process.kill();
+        let exit = process.kill();
         match ended {
+            Ended::Exited => match exit {
+                // Another program took the port first: start again elsewhere.
+                Err(e) if e.starts_with("binding") && retries < 5 => retries += 1,
+                other => {
+                    exits.push(format!("run returned by itself: {other:?}"));
+                    break;
+                }
+            },
             Ended::Crashed => {
                 let (k, kind) = crash.unwrap_or((0, Fault::CrashAfter));
                 crashes.push((k, kind, bound(&server) as u64));
@@ -406,6 +422,7 @@ async fn run_seed(
         seed,
         crashes,
         stalled,
+        exits,
         audit,
         evidence,
         elapsed: started.elapsed(),
@@ -469,6 +486,7 @@ async fn crash_and_restart(mode: Mode) {
         let seed = run.seed;
         total_crashes += run.crashes.len();
         let mut problems = run.audit.violations.clone();
+        problems.extend(run.exits.iter().cloned());
         if run.stalled {
             problems.push(format!(
                 "stalled: {} of {} pods bound, nothing bound for {QUIET:?}",

@@ -5,6 +5,7 @@
 //! dead from that instant, so nothing it had in flight lands afterwards.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -13,10 +14,19 @@ use tokio::sync::oneshot;
 
 use super::{ApiServer, Fault, Session};
 
-/// A loopback address free right now (the scheduler binds it a moment later).
+/// A loopback address free right now (the scheduler binds it a moment
+/// later). Ports come from one counter per test process, so concurrent runs
+/// in it never pick the same one; a port another program takes meanwhile
+/// makes `run` fail with a bind error, which [`Process::kill`] returns.
 pub fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-    l.local_addr().expect("bound address")
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 20_000) as u16;
+    loop {
+        let port = base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) % 20_000);
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().expect("bound address");
+        }
+    }
 }
 
 /// A running scheduler process.
