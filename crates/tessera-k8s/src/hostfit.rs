@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod};
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tessera_core::request;
 
@@ -46,41 +46,17 @@ fn amount(name: &str, value: &str) -> Result<u64, String> {
         .map_err(|_| format!("{name}: {value:?} is not a whole number"))
 }
 
-fn container_asks(c: &Container) -> Result<BTreeMap<String, u64>, String> {
-    let mut m = BTreeMap::new();
-    let Some(r) = c.resources.as_ref() else {
-        return Ok(m);
-    };
-    // Requests win over limits; extended resources must have equal ones anyway.
-    for (k, Quantity(v)) in r.limits.iter().flatten().chain(r.requests.iter().flatten()) {
-        if counted(k) {
-            m.insert(k.clone(), amount(k, v)?);
-        }
-    }
-    Ok(m)
-}
-
-/// The pod's effective asks (Kubernetes' rule: the sum over app containers, or
-/// the largest init container if that is more), plus one `pods` slot.
+/// The pod's effective asks of the countable resources, by Kubernetes' rule
+/// (the larger of the app containers and sidecars together and the peak of
+/// the init sequence, sidecars included) as [`crate::convert::pod_resources`]
+/// computes it for the core, plus one `pods` slot.
 pub fn host_ask(pod: &Pod) -> Result<HostAsk, String> {
-    let mut total: BTreeMap<String, u64> = BTreeMap::new();
-    let Some(spec) = pod.spec.as_ref() else {
-        return Ok(HostAsk([("pods".to_string(), 1)].into()));
-    };
-    for c in &spec.containers {
-        for (k, v) in container_asks(c)? {
-            let slot = total.entry(k.clone()).or_default();
-            *slot = slot
-                .checked_add(v)
-                .ok_or_else(|| format!("{k}: the containers' requests overflow"))?;
-        }
-    }
-    for c in spec.init_containers.iter().flatten() {
-        for (k, v) in container_asks(c)? {
-            let slot = total.entry(k).or_default();
-            *slot = (*slot).max(v);
-        }
-    }
+    let resources = crate::convert::pod_resources(pod).map_err(|e| e.to_string())?;
+    let mut total: BTreeMap<String, u64> = resources
+        .iter()
+        .filter(|(k, _)| counted(k))
+        .map(|(k, v)| amount(k, v).map(|n| (k.clone(), n)))
+        .collect::<Result<_, _>>()?;
     total.insert("pods".to_string(), 1);
     Ok(HostAsk(total))
 }
@@ -134,7 +110,7 @@ pub fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeStatus, PodSpec, ResourceRequirements};
+    use k8s_openapi::api::core::v1::{Container, NodeStatus, PodSpec, ResourceRequirements};
 
     fn container(res: &[(&str, &str)]) -> Container {
         Container {
@@ -153,25 +129,36 @@ mod tests {
 
     #[test]
     fn asks_follow_kubernetes_effective_request_and_skip_ledger_resources() {
+        let share = [("tessera.io/gpu", "1"), ("tessera.io/gpu-memory", "4000")];
+        let sidecar = |res: &[(&str, &str)]| Container {
+            restart_policy: Some("Always".into()),
+            ..container(res)
+        };
         let pod = Pod {
             spec: Some(PodSpec {
                 containers: vec![
-                    container(&[("tessera.io/gpu", "1"), ("tessera.io/gpu-memory", "4000")]),
-                    container(&[("tessera.io/gpu", "1"), ("ephemeral-storage", "1Gi")]),
+                    container(&share),
+                    container(&[("ephemeral-storage", "1Gi"), ("example.com/nic", "1")]),
                 ],
-                init_containers: Some(vec![container(&[("tessera.io/gpu", "3")])]),
+                init_containers: Some(vec![
+                    sidecar(&[("example.com/nic", "2")]),
+                    container(&[("example.com/nic", "4")]),
+                ]),
                 ..Default::default()
             }),
             ..Default::default()
         };
         let a = host_ask(&pod).unwrap();
-        // gpu: max(init 3, 1 + 1) = 3; gpu-memory is the ledger's; ephemeral 1 GiB = 1024 MiB.
+        // nic: max(sidecar 2 + app 1, sidecar 2 + init 4) = 6; the sidecar
+        // runs beside the init container after it. gpu-memory is the ledger's;
+        // ephemeral 1 GiB = 1024 MiB.
         assert_eq!(
             a.0,
             [
                 ("ephemeral-storage".to_string(), 1024),
+                ("example.com/nic".to_string(), 6),
                 ("pods".to_string(), 1),
-                ("tessera.io/gpu".to_string(), 3)
+                ("tessera.io/gpu".to_string(), 1)
             ]
             .into()
         );
@@ -185,9 +172,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(
-            host_ask(&bad).unwrap_err(),
-            "example.com/x: the containers' requests overflow"
+        let e = host_ask(&bad).unwrap_err();
+        assert!(
+            e.contains("example.com/x") && e.contains("overflows"),
+            "{e}"
         );
     }
 

@@ -20,4 +20,5 @@ pub mod metrics;
 pub mod mirror;
 pub mod run;
 pub mod standalone;
+pub mod tls;
 pub mod webhook;

@@ -25,6 +25,7 @@ use crate::leader::{self, Leadership, LeaseConfig, LeaseRole};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::standalone::Standalone;
+use crate::tls::{self, TlsError, TlsListener};
 use crate::webhook::{self, WebhookConfig};
 
 /// Extender (behind kube-scheduler) or standalone (our own `schedulerName`).
@@ -59,6 +60,11 @@ pub struct RawConfig {
     pub lease_namespace: Option<String>,
     pub lease_name: Option<String>,
     pub identity: Option<String>,
+    /// TLS for the extender's verbs: server certificate and key, and the CA
+    /// whose client certificates are accepted (all three, or none and loopback).
+    pub extender_cert: Option<PathBuf>,
+    pub extender_key: Option<PathBuf>,
+    pub extender_client_ca: Option<PathBuf>,
     pub webhook_listen: Option<String>,
     pub webhook_cert: Option<PathBuf>,
     pub webhook_key: Option<PathBuf>,
@@ -74,8 +80,11 @@ pub enum ConfigError {
         field: &'static str,
         problem: String,
     },
-    #[error("webhook: {0}")]
-    Tls(#[from] webhook::TlsError),
+    #[error("{field}: {source}")]
+    Tls {
+        field: &'static str,
+        source: TlsError,
+    },
 }
 
 fn invalid(field: &'static str, problem: impl Into<String>) -> ConfigError {
@@ -98,6 +107,8 @@ pub struct WebhookServe {
 pub struct Config {
     pub mode: Mode,
     pub listen: SocketAddr,
+    /// Client-authenticated TLS on `listen` (required unless it is loopback).
+    pub extender_tls: Option<Arc<rustls::ServerConfig>>,
     pub metrics_listen: SocketAddr,
     pub policy: String,
     pub signing_key: Vec<u8>,
@@ -126,6 +137,44 @@ impl RawConfig {
         let listen: SocketAddr = listen_s
             .parse()
             .map_err(|e| invalid("listen", format!("{listen_s:?}: {e}")))?;
+        let extender_tls = match (
+            self.extender_cert,
+            self.extender_key,
+            self.extender_client_ca,
+        ) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => Some(
+                tls::server_config(&cert, &key, Some(&ca)).map_err(|source| ConfigError::Tls {
+                    field: "extender-cert",
+                    source,
+                })?,
+            ),
+            _ => {
+                return Err(invalid(
+                    "extender-cert",
+                    "TLS for the extender needs all of --extender-cert, --extender-key and \
+                     --extender-client-ca: without client certificates anyone who reaches \
+                     the port could bind pods",
+                ));
+            }
+        };
+        if extender_tls.is_some() && mode == Mode::Standalone {
+            return Err(invalid(
+                "extender-cert",
+                "standalone mode serves no extender verbs",
+            ));
+        }
+        if extender_tls.is_none() && mode == Mode::Extender && !listen.ip().is_loopback() {
+            return Err(invalid(
+                "listen",
+                format!(
+                    "{listen} is reachable from other hosts, but the extender's verbs bind \
+                     pods: listen on 127.0.0.1 (kube-scheduler in the same pod) or give \
+                     --extender-cert, --extender-key and --extender-client-ca, and set \
+                     kube-scheduler's extender tlsConfig (certFile, keyFile, caFile)"
+                ),
+            ));
+        }
         let metrics_s = self.metrics_listen.unwrap_or_else(|| "0.0.0.0:9090".into());
         let metrics_listen: SocketAddr = metrics_s
             .parse()
@@ -216,7 +265,10 @@ impl RawConfig {
                     .map_err(|e| invalid("webhook-listen", format!("{l:?}: {e}")))?;
                 Some(WebhookServe {
                     addr,
-                    tls: webhook::tls_config(&cert, &key)?,
+                    tls: webhook::tls_config(&cert, &key).map_err(|source| ConfigError::Tls {
+                        field: "webhook-cert",
+                        source,
+                    })?,
                     config: Arc::new(WebhookConfig {
                         // Always known, so the webhook checks every pod we will place;
                         // set on pods only when asked.
@@ -243,6 +295,7 @@ impl RawConfig {
         Ok(Config {
             mode,
             listen,
+            extender_tls,
             metrics_listen,
             policy,
             signing_key,
@@ -277,7 +330,7 @@ pub enum RunError {
     #[error("serving: {0}")]
     Serve(std::io::Error),
     #[error(transparent)]
-    Webhook(#[from] webhook::TlsError),
+    Webhook(#[from] TlsError),
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
 }
@@ -423,12 +476,17 @@ pub async fn run(
             .with_graceful_shutdown(stopped())
             .into_future(),
     );
-    let http = verbs_listener.map(|l| {
-        tokio::spawn(
+    let http = verbs_listener.map(|l| match config.extender_tls.clone() {
+        None => tokio::spawn(
             axum::serve(l, router(state))
                 .with_graceful_shutdown(stopped())
                 .into_future(),
-        )
+        ),
+        Some(tls) => tokio::spawn(
+            axum::serve(TlsListener::new(l, tls, "extender"), router(state))
+                .with_graceful_shutdown(stopped())
+                .into_future(),
+        ),
     });
 
     let hook = config.webhook.clone().map(|w| {
@@ -589,6 +647,52 @@ mod tests {
         assert!(err(r).contains("/nonexistent/cert.pem"));
         let (_d2, short) = key_file(b"short");
         assert!(err(raw(short)).contains("at least 16"));
+    }
+
+    #[test]
+    fn the_verbs_leave_loopback_only_with_client_certificates() {
+        let (_d, key) = key_file(b"0123456789abcdef0123");
+        let err = |r: RawConfig| match r.resolve() {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("expected an error"),
+        };
+        for open in ["0.0.0.0:8888", "10.0.0.7:8888", "[::]:8888"] {
+            let mut r = raw(key.clone());
+            r.listen = Some(open.into());
+            let e = err(r);
+            assert!(
+                e.starts_with("listen:") && e.contains("--extender-client-ca"),
+                "{e}"
+            );
+        }
+        // Standalone serves no verbs: its listen address is not used.
+        let mut r = raw(key.clone());
+        r.mode = Some("standalone".into());
+        r.listen = Some("0.0.0.0:8888".into());
+        assert!(r.resolve().is_ok());
+        // Server TLS without client certificates is still open to anyone.
+        let mut r = raw(key.clone());
+        r.listen = Some("0.0.0.0:8888".into());
+        r.extender_cert = Some("/etc/tls/tls.crt".into());
+        r.extender_key = Some("/etc/tls/tls.key".into());
+        assert!(err(r).contains("all of --extender-cert, --extender-key and --extender-client-ca"));
+        // All three given: the files are read and named when missing.
+        let mut r = raw(key.clone());
+        r.listen = Some("0.0.0.0:8888".into());
+        r.extender_cert = Some("/nonexistent/tls.crt".into());
+        r.extender_key = Some("/nonexistent/tls.key".into());
+        r.extender_client_ca = Some("/nonexistent/ca.crt".into());
+        let e = err(r);
+        assert!(
+            e.starts_with("extender-cert: reading /nonexistent/tls.crt"),
+            "{e}"
+        );
+        let mut r = raw(key);
+        r.mode = Some("standalone".into());
+        r.extender_cert = Some("/nonexistent/tls.crt".into());
+        r.extender_key = Some("/nonexistent/tls.key".into());
+        r.extender_client_ca = Some("/nonexistent/ca.crt".into());
+        assert!(err(r).starts_with("extender-cert:"));
         assert!(err(RawConfig::default()).starts_with("signing-key-file: is required"));
     }
 }

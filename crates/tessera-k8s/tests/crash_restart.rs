@@ -336,6 +336,11 @@ async fn wait(server: &ApiServer, process: &Process, total: usize) -> Ended {
         if now_bound != last.0 {
             last = (now_bound, Instant::now());
         } else if process.exited() {
+            // The session may have died (an injected crash) after the check
+            // above; the thread then ends by itself a moment later.
+            if process.session.is_dead() {
+                return Ended::Crashed;
+            }
             return Ended::Exited;
         } else if last.1.elapsed() > QUIET {
             return Ended::Stalled;

@@ -39,8 +39,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tessera_core::model::Catalog;
 
+pub use crate::tls::{TlsError, TlsListener};
 pub use admit::{SCHEDULE_LABEL, claims_tessera, mutate, validate};
-pub use tls::{TlsError, TlsListener, serve, serve_on, tls_config};
+pub use tls::{serve, serve_on, tls_config};
 
 /// What the webhook enforces.
 #[derive(Debug, Clone, Default)]

@@ -15,9 +15,20 @@ pub struct SchedulerArgs {
     #[arg(long, default_value = "extender")]
     pub mode: String,
     /// Address of the extender's verbs (filter, prioritize, bind, preempt); loopback,
-    /// since kube-scheduler runs in the same pod. Extender mode only.
+    /// since kube-scheduler runs in the same pod. Extender mode only. Any other address
+    /// needs --extender-cert, --extender-key and --extender-client-ca.
     #[arg(long, default_value = "127.0.0.1:8888")]
     pub listen: String,
+    /// Serve the extender's verbs over TLS with this certificate (PEM).
+    #[arg(long)]
+    pub extender_cert: Option<PathBuf>,
+    /// The private key of --extender-cert (PEM).
+    #[arg(long)]
+    pub extender_key: Option<PathBuf>,
+    /// CA bundle (PEM) whose client certificates may call the extender: the CA of the
+    /// certFile in kube-scheduler's extender tlsConfig. Clients without one are refused.
+    #[arg(long)]
+    pub extender_client_ca: Option<PathBuf>,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_listen: String,
@@ -78,6 +89,9 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
     let raw = RawConfig {
         mode: Some(a.mode),
         listen: Some(a.listen),
+        extender_cert: a.extender_cert,
+        extender_key: a.extender_key,
+        extender_client_ca: a.extender_client_ca,
         metrics_listen: Some(a.metrics_listen),
         serve_scheduler_names: a.serve_scheduler_names,
         lease_role: a.lease_role,
