@@ -217,10 +217,27 @@ impl Binder {
             return Err(BindError::Deleting { pod: key });
         }
         let reservation = { lock(&self.mirror).reserve(&pod, node)? };
-        let annotation = match reservation {
-            Reservation::AlreadyBound => return Ok(()),
-            Reservation::Write { annotation } => annotation,
-        };
+        match reservation {
+            Reservation::AlreadyBound => Ok(()),
+            Reservation::Write { annotation } => self.write(&pod, node, annotation).await,
+        }
+    }
+
+    /// Writes a reservation already made in the mirror (by [`Binder::bind`],
+    /// or by the standalone scheduler right after deciding): the Binding with
+    /// its annotation, fenced by leadership; the reservation is confirmed,
+    /// dropped or kept by the outcome (see the module docs).
+    pub async fn write(
+        &self,
+        pod: &Pod,
+        node: &str,
+        annotation: Option<String>,
+    ) -> Result<(), BindError> {
+        let key = convert::pod_key(pod);
+        let found = convert::pod_uid(pod).to_string();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut pending = Pending {
             mirror: &self.mirror,
             uid: &found,
@@ -235,7 +252,7 @@ impl Binder {
             Some(_) => return Err(BindError::NotLeader),
         };
         pending.armed = false;
-        let call = self.post_binding(&api, &pod, node, annotation.as_deref());
+        let call = self.post_binding(&api, pod, node, annotation.as_deref());
         let outcome = tokio::time::timeout(budget, call).await;
         match outcome {
             Ok(Ok(())) => {

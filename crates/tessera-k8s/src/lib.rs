@@ -11,6 +11,7 @@
 pub mod bench;
 pub mod binder;
 pub mod convert;
+pub mod events;
 pub mod explain;
 pub mod extender;
 pub mod gate;

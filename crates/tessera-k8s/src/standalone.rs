@@ -23,17 +23,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod};
-use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 
 use crate::binder::{Binder, lock};
 use crate::convert::{self, NodeFacts};
+use crate::events::EventSink;
 use crate::gate::SyncGate;
 use crate::hostfit;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::mirror::Mirror;
+use crate::mirror::{Mirror, Reservation};
 
 /// First retry delay after a failed attempt.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -192,6 +193,23 @@ pub enum Attempt {
     Failed { message: String, reason: String },
 }
 
+/// Binds in flight at most; further pods wait for the next pass (kube-scheduler
+/// binds in goroutines after its assume step, unbounded; this bounds memory
+/// and the API server's load from one scheduler).
+pub const MAX_BINDS_IN_FLIGHT: usize = 128;
+
+/// How long a shutdown waits for binds in flight and queued events.
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
+
+/// A decision held in the mirror, to be written.
+struct Decided {
+    node: String,
+    annotation: Option<String>,
+}
+
+/// What a finished bind task reports.
+type Finished = (Pod, String, Result<(), crate::binder::BindError>);
+
 /// The standalone scheduler loop.
 pub struct Standalone {
     pub scheduler_name: String,
@@ -199,16 +217,21 @@ pub struct Standalone {
     pub binder: Binder,
     pub leader: Leadership,
     pub metrics: Arc<Metrics>,
-    pub recorder: Option<Recorder>,
+    /// Where events go (published off the scheduling path).
+    events: Option<EventSink>,
     /// Woken by the pod watcher when something changed.
     pub wake: Arc<Notify>,
     /// Failed pods: failures so far, when to retry, the last reason.
     retries: HashMap<String, (u32, Instant, String)>,
+    /// Binds whose API call is in flight.
+    binds: JoinSet<Finished>,
     /// Closed until the initial lists are in.
     gate: SyncGate,
 }
 
 impl Standalone {
+    /// A scheduler loop; with a `recorder`, its events are published by a task
+    /// spawned on the current runtime.
     pub fn new(
         scheduler_name: String,
         mirror: Arc<Mutex<Mirror>>,
@@ -224,9 +247,10 @@ impl Standalone {
             binder,
             leader,
             metrics,
-            recorder,
+            events: recorder.map(EventSink::spawn),
             wake,
             retries: HashMap::new(),
+            binds: JoinSet::new(),
             gate: SyncGate::synced(),
         }
     }
@@ -238,6 +262,7 @@ impl Standalone {
     }
 
     /// Pods of ours waiting for a node, oldest (then highest priority) first.
+    /// A pod whose bind is in flight is held in the mirror and not listed.
     pub fn pending(&self) -> Vec<Pod> {
         let m = lock(&self.mirror);
         let mut pods: Vec<Pod> = m
@@ -265,76 +290,97 @@ impl Standalone {
         pods
     }
 
-    /// One attempt for one pod: decide under the lock, then bind through the binder.
-    pub async fn attempt(&self, pod: &Pod) -> Attempt {
+    /// Decides a pod's node and holds the placement in the mirror, in one
+    /// critical section (the ledger is the one truth: the next decision sees
+    /// this one). `Err` carries the event sentence and the metrics reason.
+    fn decide(&self, pod: &Pod) -> Result<Decided, (String, String)> {
         let started = Instant::now();
-        let decided = {
-            let mut m = lock(&self.mirror);
-            let catalog = m.cluster().catalog.clone();
-            let host = hostfit::host_ask(pod);
-            match (convert::pod_request(pod, &catalog), host) {
-                (Err(e), _) => Err((e.to_string(), "invalid request".to_string())),
-                (_, Err(e)) => Err((e, "invalid request".to_string())),
-                _ if unsupported(pod).is_some() => Err((
-                    unsupported(pod).unwrap_or_default(),
-                    "unsupported".to_string(),
-                )),
-                (Ok(req), Ok(host)) => match m.decide(&req, &host, |facts| node_allows(pod, facts))
-                {
-                    Ok((p, _)) => Ok(m.cluster().node(p.node).name.clone()),
-                    Err(e) => {
-                        let reason = e
-                            .ranked()
-                            .first()
-                            .map(|(r, _)| r.to_string())
-                            .unwrap_or_else(|| "no nodes".into());
-                        Err((e.to_string(), reason))
-                    }
-                },
-            }
-        };
-        let outcome = match decided {
-            Err((message, reason)) => Attempt::Failed { message, reason },
-            Ok(node) => {
-                let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-                let name = pod.metadata.name.as_deref().unwrap_or("");
-                match self
-                    .binder
-                    .bind(ns, name, convert::pod_uid(pod), &node)
-                    .await
-                {
-                    Ok(()) => Attempt::Bound(node),
-                    Err(e) => Attempt::Failed {
-                        message: e.to_string(),
-                        reason: "bind failed".into(),
-                    },
-                }
-            }
-        };
+        let mut m = lock(&self.mirror);
+        let catalog = m.cluster().catalog.clone();
+        let invalid = |e: String| (e, "invalid request".to_string());
+        let req = convert::pod_request(pod, &catalog).map_err(|e| invalid(e.to_string()))?;
+        let host = hostfit::host_ask(pod).map_err(invalid)?;
+        if let Some(why) = unsupported(pod) {
+            return Err((why, "unsupported".to_string()));
+        }
+        let decided = m.decide(&req, &host, |facts| node_allows(pod, facts));
         self.metrics
             .observe_decision("standalone", started.elapsed());
-        outcome
-    }
-
-    async fn record(&self, pod: &Pod, type_: EventType, reason: &str, note: String) {
-        let Some(recorder) = &self.recorder else {
-            return;
-        };
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Scheduling".into(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &pod.object_ref(&())).await {
-            tracing::warn!(pod = %convert::pod_key(pod), error = %e, "could not record event");
+        let (placement, _) = decided.map_err(|e| {
+            let reason = e
+                .ranked()
+                .first()
+                .map(|(r, _)| r.to_string())
+                .unwrap_or_else(|| "no nodes".into());
+            (e.to_string(), reason)
+        })?;
+        let node = m.cluster().node(placement.node).name.clone();
+        match m.hold(pod, placement, req, host) {
+            Ok(Reservation::Write { annotation }) => Ok(Decided { node, annotation }),
+            Ok(Reservation::AlreadyBound) => Err((
+                format!("pod {} is bound already", convert::pod_key(pod)),
+                "bound".to_string(),
+            )),
+            Err(e) => Err((e.to_string(), "ledger refused".to_string())),
         }
     }
 
-    /// One pass over the pending pods whose backoff has expired; returns when the
-    /// next retry is due (if any pod is waiting).
+    /// One attempt for one pod, waiting for its bind: decide and hold under
+    /// the lock, then write through the binder.
+    pub async fn attempt(&self, pod: &Pod) -> Attempt {
+        match self.decide(pod) {
+            Err((message, reason)) => Attempt::Failed { message, reason },
+            Ok(d) => match self.binder.write(pod, &d.node, d.annotation).await {
+                Ok(()) => Attempt::Bound(d.node),
+                Err(e) => Attempt::Failed {
+                    message: e.to_string(),
+                    reason: "bind failed".into(),
+                },
+            },
+        }
+    }
+
+    fn record(&self, pod: &Pod, type_: EventType, reason: &str, note: String) {
+        if let Some(events) = &self.events {
+            events.pod_event(pod, type_, reason, note);
+        }
+    }
+
+    fn failed(&mut self, pod: &Pod, message: String, reason: String) {
+        let uid = convert::pod_uid(pod).to_string();
+        let failures = self.retries.get(&uid).map_or(0, |(n, _, _)| *n) + 1;
+        self.retries
+            .insert(uid, (failures, Instant::now() + backoff(failures), reason));
+        self.record(pod, EventType::Warning, "FailedScheduling", message);
+    }
+
+    /// Takes a finished bind's outcome: an event, and the pod back in the
+    /// queue (its GPUs freed by the binder) when the bind failed.
+    fn finish(&mut self, done: Result<Finished, tokio::task::JoinError>) {
+        let Ok((pod, node, outcome)) = done else {
+            return;
+        };
+        match outcome {
+            Ok(()) => {
+                self.retries.remove(convert::pod_uid(&pod));
+                self.record(
+                    &pod,
+                    EventType::Normal,
+                    "Scheduled",
+                    format!("Successfully assigned {} to {node}", convert::pod_key(&pod)),
+                );
+            }
+            Err(e) => self.failed(&pod, e.to_string(), "bind failed".into()),
+        }
+    }
+
+    /// One pass over the pending pods whose backoff has expired: each is
+    /// decided and held at once, and its bind written in the background;
+    /// returns when the next retry is due (if any pod is waiting).
     pub async fn pass(&mut self) -> Option<Instant> {
+        while let Some(done) = self.binds.try_join_next() {
+            self.finish(done);
+        }
         if !self.leader.is_leader() || !self.gate.is_synced() {
             return None;
         }
@@ -345,28 +391,23 @@ impl Standalone {
             .map(|p| convert::pod_uid(p).to_string())
             .collect();
         self.retries.retain(|uid, _| live.contains(uid));
-        for pod in &pending {
-            let uid = convert::pod_uid(pod).to_string();
+        for pod in pending {
+            if self.binds.len() >= MAX_BINDS_IN_FLIGHT {
+                // The loop wakes when one finishes.
+                break;
+            }
+            let uid = convert::pod_uid(&pod).to_string();
             if self.retries.get(&uid).is_some_and(|(_, at, _)| *at > now) {
                 continue;
             }
-            match self.attempt(pod).await {
-                Attempt::Bound(node) => {
-                    self.retries.remove(&uid);
-                    self.record(
-                        pod,
-                        EventType::Normal,
-                        "Scheduled",
-                        format!("Successfully assigned {} to {node}", convert::pod_key(pod)),
-                    )
-                    .await;
-                }
-                Attempt::Failed { message, reason } => {
-                    let failures = self.retries.get(&uid).map_or(0, |(n, _, _)| *n) + 1;
-                    self.retries
-                        .insert(uid, (failures, Instant::now() + backoff(failures), reason));
-                    self.record(pod, EventType::Warning, "FailedScheduling", message)
-                        .await;
+            match self.decide(&pod) {
+                Err((message, reason)) => self.failed(&pod, message, reason),
+                Ok(d) => {
+                    let binder = self.binder.clone();
+                    self.binds.spawn(async move {
+                        let outcome = binder.write(&pod, &d.node, d.annotation).await;
+                        (pod, d.node, outcome)
+                    });
                 }
             }
         }
@@ -378,8 +419,18 @@ impl Standalone {
         self.retries.values().map(|(_, at, _)| *at).min()
     }
 
+    /// Waits for every bind in flight and every queued event (tests, shutdown).
+    pub async fn flush(&mut self) {
+        while let Some(done) = self.binds.join_next().await {
+            self.finish(done);
+        }
+        if let Some(events) = &self.events {
+            events.flush().await;
+        }
+    }
+
     /// Runs passes until `shutdown` resolves: after every wake-up from the
-    /// watcher, when a retry is due, and at least every 10 s.
+    /// watcher, when a bind finishes, when a retry is due, and at least every 10 s.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
@@ -391,9 +442,15 @@ impl Standalone {
             let wake = self.wake.clone();
             let leader = self.leader.clone();
             let gate = self.gate.clone();
+            let binding = !self.binds.is_empty();
             tokio::select! {
-                _ = &mut shutdown => return,
+                _ = &mut shutdown => {
+                    // Binds in flight are bounded by their own timeouts.
+                    let _ = tokio::time::timeout(SHUTDOWN_FLUSH, self.flush()).await;
+                    return;
+                }
                 _ = wake.notified() => {}
+                Some(done) = self.binds.join_next(), if binding => self.finish(done),
                 // A new leader starts at once, not at the next periodic pass.
                 _ = leader.changed() => {}
                 _ = gate.wait(Duration::from_secs(3600)), if !gate.is_synced() => {}

@@ -126,6 +126,7 @@ async fn places_binds_and_explains() {
         text.contains("tessera_pending_pods{reason=\"invalid request\"} 1"),
         "{text}"
     );
+    s.flush().await;
     drop(s);
     drop(m);
 
@@ -251,6 +252,7 @@ async fn pods_needing_checks_this_mode_does_not_make_are_refused_clearly() {
     let (mut s, m, api) = one_node_standalone(vec![p], Leadership::always());
     s.pass().await;
     assert!(lock(&m).held("uid-w").is_none());
+    s.flush().await;
     drop(s);
     drop(m);
     let seen = api.await.unwrap();
