@@ -35,6 +35,10 @@ pub struct BenchReport {
     pub decode_p50_us: f64,
     /// Of which: the mirror's filter + prioritize on decoded input (no HTTP, no JSON).
     pub decide_p50_us: f64,
+    /// GpuNode status updates applied per second of run time (the agents'
+    /// minute-by-minute republishing), and how many were applied in all.
+    pub status_updates_per_sec: f64,
+    pub status_updates: usize,
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -129,14 +133,20 @@ fn pod(uid: &str, resources: serde_json::Value) -> k8s_openapi::api::core::v1::P
 /// Builds the cluster, fills it about half with a mix of shares and whole
 /// GPUs, then times `iterations` filter + prioritize pairs for fresh pods,
 /// binding each (untimed) where prioritize ranked it best.
+///
+/// Between pairs, GpuNode status updates arrive at `status_updates_per_sec`
+/// of run time (each a new free-memory figure and timestamp for the next node
+/// in turn, as the node agents send every minute: `nodes / 60` a second).
 pub async fn extender_latency(
     nodes: usize,
     iterations: usize,
     policy: &str,
+    status_updates_per_sec: f64,
 ) -> Result<BenchReport, String> {
     let policy_box =
         tessera_core::policy::by_name(policy, &Default::default()).map_err(|e| e.to_string())?;
     let (kn, gn) = synthetic_objects(nodes);
+    let inventory = gn.clone();
     let mut mirror = Mirror::from_objects(
         policy_box,
         b"bench-signing-key-0123".to_vec(),
@@ -189,8 +199,25 @@ pub async fn extender_latency(
             .body(Body::from(body))
             .map_err(|e| e.to_string())
     };
+    let mut owed = 0.0f64;
+    let mut updates = 0usize;
+    let mut last = Instant::now();
     // A few warm-up pairs, not timed.
     for it in 0..(iterations + 5) {
+        // Status updates that arrived meanwhile, in the watch's order.
+        owed += status_updates_per_sec.max(0.0) * last.elapsed().as_secs_f64();
+        last = Instant::now();
+        while owed >= 1.0 && !inventory.is_empty() {
+            owed -= 1.0;
+            let mut gn = inventory[updates % inventory.len()].clone();
+            gn.status = Some(tessera_api::GpuNodeStatus {
+                free_memory_mib: 40_000 + (updates as u64 * 7919) % 40_000,
+                last_update: Some(format!("2026-12-01T00:{:02}:00Z", updates % 60)),
+                ..Default::default()
+            });
+            crate::binder::lock(&mirror).upsert_inventory(gn);
+            updates += 1;
+        }
         let body = serde_json::to_vec(&json!({
             "Pod": pod(&format!("bench-{it}"), ask.clone()),
             "Nodes": null,
@@ -275,5 +302,7 @@ pub async fn extender_latency(
         prioritize_p99_us: quantile(&prio_us, 0.99),
         decode_p50_us: quantile(&decode_us, 0.5),
         decide_p50_us: quantile(&decide_us, 0.5),
+        status_updates_per_sec,
+        status_updates: updates,
     })
 }

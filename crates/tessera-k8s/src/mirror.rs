@@ -202,6 +202,21 @@ pub struct Mirror {
     blocked: FxHashMap<NodeId, String>,
 }
 
+/// Whether two versions of a Node place pods alike (see [`Mirror::upsert_node`]).
+fn same_node_for_placement(a: &KubeNode, b: &KubeNode) -> bool {
+    let allocatable = |n: &KubeNode| n.status.as_ref().and_then(|s| s.allocatable.clone());
+    convert::node_facts(a) == convert::node_facts(b) && allocatable(a) == allocatable(b)
+}
+
+/// Whether two versions of a GpuNode place pods alike (see [`Mirror::upsert_inventory`]).
+fn same_inventory_for_placement(a: &GpuNode, b: &GpuNode) -> bool {
+    a.spec == b.spec
+        && a.spec.gpus.iter().all(|g| {
+            a.spec.health_of(g.index, a.status.as_ref())
+                == b.spec.health_of(g.index, b.status.as_ref())
+        })
+}
+
 impl Mirror {
     /// An empty mirror deciding with `policy` and verifying annotations with `key`.
     pub fn new(policy: Box<dyn Policy>, key: Vec<u8>) -> Mirror {
@@ -253,10 +268,17 @@ impl Mirror {
 
     // ---- watch events ------------------------------------------------------------------
 
+    /// A Node was added or changed. Only a change to what placement reads
+    /// (labels, taints, cordon, readiness, allocatable) rebuilds the cluster;
+    /// status heartbeats do not.
     pub fn upsert_node(&mut self, node: KubeNode) {
         if let Some(name) = node.metadata.name.clone() {
+            let same = self
+                .kube_nodes
+                .get(&name)
+                .is_some_and(|old| same_node_for_placement(old, &node));
             self.kube_nodes.insert(name, node);
-            self.dirty = true;
+            self.dirty |= !same;
         }
     }
 
@@ -274,10 +296,17 @@ impl Mirror {
         self.dirty = true;
     }
 
+    /// A GpuNode was added or changed. The agents republish status every
+    /// minute (free memory, timestamps); only a change to the GPUs themselves
+    /// (spec) or to a GPU's health rebuilds the cluster.
     pub fn upsert_inventory(&mut self, gn: GpuNode) {
         if let Some(name) = gn.metadata.name.clone() {
+            let same = self
+                .inventory
+                .get(&name)
+                .is_some_and(|old| same_inventory_for_placement(old, &gn));
             self.inventory.insert(name, gn);
-            self.dirty = true;
+            self.dirty |= !same;
         }
     }
 
@@ -599,6 +628,12 @@ impl Mirror {
     }
 
     // ---- reads ---------------------------------------------------------------------------
+
+    /// How many times the cluster has been rebuilt from the watched objects.
+    pub fn generation(&mut self) -> u64 {
+        self.refresh();
+        self.generation
+    }
 
     pub fn cluster(&mut self) -> &Cluster {
         self.refresh();

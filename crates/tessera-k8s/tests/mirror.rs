@@ -209,3 +209,54 @@ fn cached_verdicts_follow_the_ledger_and_the_inventory() {
         "an unhealthy GPU is not resolvable by preemption"
     );
 }
+
+/// Issue 10, item 4: agents republish GpuNode status every minute and nodes
+/// their heartbeats; such updates must not rebuild the cluster (and drop every
+/// cache), while a change to what placement reads must.
+#[test]
+fn only_changes_placement_reads_rebuild_the_cluster() {
+    let (nodes, inv) = cluster();
+    let m = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
+    let mut m = tessera_k8s::binder::lock(&m);
+    let start = m.generation();
+
+    // Status churn: free memory and the timestamp change, nothing else.
+    let mut churn = inv[0].clone();
+    churn.status = Some(tessera_api::GpuNodeStatus {
+        free_memory_mib: 12_345,
+        last_update: Some("2026-12-01T07:00:00Z".into()),
+        ..Default::default()
+    });
+    m.upsert_inventory(churn.clone());
+    let mut heartbeat = nodes[0].clone();
+    heartbeat.metadata.resource_version = Some("999".into());
+    m.upsert_node(heartbeat.clone());
+    assert_eq!(m.generation(), start, "status churn rebuilt the cluster");
+
+    // A GPU turning unhealthy (through status) is a change placement reads.
+    let mut sick = churn.clone();
+    sick.status.as_mut().unwrap().gpus = vec![tessera_api::GpuCondition {
+        index: 0,
+        health: tessera_api::GpuHealth::Unhealthy,
+        ..Default::default()
+    }];
+    m.upsert_inventory(sick);
+    assert_eq!(m.generation(), start + 1, "a health change is applied");
+    let gpu0 = m
+        .cluster()
+        .nodes()
+        .iter()
+        .find(|n| n.name == "a100-1")
+        .map(|n| n.gpus[0].health);
+    assert_eq!(gpu0, Some(tessera_core::model::Health::Unhealthy));
+
+    // So is a new label on the Node.
+    let mut labelled = heartbeat;
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("pool".into(), "train".into());
+    m.upsert_node(labelled);
+    assert_eq!(m.generation(), start + 2, "a label change is applied");
+}

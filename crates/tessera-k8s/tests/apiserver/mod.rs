@@ -71,6 +71,7 @@ pub mod process;
 pub mod select;
 pub mod status;
 pub mod store;
+pub mod tcp;
 mod update;
 mod watch;
 
@@ -160,6 +161,8 @@ pub struct Counters {
     pub by_request: BTreeMap<String, u64>,
     pub in_flight: i64,
     pub max_in_flight: i64,
+    /// Binding POSTs in flight at once, at most.
+    pub max_binds_in_flight: i64,
 }
 
 impl Counters {
@@ -225,6 +228,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     in_flight: AtomicI64,
     max_in_flight: AtomicI64,
+    binds_in_flight: AtomicI64,
+    max_binds_in_flight: AtomicI64,
 }
 
 impl Shared {
@@ -254,6 +259,8 @@ impl ApiServer {
             state: Mutex::new(state),
             in_flight: AtomicI64::new(0),
             max_in_flight: AtomicI64::new(0),
+            binds_in_flight: AtomicI64::new(0),
+            max_binds_in_flight: AtomicI64::new(0),
         }))
     }
 
@@ -348,6 +355,7 @@ impl ApiServer {
             by_request: st.counters.clone(),
             in_flight: self.0.in_flight.load(Ordering::Relaxed),
             max_in_flight: self.0.max_in_flight.load(Ordering::Relaxed),
+            max_binds_in_flight: self.0.max_binds_in_flight.load(Ordering::Relaxed),
         }
     }
 
@@ -428,20 +436,28 @@ pub struct ApiService {
     dead: flag::Receiver<bool>,
 }
 
-/// Counts a request in flight until dropped (answered, or abandoned by a dead process).
-struct InFlight(Arc<Shared>);
+/// Counts a request in flight until dropped (answered, or abandoned by a dead
+/// process); Binding POSTs are also counted on their own.
+struct InFlight(Arc<Shared>, bool);
 
 impl InFlight {
-    fn new(shared: Arc<Shared>) -> InFlight {
+    fn new(shared: Arc<Shared>, binding: bool) -> InFlight {
         let now = shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         shared.max_in_flight.fetch_max(now, Ordering::Relaxed);
-        InFlight(shared)
+        if binding {
+            let now = shared.binds_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+            shared.max_binds_in_flight.fetch_max(now, Ordering::Relaxed);
+        }
+        InFlight(shared, binding)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if self.1 {
+            self.0.binds_in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -464,8 +480,10 @@ impl tower::Service<Request<KubeBody>> for ApiService {
         let session = self.session;
         let dead = self.dead.clone();
         Box::pin(async move {
-            let _counted = InFlight::new(shared.clone());
             let (parts, body) = req.into_parts();
+            let binding =
+                parts.method == http::Method::POST && parts.uri.path().ends_with("/binding");
+            let _counted = InFlight::new(shared.clone(), binding);
             let body: Bytes = body.collect_bytes().await.unwrap_or_default();
             let is_dead = *dead.borrow();
             if is_dead {

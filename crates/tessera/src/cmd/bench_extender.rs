@@ -16,6 +16,10 @@ pub struct BenchExtenderArgs {
     /// Placement policy.
     #[arg(long, default_value = "tessera")]
     pub policy: String,
+    /// GpuNode status updates per second while timing (default: nodes / 60, the
+    /// rate at which node agents republish their status; 0 for none).
+    #[arg(long)]
+    pub status_updates_per_sec: Option<f64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -25,6 +29,11 @@ pub fn run(a: BenchExtenderArgs) -> anyhow::Result<ExitCode> {
     if a.nodes == 0 || a.iterations == 0 {
         return bad_input("--nodes and --iterations must be at least 1");
     }
+    if a.status_updates_per_sec
+        .is_some_and(|r| !r.is_finite() || r < 0.0)
+    {
+        return bad_input("--status-updates-per-sec must be a number of at least 0");
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -32,6 +41,7 @@ pub fn run(a: BenchExtenderArgs) -> anyhow::Result<ExitCode> {
         a.nodes,
         a.iterations,
         &a.policy,
+        a.status_updates_per_sec.unwrap_or(a.nodes as f64 / 60.0),
     )) {
         Ok(r) => r,
         Err(e) => return bad_input(e),
@@ -42,6 +52,10 @@ pub fn run(a: BenchExtenderArgs) -> anyhow::Result<ExitCode> {
         println!(
             "extender filter + prioritize, one pod against {} nodes ({} GPUs, {} pods placed), nodeCacheCapable, policy {}",
             r.nodes, r.gpus, r.pods_placed, r.policy
+        );
+        println!(
+            "  GpuNode status updates: {:.1}/s, {} applied while timing",
+            r.status_updates_per_sec, r.status_updates
         );
         println!(
             "  filter      p50 {:>8.1} µs   p99 {:>8.1} µs",
@@ -56,12 +70,12 @@ pub fn run(a: BenchExtenderArgs) -> anyhow::Result<ExitCode> {
             r.decode_p50_us, r.decide_p50_us
         );
         println!(
-            "  both        p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs   ({} pairs; target p99 < 2000 µs: {})",
+            "  both        p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs   ({} pairs; p99 < 1000 µs: {})",
             r.p50_us,
             r.p99_us,
             r.max_us,
             r.iterations,
-            if r.p99_us < 2000.0 { "met" } else { "NOT met" }
+            if r.p99_us < 1000.0 { "met" } else { "NOT met" }
         );
     }
     Ok(ExitCode::SUCCESS)

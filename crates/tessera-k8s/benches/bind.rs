@@ -1,0 +1,336 @@
+//! Bind throughput against the API-server double over TCP (issue 10).
+//!
+//! `cargo bench -p tessera-k8s --bench bind` runs Tessera (`run::run`, as the
+//! binary runs it) against the double served on loopback with a per-request
+//! latency, its kube client on kube-rs's real connection stack, and reports
+//! per mode and pod count: binds per second, the most Binding POSTs in flight
+//! at once, TCP connections Tessera opened, and API requests by kind.
+//!
+//! - `standalone`: Tessera places pods of its own schedulerName.
+//! - `extender`: a kube-scheduler stand-in runs one scheduling cycle at a time
+//!   (filter → prioritize → best score, over HTTP to Tessera's verbs, node
+//!   names only as with `nodeCacheCapable`) and binds in the background, as
+//!   kube-scheduler's binding cycle does; a refused bind goes back in its queue.
+//! - `backlog`: every pod exists before Tessera starts; the clock runs from the
+//!   first bind to the last. `stream`: pods are created at `TESSERA_BENCH_RATE`
+//!   a second (default 1,000) while Tessera runs; the clock runs from the
+//!   first create to the last bind.
+//!
+//! Knobs: `TESSERA_BENCH_PODS` (default `500,5000`), `TESSERA_BENCH_NODES`
+//! (300, 8 GPUs each), `TESSERA_BENCH_LATENCY_MS` (`2-5`),
+//! `TESSERA_BENCH_MODES` (`standalone,extender`), `TESSERA_BENCH_ARRIVALS`
+//! (`backlog,stream`). Compare builds by running this file on each (see
+//! `scripts/bench-bind-compare.sh`).
+
+#[path = "../tests/apiserver/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod apiserver;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use apiserver::cluster::{Shape, add_gpu_nodes, bound, pod};
+use apiserver::{ApiServer, Config, Resource};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tessera_k8s::run::RawConfig;
+use tokio::sync::{Mutex, mpsc};
+
+const NAMESPACE: &str = "bench";
+const LIMIT: Duration = Duration::from_secs(600);
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn list<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
+    env(name, default)
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+fn latency() -> (Duration, Duration) {
+    let spec = env("TESSERA_BENCH_LATENCY_MS", "2-5");
+    let (lo, hi) = spec.split_once('-').unwrap_or((&spec, &spec));
+    let ms =
+        |s: &str| Duration::from_micros((s.trim().parse::<f64>().unwrap_or(0.0) * 1000.0) as u64);
+    (ms(lo), ms(hi))
+}
+
+/// The pods: GPU shares of 5–10 % compute and 2–4 GiB (one in ten a whole GPU).
+fn workload(n: usize, scheduler: &str) -> Vec<Value> {
+    let mut rng = SmallRng::seed_from_u64(7);
+    (0..n)
+        .map(|i| {
+            let shape = if i % 10 == 9 {
+                Shape::Whole(1)
+            } else {
+                Shape::Share {
+                    memory_gib: rng.random_range(2..=4),
+                    cores_pct: rng.random_range(5..=10),
+                }
+            };
+            pod(
+                NAMESPACE,
+                &format!("p-{i:05}"),
+                scheduler,
+                shape,
+                100,
+                256,
+                0,
+            )
+        })
+        .collect()
+}
+
+type Http = HttpClient<HttpConnector, Full<axum::body::Bytes>>;
+
+async fn post(http: &Http, addr: SocketAddr, path: &str, body: &Value) -> Result<Value, String> {
+    let req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(axum::body::Bytes::from(body.to_string())))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(30), http.request(req))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}
+
+/// kube-scheduler's shape: scheduling cycles one at a time, binds in the background.
+async fn fake_kube_scheduler(
+    addr: SocketAddr,
+    nodes: Vec<String>,
+    mut arrivals: mpsc::UnboundedReceiver<Value>,
+) {
+    let http: Http = HttpClient::builder(TokioExecutor::new()).build_http();
+    let queue: Arc<Mutex<VecDeque<Value>>> = Arc::default();
+    let binds_left = Arc::new(AtomicUsize::new(0));
+    loop {
+        while let Ok(p) = arrivals.try_recv() {
+            queue.lock().await.push_back(p);
+        }
+        let next = queue.lock().await.pop_front();
+        let Some(p) = next else {
+            tokio::select! {
+                got = arrivals.recv() => match got {
+                    Some(p) => queue.lock().await.push_back(p),
+                    None if binds_left.load(Ordering::Relaxed) == 0 && queue.lock().await.is_empty() => return,
+                    None => tokio::time::sleep(Duration::from_millis(1)).await,
+                },
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            continue;
+        };
+        let args = json!({"Pod": p, "Nodes": null, "NodeNames": nodes});
+        let passed: Vec<String> = match post(&http, addr, "/scheduler/filter", &args).await {
+            Ok(r) if r["Error"].as_str().unwrap_or_default().is_empty() => r["NodeNames"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|n| n.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        if passed.is_empty() {
+            queue.lock().await.push_back(p);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        }
+        let args = json!({"Pod": p, "Nodes": null, "NodeNames": passed});
+        let best = match post(&http, addr, "/scheduler/prioritize", &args).await {
+            Ok(Value::Array(a)) => a
+                .iter()
+                .filter_map(|h| Some((h["Score"].as_i64()?, h["Host"].as_str()?.to_string())))
+                .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(&a.1)))
+                .map(|(_, host)| host),
+            _ => None,
+        };
+        let Some(node) = best else {
+            queue.lock().await.push_back(p);
+            continue;
+        };
+        binds_left.fetch_add(1, Ordering::Relaxed);
+        let (http, queue, binds_left) = (http.clone(), queue.clone(), binds_left.clone());
+        tokio::spawn(async move {
+            let args = json!({
+                "PodName": p["metadata"]["name"],
+                "PodNamespace": p["metadata"]["namespace"],
+                "PodUID": p["metadata"]["uid"],
+                "Node": node,
+            });
+            let ok = matches!(
+                post(&http, addr, "/scheduler/bind", &args).await,
+                Ok(r) if r["Error"].as_str().unwrap_or_default().is_empty()
+            );
+            if !ok {
+                queue.lock().await.push_back(p);
+            }
+            binds_left.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+struct Outcome {
+    bound: usize,
+    elapsed: Duration,
+    max_binds: i64,
+    connections: u64,
+    requests: String,
+}
+
+async fn one_run(mode: &str, arrival: &str, pods: usize, nodes: usize, key: &Path) -> Outcome {
+    let server = ApiServer::new(Config {
+        latency: latency(),
+        seed: 1,
+        watch_window: pods * 4 + 10_000,
+        watch_timeout_cap: None,
+        list_latency_per_item: Duration::ZERO,
+    });
+    let names = add_gpu_nodes(&server, nodes, 8);
+    let work = workload(pods, "tessera");
+    let (arrive_tx, arrive_rx) = mpsc::unbounded_channel::<Value>();
+    let mut start = Instant::now();
+    if arrival == "backlog" {
+        for p in &work {
+            let stored = server.create(Resource::Pods, p).expect("pod");
+            let _ = arrive_tx.send(stored);
+        }
+    }
+    let listening = server.listen().await;
+    let client = listening.client();
+    let config = RawConfig {
+        mode: Some(mode.into()),
+        listen: Some(format!("127.0.0.1:{}", free_port())),
+        metrics_listen: Some(format!("127.0.0.1:{}", free_port())),
+        signing_key_file: Some(key.to_path_buf()),
+        scheduler_name: Some("tessera".into()),
+        leader_elect: Some(false),
+        ..RawConfig::default()
+    }
+    .resolve()
+    .expect("valid config");
+    let verbs = config.listen;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let tessera = tokio::spawn(tessera_k8s::run::run(config, client, async move {
+        let _ = stop_rx.await;
+    }));
+    let fake = (mode == "extender")
+        .then(|| tokio::spawn(fake_kube_scheduler(verbs, names.clone(), arrive_rx)));
+    if arrival == "stream" {
+        let rate: f64 = env("TESSERA_BENCH_RATE", "1000").parse().unwrap_or(1000.0);
+        start = Instant::now();
+        for (i, p) in work.iter().enumerate() {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+            let stored = server.create(Resource::Pods, p).expect("pod");
+            let _ = arrive_tx.send(stored);
+        }
+    }
+    drop(arrive_tx);
+    // Backlog: the clock starts at the first bind.
+    let deadline = Instant::now() + LIMIT;
+    let mut first_bind = None;
+    loop {
+        let n = bound(&server);
+        if n > 0 && first_bind.is_none() {
+            first_bind = Some(Instant::now());
+        }
+        if n == pods || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let end = Instant::now();
+    let began = if arrival == "backlog" {
+        first_bind.unwrap_or(end)
+    } else {
+        start
+    };
+    let counters = server.counters();
+    let requests = counters
+        .by_request
+        .iter()
+        .filter(|(k, _)| !k.starts_with("list ") && !k.starts_with("watch "))
+        .map(|(k, n)| format!("{}={n}", k.replace(' ', ":")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), tessera).await;
+    if let Some(f) = fake {
+        f.abort();
+    }
+    Outcome {
+        bound: bound(&server),
+        elapsed: end - began,
+        max_binds: counters.max_binds_in_flight,
+        connections: listening.connections(),
+        requests,
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing we use.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = std::env::temp_dir().join(format!("tessera-bench-bind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let key = dir.join("signing.key");
+    std::fs::write(&key, "bench-bind-signing-key-0123456789").expect("key");
+    let nodes: usize = env("TESSERA_BENCH_NODES", "300").parse().unwrap_or(300);
+    let (lo, hi) = latency();
+    println!(
+        "bind bench: {nodes} nodes x 8 GPUs, API latency {:.1}-{:.1} ms per request, double over TCP",
+        lo.as_secs_f64() * 1e3,
+        hi.as_secs_f64() * 1e3
+    );
+    println!(
+        "{:<11} {:<8} {:>6} {:>7} {:>9} {:>10} {:>12} {:>6}  requests",
+        "mode", "arrival", "pods", "bound", "secs", "binds/s", "max in flight", "conns"
+    );
+    for pods in list::<usize>("TESSERA_BENCH_PODS", "500,5000") {
+        for mode in list::<String>("TESSERA_BENCH_MODES", "standalone,extender") {
+            for arrival in list::<String>("TESSERA_BENCH_ARRIVALS", "backlog,stream") {
+                let o = rt.block_on(one_run(&mode, &arrival, pods, nodes, &key));
+                let secs = o.elapsed.as_secs_f64();
+                println!(
+                    "{mode:<11} {arrival:<8} {pods:>6} {:>7} {secs:>9.2} {:>10.0} {:>12} {:>6}  {}",
+                    o.bound,
+                    o.bound as f64 / secs.max(1e-9),
+                    o.max_binds,
+                    o.connections,
+                    o.requests
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
