@@ -23,7 +23,7 @@
 //! `scripts/bench-bind-compare.sh`).
 
 #[path = "../tests/apiserver/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod apiserver;
 
 use std::collections::VecDeque;
