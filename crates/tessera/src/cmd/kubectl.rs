@@ -176,7 +176,7 @@ async fn explain(
 
 /// Milli-GPU as kubectl prints CPU: `1500m`, or `2` for whole GPUs.
 fn milli(v: u64) -> String {
-    if v % 1000 == 0 {
+    if v.is_multiple_of(1000) {
         (v / 1000).to_string()
     } else {
         format!("{v}m")
@@ -184,10 +184,9 @@ fn milli(v: u64) -> String {
 }
 
 fn pct(part: u64, whole: u64) -> String {
-    if whole == 0 {
-        "-".to_string()
-    } else {
-        format!("{}%", part * 100 / whole)
+    match (part * 100).checked_div(whole) {
+        Some(p) => format!("{p}%"),
+        None => "-".to_string(),
     }
 }
 

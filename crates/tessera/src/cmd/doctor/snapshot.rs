@@ -64,7 +64,8 @@ fn scrape(addr: SocketAddr) -> Result<String, String> {
         .map_err(|e| format!("{addr}: {e}"))?;
     let text = String::from_utf8_lossy(&body);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    if !head.starts_with("HTTP/1.") || !head.split_whitespace().nth(1).is_some_and(|c| c == "200") {
+    let ok = head.starts_with("HTTP/1.") && head.split_whitespace().nth(1) == Some("200");
+    if !ok {
         return Err(format!(
             "{addr}: {}",
             head.lines().next().unwrap_or("no HTTP answer")
