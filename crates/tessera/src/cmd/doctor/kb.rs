@@ -20,7 +20,7 @@ use serde::Serialize;
 use tessera_node::health::{XID_TABLE, XidPolicy, xid_info};
 use tessera_node::snapshot::xids_in;
 
-pub use super::kb_data::CODES;
+use super::kb_data::codes;
 
 /// Which library (or the kernel driver, for XIDs) a code belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -220,8 +220,7 @@ pub fn xid_answer(code: u64) -> Answer {
 
 /// Every entry of one domain (or all), XIDs included.
 pub fn list(domain: Option<Domain>) -> Vec<Answer> {
-    let mut out: Vec<Answer> = CODES
-        .iter()
+    let mut out: Vec<Answer> = codes()
         .filter(|c| domain.is_none_or(|d| d == c.domain))
         .map(Code::answer)
         .collect();
@@ -308,8 +307,7 @@ fn by_number(q: &str) -> Result<Option<Vec<Answer>>, QueryError> {
         };
     }
     Ok(Some(
-        CODES
-            .iter()
+        codes()
             .filter(|c| c.domain == domain && c.values.iter().any(|(_, v)| *v == value))
             .map(Code::answer)
             .collect(),
@@ -321,8 +319,7 @@ fn by_name(q: &str) -> Vec<Answer> {
     if q.contains(char::is_whitespace) {
         return Vec::new();
     }
-    CODES
-        .iter()
+    codes()
         .filter(|c| c.matches_name(&normalise(q, c.domain)))
         .map(Code::answer)
         .collect()
@@ -336,7 +333,7 @@ fn scan(line: &str) -> Vec<Answer> {
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| w.len() > 3);
     for w in words {
-        for c in CODES.iter() {
+        for c in codes() {
             // Only full names here: a bare "MEMORY" in a sentence is not a code.
             let full = std::iter::once(c.name)
                 .chain(c.aliases.iter().copied())
@@ -347,7 +344,7 @@ fn scan(line: &str) -> Vec<Answer> {
         }
     }
     if hits.is_empty() {
-        for c in CODES.iter() {
+        for c in codes() {
             let in_context = c.domain.keywords().iter().any(|k| lower.contains(k));
             if in_context && c.messages.iter().any(|m| lower.contains(m)) {
                 hits.push(c);
@@ -511,7 +508,7 @@ mod tests {
     /// (a typo in a number would show up as a collision or a wrong lookup above).
     #[test]
     fn entries_are_complete_and_unique() {
-        for c in CODES.iter() {
+        for c in codes() {
             assert!(!c.values.is_empty(), "{}", c.name);
             assert!(
                 !c.cause.is_empty() && !c.fix.is_empty() && !c.check.is_empty(),
@@ -529,7 +526,7 @@ mod tests {
         }
         for d in Domain::ALL {
             let mut seen = std::collections::BTreeMap::new();
-            for c in CODES.iter().filter(|c| c.domain == d) {
+            for c in codes().filter(|c| c.domain == d) {
                 for (label, v) in c.values {
                     if let Some(other) = seen.insert((*label, *v), c.name) {
                         panic!("{} {label} {v} is both {other} and {}", d.name(), c.name);
