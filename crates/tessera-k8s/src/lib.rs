@@ -22,4 +22,5 @@ pub mod mirror;
 pub mod run;
 pub mod standalone;
 pub mod tls;
+pub mod view;
 pub mod webhook;

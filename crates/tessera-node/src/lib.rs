@@ -15,3 +15,4 @@ pub mod metrics;
 pub mod pods;
 pub mod proto;
 pub mod run;
+pub mod snapshot;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod cmd;
+use tessera::cmd;
 
 /// Tessera: GPU scheduling for Kubernetes — whole GPUs, fractions and MIG,
 /// fragmentation- and topology-aware, with every decision explained.
@@ -31,7 +31,7 @@ enum Command {
     NodeAgent(cmd::node_agent::NodeAgentArgs),
     /// Explain where a pod went and why, or why it is pending.
     Explain(cmd::explain::ExplainArgs),
-    /// Look up a GPU error (XID) and what to do about it.
+    /// Troubleshoot GPUs: explain error codes and log lines, diagnose a pod, snapshot a node.
     Doctor(cmd::doctor::DoctorArgs),
 }
 

@@ -6,10 +6,13 @@ pub mod bench;
 pub mod bench_extender;
 pub mod doctor;
 pub mod explain;
+pub mod kubectl;
 pub mod node_agent;
 pub mod place;
 pub mod scheduler;
 pub mod simulate;
+#[cfg(test)]
+pub mod testkit;
 
 use std::process::ExitCode;
 
