@@ -1,0 +1,309 @@
+//! Watch events into the mirror: Nodes, GpuNodes and Pods as the streams
+//! deliver them, and the holds (bound pods and reservations) they add to or
+//! take from the ledger.
+
+use crate::convert::{self};
+use crate::hostfit::{self, HostAsk};
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use std::collections::HashMap;
+use tessera_api::GpuNode;
+use tessera_core::allocation::{ANNOTATION, Allocation};
+use tessera_core::placement::Placement;
+use tessera_core::request::{GpuAsk, Request};
+
+use super::{Held, Mirror};
+
+/// Whether two versions of a Node place pods alike (see [`Mirror::upsert_node`]).
+fn same_node_for_placement(a: &KubeNode, b: &KubeNode) -> bool {
+    let allocatable = |n: &KubeNode| n.status.as_ref().and_then(|s| s.allocatable.clone());
+    convert::node_facts(a) == convert::node_facts(b) && allocatable(a) == allocatable(b)
+}
+
+/// Whether two versions of a GpuNode place pods alike (see [`Mirror::upsert_inventory`]).
+fn same_inventory_for_placement(a: &GpuNode, b: &GpuNode) -> bool {
+    a.spec == b.spec
+        && a.spec.gpus.iter().all(|g| {
+            a.spec.health_of(g.index, a.status.as_ref())
+                == b.spec.health_of(g.index, b.status.as_ref())
+        })
+}
+
+impl Mirror {
+    /// A Node was added or changed. Only a change to what placement reads
+    /// (labels, taints, cordon, readiness, allocatable) rebuilds the cluster;
+    /// status heartbeats do not.
+    pub fn upsert_node(&mut self, node: KubeNode) {
+        if let Some(name) = node.metadata.name.clone() {
+            let same = self
+                .kube_nodes
+                .get(&name)
+                .is_some_and(|old| same_node_for_placement(old, &node));
+            self.kube_nodes.insert(name, node);
+            self.dirty |= !same;
+        }
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        if self.kube_nodes.remove(name).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    pub fn replace_nodes(&mut self, nodes: impl IntoIterator<Item = KubeNode>) {
+        self.kube_nodes = nodes
+            .into_iter()
+            .filter_map(|n| n.metadata.name.clone().map(|k| (k, n)))
+            .collect();
+        self.dirty = true;
+    }
+
+    /// A GpuNode was added or changed. The agents republish status every
+    /// minute (free memory, timestamps); only a change to the GPUs themselves
+    /// (spec) or to a GPU's health rebuilds the cluster.
+    pub fn upsert_inventory(&mut self, gn: GpuNode) {
+        if let Some(name) = gn.metadata.name.clone() {
+            let same = self
+                .inventory
+                .get(&name)
+                .is_some_and(|old| same_inventory_for_placement(old, &gn));
+            self.inventory.insert(name, gn);
+            self.dirty |= !same;
+        }
+    }
+
+    pub fn remove_inventory(&mut self, name: &str) {
+        if self.inventory.remove(name).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    pub fn replace_inventory(&mut self, items: impl IntoIterator<Item = GpuNode>) {
+        self.inventory = items
+            .into_iter()
+            .filter_map(|n| n.metadata.name.clone().map(|k| (k, n)))
+            .collect();
+        self.dirty = true;
+    }
+
+    /// A pod was added or changed.
+    pub fn upsert_pod(&mut self, pod: Pod) {
+        let uid = convert::pod_uid(&pod).to_string();
+        if uid.is_empty() {
+            return;
+        }
+        if convert::is_terminal(&pod) {
+            self.pods.remove(&uid);
+            self.release(&uid);
+            return;
+        }
+        let node = convert::pod_node(&pod).map(str::to_string);
+        self.pods.insert(uid.clone(), pod);
+        let Some(node) = node else { return };
+        match self.held.get_mut(&uid) {
+            Some(h) if h.node == node => {
+                h.bound = true;
+                h.expires = None;
+            }
+            Some(_) => {
+                // Bound somewhere other than we reserved: the API server wins.
+                self.release(&uid);
+                self.adopt(&uid);
+            }
+            None => self.adopt(&uid),
+        }
+    }
+
+    /// A pod was deleted.
+    pub fn remove_pod(&mut self, uid: &str) {
+        self.pods.remove(uid);
+        self.release(uid);
+    }
+
+    /// Replaces all pods (a relist): holds of pods that vanished are released
+    /// (bound, or accepted by the API), reservations of binds in flight are
+    /// kept until their deadline.
+    pub fn replace_pods(&mut self, pods: impl IntoIterator<Item = Pod>) {
+        let fresh: HashMap<String, Pod> = pods
+            .into_iter()
+            .map(|p| (convert::pod_uid(&p).to_string(), p))
+            .filter(|(u, _)| !u.is_empty())
+            .collect();
+        let gone: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(u, h)| (h.bound || h.expires.is_none()) && !fresh.contains_key(*u))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for u in gone {
+            self.release(&u);
+        }
+        self.pods.clear();
+        let mut uids: Vec<String> = fresh.keys().cloned().collect();
+        uids.sort();
+        let mut fresh = fresh;
+        for u in uids {
+            if let Some(p) = fresh.remove(&u) {
+                self.upsert_pod(p);
+            }
+        }
+    }
+
+    /// Takes up a bound pod found in the API: its signed allocation, or CPU and memory only.
+    pub(super) fn adopt(&mut self, uid: &str) {
+        let Some(pod) = self.pods.get(uid) else {
+            return;
+        };
+        let Some(node) = convert::pod_node(pod).map(str::to_string) else {
+            return;
+        };
+        let key = convert::pod_key(pod);
+        let mut problem = None;
+        let mut request = match convert::pod_request(pod, &self.base_catalog) {
+            Ok(r) => r,
+            Err(e) => {
+                problem = Some(format!("pod {key}: {e}"));
+                Request::default()
+            }
+        };
+        let allocation = match pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION))
+        {
+            // An empty key means a read-only tool (`tessera explain`) that trusts the API's annotations.
+            Some(v) if self.key.is_empty() => Allocation::decode_unverified(v)
+                .map_err(|e| problem = Some(format!("pod {key}: {e}; its GPUs are not counted")))
+                .ok(),
+            Some(v) => match Allocation::decode_verified(v, &self.key, uid, &node) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    problem = Some(format!("pod {key}: {e}; its GPUs are not counted"));
+                    None
+                }
+            },
+            None => None,
+        };
+        if allocation.is_none() {
+            // Bound without our decision (another scheduler, or no GPUs): count host resources only.
+            request.gpu = GpuAsk::None;
+        }
+        let host = hostfit::host_ask(pod).unwrap_or_else(|e| {
+            problem.get_or_insert(format!("pod {key}: {e}"));
+            HostAsk([("pods".to_string(), 1)].into())
+        });
+        self.insert_held(
+            uid.to_string(),
+            Held {
+                pod: key,
+                node,
+                request,
+                allocation,
+                id: None,
+                bound: true,
+                annotation: None,
+                problem,
+                host,
+                expires: None,
+            },
+        );
+        if !self.dirty {
+            self.apply_held(uid);
+        }
+    }
+
+    pub(super) fn apply_held(&mut self, uid: &str) {
+        let Some(h) = self.held.get(uid) else { return };
+        let Some(node) = self.cluster.node_id(&h.node) else {
+            self.node_problems.push(format!(
+                "pod {}: bound to node {} that Tessera does not know",
+                h.pod, h.node
+            ));
+            return;
+        };
+        let placement = match &h.allocation {
+            Some(a) => convert::placement_of(a, &self.cluster, node, &h.request),
+            None => Ok(Placement {
+                node,
+                cpu_milli: h.request.cpu_milli,
+                memory_mib: h.request.memory_mib,
+                ..Placement::default()
+            }),
+        };
+        let result = placement.map_err(|e| e.to_string()).and_then(|p| {
+            self.ledger
+                .apply(&self.cluster, &p)
+                .map_err(|e| e.to_string())
+        });
+        match result {
+            Ok(id) => {
+                if let Some(h) = self.held.get_mut(uid) {
+                    h.id = Some(id);
+                }
+            }
+            Err(e) => {
+                let (pod, node_name, granted) =
+                    (h.pod.clone(), h.node.clone(), h.allocation.is_some());
+                self.node_problems.push(format!("pod {pod}: {e}"));
+                if granted {
+                    // What this pod holds is not in the ledger: the node's GPUs would look free.
+                    self.blocked.entry(node).or_insert_with(|| {
+                        format!("bound pods hold more than its GPUs have (pod {pod}: {e}); nothing more is placed here until they leave")
+                    });
+                    self.host_changed(&node_name);
+                }
+            }
+        }
+    }
+
+    pub(super) fn insert_held(&mut self, uid: String, h: Held) {
+        hostfit::account(
+            self.host_used.entry(h.node.clone()).or_default(),
+            &h.host,
+            true,
+        );
+        self.host_changed(&h.node);
+        if let Some(old) = self.held.insert(uid, h) {
+            self.unaccount(&old);
+        }
+    }
+
+    pub(super) fn unaccount(&mut self, h: &Held) {
+        if let Some(used) = self.host_used.get_mut(&h.node) {
+            hostfit::account(used, &h.host, false);
+        }
+        self.host_changed(&h.node);
+    }
+
+    /// The node's countable resources changed: its cached verdicts are stale
+    /// (they include the host check), whether or not the ledger changed too.
+    pub(super) fn host_changed(&mut self, node: &str) {
+        let Some(id) = self.by_name.get(node).copied() else {
+            return;
+        };
+        for c in self.shapes.values_mut().chain(self.uncached.as_mut()) {
+            if let Some(v) = c.verdicts.get_mut(id.0 as usize) {
+                *v = None;
+            }
+        }
+    }
+
+    pub(super) fn release(&mut self, uid: &str) {
+        if let Some(h) = self.held.remove(uid) {
+            self.unaccount(&h);
+            if let Some(id) = h.id
+                && !self.dirty
+            {
+                let _ = self.ledger.release(id);
+            }
+            // A pod leaving a blocked node may make it consistent: replay everything.
+            if self
+                .cluster
+                .node_id(&h.node)
+                .is_some_and(|n| self.blocked.contains_key(&n))
+            {
+                self.dirty = true;
+            }
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! The cluster mirror: nodes, pods and `GpuNode` inventory as the watch
+//! streams deliver them, with the core cluster, ledger and policy built on top.
+//!
+//! The API server is the only source of truth. Every allocation in the ledger
+//! comes from a bound pod's signed `tessera.io/allocation` annotation (or, for a
+//! bound pod without one, from its CPU and memory requests alone), so a fresh
+//! process that lists the same pods rebuilds the same ledger. The only state of
+//! our own is a reservation between deciding a bind and the watch stream
+//! showing the bound pod; it is dropped if the bind fails.
+//!
+//! Reservations expire: one not confirmed by the API server within
+//! [`RESERVATION_TTL`] is dropped (a caller that went away, a bind whose outcome
+//! is unknown and never showed up in the watch), as kube-scheduler's assume
+//! cache does. One the API accepted is kept until the watch shows the pod.
+//!
+//! A Node or GpuNode change that placement reads (labels, taints, cordon,
+//! readiness, allocatable, the GPUs and their health) renumbers the core
+//! cluster, so it marks the mirror dirty and the next decision rebuilds cluster
+//! and ledger by replaying every held allocation (O(pods), and rare); status
+//! churn (heartbeats, the agents' free-memory figures) is stored without a
+//! rebuild. Pod changes apply to the ledger in place.
+//!
+//! Parts: [`ingest`] (watch events and holds), [`reservations`] (assumed
+//! placements with deadlines), [`verdicts`] (per-shape node judgements for the
+//! extender and the standalone loop); this file holds the state and its reads.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use rustc_hash::FxHashMap;
+use tessera_api::GpuNode;
+use tessera_core::ledger::NodeUse;
+use tessera_core::model::Catalog;
+use tessera_core::request::Request;
+use tessera_core::{Cluster, Ledger, NodeId, Policy};
+
+use tokio::time::Instant;
+
+use crate::convert::{self, NodeFacts};
+use crate::hostfit::{self, HostAsk};
+
+mod ingest;
+mod reservations;
+mod verdicts;
+
+pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};
+use verdicts::ShapeCache;
+pub use verdicts::{FilterOutcome, resolvable};
+
+/// Nodes, pods and inventory, and the core state derived from them.
+pub struct Mirror {
+    key: Vec<u8>,
+    policy: Box<dyn Policy>,
+    base_catalog: Catalog,
+    kube_nodes: BTreeMap<String, KubeNode>,
+    inventory: BTreeMap<String, GpuNode>,
+    pods: HashMap<String, Pod>,
+    held: HashMap<String, Held>,
+    cluster: Cluster,
+    ledger: Ledger,
+    facts: Vec<NodeFacts>,
+    dirty: bool,
+    rng: SmallRng,
+    /// Per request shape, each node's verdict (see [`ShapeCache`]).
+    shapes: HashMap<(Request, HostAsk), ShapeCache>,
+    /// The verdicts of the last request a non-cacheable policy judged.
+    uncached: Option<ShapeCache>,
+    /// Node name to id, for the extender's name lists.
+    by_name: FxHashMap<String, NodeId>,
+    generation: u64,
+    /// Things wrong with nodes, inventory or replays at the last rebuild.
+    node_problems: Vec<String>,
+    /// Per node name, the countable resources the held pods take.
+    host_used: FxHashMap<String, BTreeMap<String, u64>>,
+    /// No unconfirmed reservation expires before this (a scan of the holds is
+    /// skipped until then: they are tens of thousands on a large cluster).
+    next_expiry: Option<Instant>,
+    /// Nodes whose bound pods' grants do not fit their GPUs (two schedulers
+    /// raced, an annotation names a GPU that is gone): nothing more is placed
+    /// there until the next rebuild finds them consistent, since the ledger
+    /// could not count what they hold.
+    blocked: FxHashMap<NodeId, String>,
+}
+
+impl Mirror {
+    /// An empty mirror deciding with `policy` and verifying annotations with `key`.
+    pub fn new(policy: Box<dyn Policy>, key: Vec<u8>) -> Mirror {
+        let cluster = Cluster::default();
+        let ledger = Ledger::new(&cluster);
+        Mirror {
+            key,
+            policy,
+            base_catalog: Catalog::default(),
+            kube_nodes: BTreeMap::new(),
+            inventory: BTreeMap::new(),
+            pods: HashMap::new(),
+            held: HashMap::new(),
+            cluster,
+            ledger,
+            facts: Vec::new(),
+            dirty: false,
+            rng: SmallRng::seed_from_u64(0x7e55e7a),
+            shapes: HashMap::new(),
+            uncached: None,
+            by_name: FxHashMap::default(),
+            generation: 0,
+            node_problems: Vec::new(),
+            host_used: FxHashMap::default(),
+            next_expiry: None,
+            blocked: FxHashMap::default(),
+        }
+    }
+
+    /// A mirror built from complete lists of objects (what a fresh process sees on start).
+    pub fn from_objects(
+        policy: Box<dyn Policy>,
+        key: Vec<u8>,
+        nodes: impl IntoIterator<Item = KubeNode>,
+        inventory: impl IntoIterator<Item = GpuNode>,
+        pods: impl IntoIterator<Item = Pod>,
+    ) -> Mirror {
+        let mut m = Mirror::new(policy, key);
+        m.replace_nodes(nodes);
+        m.replace_inventory(inventory);
+        m.replace_pods(pods);
+        m.refresh();
+        m
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Whether the node's countable resources (pod slots, device-plugin
+    /// resources such as `tessera.io/gpu`) take `ask` besides what is held there.
+    pub fn host_fits(&self, facts: &NodeFacts, ask: &HostAsk) -> Result<(), String> {
+        hostfit::check(&facts.allocatable, self.host_used.get(&facts.name), ask)
+    }
+
+    /// Rebuilds the core cluster and ledger if nodes or inventory changed.
+    pub fn refresh(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        self.dirty = false;
+        self.generation += 1;
+        self.node_problems.clear();
+        let mut catalog = self.base_catalog.clone();
+        let mut nodes = Vec::with_capacity(self.kube_nodes.len());
+        let mut facts = Vec::with_capacity(self.kube_nodes.len());
+        for (name, kn) in &self.kube_nodes {
+            match convert::core_node(kn, self.inventory.get(name), &mut catalog) {
+                Ok(n) => {
+                    nodes.push(n);
+                    facts.push(convert::node_facts(kn));
+                }
+                Err(e) => self.node_problems.push(e.to_string()),
+            }
+        }
+        self.cluster = match Cluster::new(catalog, nodes) {
+            Ok(c) => c,
+            Err(e) => {
+                self.node_problems.push(e.to_string());
+                Cluster::default()
+            }
+        };
+        self.facts = facts;
+        self.by_name = self
+            .cluster
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), NodeId(i as u32)))
+            .collect();
+        self.shapes.clear();
+        self.uncached = None;
+        self.blocked.clear();
+        self.ledger = Ledger::new(&self.cluster);
+        let mut uids: Vec<String> = self.held.keys().cloned().collect();
+        // Replay in a fixed order so equal inputs give equal ledgers.
+        uids.sort_by(|a, b| self.held[a].pod.cmp(&self.held[b].pod).then(a.cmp(b)));
+        for u in uids {
+            if let Some(h) = self.held.get_mut(&u) {
+                h.id = None;
+            }
+            self.apply_held(&u);
+        }
+    }
+
+    // ---- reads ---------------------------------------------------------------------------
+
+    /// How many times the cluster has been rebuilt from the watched objects.
+    pub fn generation(&mut self) -> u64 {
+        self.refresh();
+        self.generation
+    }
+
+    pub fn cluster(&mut self) -> &Cluster {
+        self.refresh();
+        &self.cluster
+    }
+
+    pub fn ledger(&mut self) -> &Ledger {
+        self.refresh();
+        &self.ledger
+    }
+
+    /// Per-node use, by node name (the comparable form of a ledger).
+    pub fn usage(&mut self) -> BTreeMap<String, NodeUse> {
+        self.refresh();
+        self.cluster
+            .nodes()
+            .iter()
+            .zip(self.ledger.nodes())
+            .map(|(n, u)| {
+                let mut u = u.clone();
+                // Class counts are kept in arrival order; sort them so equal holdings compare equal.
+                u.classes.sort_unstable();
+                (n.name.clone(), u)
+            })
+            .collect()
+    }
+
+    pub fn pod(&self, uid: &str) -> Option<&Pod> {
+        self.pods.get(uid)
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values()
+    }
+
+    pub fn held(&self, uid: &str) -> Option<&Held> {
+        self.held.get(uid)
+    }
+
+    pub fn holds(&self) -> impl Iterator<Item = (&String, &Held)> {
+        self.held.iter()
+    }
+
+    pub fn facts(&mut self, id: NodeId) -> &NodeFacts {
+        self.refresh();
+        &self.facts[id.0 as usize]
+    }
+
+    /// Everything wrong with the mirrored objects: nodes and inventory, replays, pods.
+    pub fn problems(&self) -> Vec<String> {
+        let mut v = self.node_problems.clone();
+        let mut pods: Vec<&String> = self
+            .held
+            .values()
+            .filter_map(|h| h.problem.as_ref())
+            .collect();
+        pods.sort();
+        v.extend(pods.into_iter().cloned());
+        v
+    }
+
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// A pod by namespace and name.
+    pub fn pod_by_name(&self, namespace: &str, name: &str) -> Option<&Pod> {
+        self.pods.values().find(|p| {
+            p.metadata.name.as_deref() == Some(name)
+                && p.metadata.namespace.as_deref().unwrap_or("default") == namespace
+        })
+    }
+
+    /// Whether a Kubernetes node of this name is mirrored.
+    pub fn knows_node(&self, name: &str) -> bool {
+        self.kube_nodes.contains_key(name)
+    }
+}
