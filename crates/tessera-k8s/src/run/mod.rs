@@ -1,0 +1,258 @@
+//! Wiring: configuration (raw → validated), the watchers that feed the mirror,
+//! and the servers and loops of one scheduler process. [`run`] stops when its
+//! shutdown future resolves; the binary owns signals, logging and exit codes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use tessera_api::GpuNode;
+use tessera_core::policy::{self, PolicyArgs};
+use tokio::sync::{Notify, watch};
+
+use crate::binder::{Binder, lock};
+use crate::extender::{ExtenderState, ops_router, router};
+use crate::gate::{Kind, SyncGate};
+use crate::leader::{self, Leadership};
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+use crate::standalone::Standalone;
+use crate::tls::{TlsError, TlsListener};
+use crate::webhook::{self};
+
+mod config;
+pub use config::{Config, ConfigError, Mode, RawConfig, WebhookServe};
+
+/// Why the scheduler stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+    #[error(transparent)]
+    Webhook(#[from] TlsError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+}
+
+/// A client from the in-cluster service account or the local kubeconfig.
+pub async fn connect() -> Result<kube::Client, kube::Error> {
+    kube::Client::try_default().await
+}
+
+/// Feeds one kind of object into the mirror until the stream ends (it does not: the watcher retries).
+async fn feed<K, F>(
+    api: Api<K>,
+    mirror: Arc<Mutex<Mirror>>,
+    wake: Arc<Notify>,
+    gate: (SyncGate, Kind),
+    apply: F,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: Fn(&mut Mirror, Change<K>),
+{
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream.into_stream());
+    let mut buffer: Vec<K> = Vec::new();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Init) => buffer.clear(),
+            Ok(Event::InitApply(o)) => buffer.push(o),
+            Ok(Event::InitDone) => {
+                let all = std::mem::take(&mut buffer);
+                apply(&mut lock(&mirror), Change::Replace(all));
+                gate.0.mark(gate.1);
+                wake.notify_one();
+            }
+            Ok(Event::Apply(o)) => {
+                apply(&mut lock(&mirror), Change::Upsert(o));
+                wake.notify_one();
+            }
+            Ok(Event::Delete(o)) => {
+                apply(&mut lock(&mirror), Change::Delete(o));
+                wake.notify_one();
+            }
+            Err(e) => tracing::warn!(error = %e, "watch failed; retrying"),
+        }
+    }
+}
+
+/// One change from a watch stream.
+pub enum Change<K> {
+    Replace(Vec<K>),
+    Upsert(K),
+    Delete(K),
+}
+
+fn slim(mut p: Pod) -> Pod {
+    // Managed fields are large and never read.
+    p.metadata.managed_fields = None;
+    p
+}
+
+/// Runs the scheduler until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    client: kube::Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let policy = policy::by_name(&config.policy, &PolicyArgs::default())
+        .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
+    let mirror = Arc::new(Mutex::new(Mirror::new(policy, config.signing_key.clone())));
+    let metrics = Arc::new(Metrics::new());
+    let wake = Arc::new(Notify::new());
+    let gate = SyncGate::new();
+    let leader = match &config.lease {
+        None => Leadership::always(),
+        Some(_) => Leadership::default(),
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(feed(
+        Api::<Node>::all(client.clone()),
+        mirror.clone(),
+        wake.clone(),
+        (gate.clone(), Kind::Nodes),
+        |m, c| match c {
+            Change::Replace(v) => m.replace_nodes(v),
+            Change::Upsert(n) => m.upsert_node(n),
+            Change::Delete(n) => m.remove_node(n.metadata.name.as_deref().unwrap_or("")),
+        },
+    ));
+    tasks.spawn(feed(
+        Api::<GpuNode>::all(client.clone()),
+        mirror.clone(),
+        wake.clone(),
+        (gate.clone(), Kind::Inventory),
+        |m, c| match c {
+            Change::Replace(v) => m.replace_inventory(v),
+            Change::Upsert(n) => m.upsert_inventory(n),
+            Change::Delete(n) => m.remove_inventory(n.metadata.name.as_deref().unwrap_or("")),
+        },
+    ));
+    tasks.spawn(feed(
+        Api::<Pod>::all(client.clone()),
+        mirror.clone(),
+        wake.clone(),
+        (gate.clone(), Kind::Pods),
+        |m, c| match c {
+            Change::Replace(v) => m.replace_pods(v.into_iter().map(slim)),
+            Change::Upsert(p) => m.upsert_pod(slim(p)),
+            Change::Delete(p) => m.remove_pod(p.metadata.uid.as_deref().unwrap_or("")),
+        },
+    ));
+
+    let binder = Binder::new(client.clone(), mirror.clone(), leader.clone())
+        .with_gate(gate.clone())
+        .with_scheduler_names(config.scheduler_names.clone());
+    let state = ExtenderState {
+        mirror: mirror.clone(),
+        binder: Some(binder.clone()),
+        metrics: metrics.clone(),
+        leader: leader.clone(),
+        gate: gate.clone(),
+        scheduler_names: config.scheduler_names.clone().into(),
+    };
+    let bind = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::Bind { addr, source })
+    };
+    let ops_listener = bind(config.metrics_listen).await?;
+    let verbs_listener = match config.mode {
+        Mode::Extender => Some(bind(config.listen).await?),
+        Mode::Standalone => None,
+    };
+    tracing::info!(extender = ?verbs_listener.as_ref().map(|_| config.listen), metrics = %config.metrics_listen, mode = ?config.mode, policy = %config.policy, "serving");
+    let ops = tokio::spawn(
+        axum::serve(ops_listener, ops_router(state.clone()))
+            .with_graceful_shutdown(stopped())
+            .into_future(),
+    );
+    let http = verbs_listener.map(|l| match config.extender_tls.clone() {
+        None => tokio::spawn(
+            axum::serve(l, router(state))
+                .with_graceful_shutdown(stopped())
+                .into_future(),
+        ),
+        Some(tls) => tokio::spawn(
+            axum::serve(TlsListener::new(l, tls, "extender"), router(state))
+                .with_graceful_shutdown(stopped())
+                .into_future(),
+        ),
+    });
+
+    let hook = config.webhook.clone().map(|w| {
+        tracing::info!(addr = %w.addr, "serving the admission webhook");
+        tokio::spawn(webhook::serve(w.addr, w.tls, w.config, stopped()))
+    });
+
+    let election = config.lease.clone().map(|lease| {
+        let (client, flag, stop) = (client.clone(), leader.clone(), stopped());
+        tokio::spawn(async move { leader::run(client, lease, flag, stop).await })
+    });
+
+    let standalone = (config.mode == Mode::Standalone).then(|| {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: config.scheduler_name.clone(),
+                instance: config.lease.as_ref().map(|l| l.identity.clone()),
+            },
+        );
+        let s = Standalone::new(
+            config.scheduler_name.clone(),
+            mirror.clone(),
+            binder,
+            leader.clone(),
+            metrics.clone(),
+            Some(recorder),
+            wake.clone(),
+        )
+        .with_gate(gate.clone());
+        tokio::spawn(s.run(stopped()))
+    });
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    tasks.abort_all();
+    if let Some(s) = standalone {
+        let _ = s.await;
+    }
+    if let Some(e) = election {
+        match e.await {
+            Ok(r) => r?,
+            Err(e) => tracing::warn!(error = %e, "leader election task failed"),
+        }
+    }
+    if let Some(h) = hook
+        && let Ok(r) = h.await
+    {
+        r?;
+    }
+    for h in http.into_iter().chain([ops]) {
+        match h.await {
+            Ok(r) => r.map_err(RunError::Serve)?,
+            Err(e) => return Err(RunError::Serve(std::io::Error::other(e))),
+        }
+    }
+    Ok(())
+}
