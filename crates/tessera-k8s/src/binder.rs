@@ -13,8 +13,9 @@
 //! concurrent binds can never both take the same GPU share; the API call
 //! happens outside it. What happens to the reservation after the call:
 //! - accepted: kept until the watch shows the pod bound (or deleted);
-//! - refused (409, 404, 422, …): dropped at once;
-//! - unknown (timeout, connection lost, the caller went away mid-call): kept
+//! - refused (a 4xx: 409, 404, 422, …): dropped at once;
+//! - unknown (a 5xx such as 504 Timeout, which the API server may send after
+//!   committing; timeout, connection lost, the caller went away mid-call): kept
 //!   until its deadline, because the write may still have landed; the watch
 //!   settles it either way (see `mirror::RESERVATION_TTL`).
 //!
@@ -69,6 +70,14 @@ pub enum BindError {
     },
     #[error("binding pod {pod} to node {node}: refused by the API server: {message}")]
     Refused {
+        pod: String,
+        node: String,
+        message: String,
+    },
+    #[error(
+        "binding pod {pod} to node {node}: the API server answered {message}; the write may have landed, so its GPUs stay reserved until the watch shows the outcome"
+    )]
+    Unsettled {
         pod: String,
         node: String,
         message: String,
@@ -270,6 +279,15 @@ impl Binder {
                         lock(&self.mirror).mark_accepted(&found);
                         Ok(())
                     }
+                    // Cannot tell whether an earlier write of ours landed: keep it.
+                    Err(e) => Err(BindError::Unsettled {
+                        pod: key,
+                        node: node.to_string(),
+                        message: format!(
+                            "{} (409), and reading the pod back failed: {e}",
+                            s.message
+                        ),
+                    }),
                     _ => {
                         lock(&self.mirror).unreserve(&found);
                         Err(BindError::Refused {
@@ -280,8 +298,17 @@ impl Binder {
                     }
                 }
             }
+            Ok(Err(kube::Error::Api(s))) if s.code >= 500 => {
+                // A 5xx (504 Timeout above all) may come after the write was
+                // committed: freeing the GPUs now could hand them out twice.
+                Err(BindError::Unsettled {
+                    pod: key,
+                    node: node.to_string(),
+                    message: format!("{} ({})", s.message, s.code),
+                })
+            }
             Ok(Err(kube::Error::Api(s))) => {
-                // The server answered: nothing was written.
+                // A 4xx: the server refused; nothing was written.
                 lock(&self.mirror).unreserve(&found);
                 Err(BindError::Refused {
                     pod: key,

@@ -229,7 +229,7 @@ async fn bind_refuses_unknown_nodes_and_nodes_the_pod_may_not_use() {
 }
 
 #[tokio::test]
-async fn a_failed_binding_releases_the_reservation() {
+async fn a_refused_binding_releases_the_reservation() {
     let Some(body) = fixture("bind-request-ExtenderBindingArgs.json") else {
         return;
     };
@@ -237,7 +237,10 @@ async fn a_failed_binding_releases_the_reservation() {
     let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
     let (client, api) = mock_api(|s| {
         if s.path.ends_with("/binding") {
-            (500, status(500, "InternalError", "etcd is unhappy"))
+            (
+                422,
+                status(422, "Invalid", "Binding \"gpu-pod-noext2\" is invalid"),
+            )
         } else {
             ok_api(s)
         }
@@ -246,12 +249,58 @@ async fn a_failed_binding_releases_the_reservation() {
     let err = v["Error"].as_str().unwrap();
     assert!(
         err.contains("binding pod default/gpu-pod-noext2 to node fake-gpu-node-1")
-            && err.contains("etcd is unhappy"),
+            && err.contains("is invalid"),
         "{err}"
     );
     assert_eq!(lock(&m).ledger().allocation_count(), 0);
     drop(m);
     assert_eq!(api.await.unwrap().len(), 1);
+}
+
+/// Found by the crash-restart run (standalone, concurrent binds): a 504 that
+/// the API server sends after committing the Binding freed the pod's GPUs, and
+/// the next decisions handed them out again. A 5xx leaves the outcome unknown.
+#[tokio::test]
+async fn a_server_error_keeps_the_reservation_since_the_write_may_have_landed() {
+    let Some(body) = fixture("bind-request-ExtenderBindingArgs.json") else {
+        return;
+    };
+    for (code, reason, message) in [
+        (
+            504,
+            "Timeout",
+            "Timeout: request did not complete within requested timeout - context deadline exceeded",
+        ),
+        (500, "InternalError", "etcd is unhappy"),
+    ] {
+        let (nodes, inv) = fixture_cluster();
+        let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+        let (client, api) = mock_api(move |s| {
+            if s.path.ends_with("/binding") {
+                (code, status(code, reason, message))
+            } else {
+                ok_api(s)
+            }
+        });
+        let (_, v) = call(
+            router(state(m.clone(), Some(client))),
+            "/bind",
+            body.clone(),
+        )
+        .await;
+        let err = v["Error"].as_str().unwrap();
+        assert!(
+            err.contains(message) && err.contains("stay reserved"),
+            "{code}: {err}"
+        );
+        {
+            let mut mm = lock(&m);
+            assert_eq!(mm.ledger().allocation_count(), 1, "{code}: GPUs kept");
+            assert!(mm.held(UID).is_some_and(|h| !h.bound));
+        }
+        drop(m);
+        assert_eq!(api.await.unwrap().len(), 1);
+    }
 }
 
 #[tokio::test]
