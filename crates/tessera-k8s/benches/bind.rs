@@ -1,10 +1,15 @@
 //! Bind throughput against the API-server double over TCP (issue 10).
 //!
 //! `cargo bench -p tessera-k8s --bench bind` runs Tessera (`run::run`, as the
-//! binary runs it) against the double served on loopback with a per-request
-//! latency, its kube client on kube-rs's real connection stack, and reports
-//! per mode and pod count: binds per second, the most Binding POSTs in flight
-//! at once, TCP connections Tessera opened, and API requests by kind.
+//! binary runs it) against the double served on loopback over TLS (HTTP/2 and
+//! HTTP/1.1 offered by ALPN, as kube-apiserver does) with a per-request
+//! latency, and reports per client, mode and pod count: binds per second, the
+//! most Binding POSTs in flight at once, TCP connections Tessera opened, and
+//! API requests by kind.
+//!
+//! Clients (`TESSERA_BENCH_CLIENTS`, default `tessera,kube`): `tessera` is
+//! what the binary uses ([`tessera_k8s::client`], HTTP/2); `kube` is kube-rs's
+//! own (`kube::Client::try_from`, HTTP/1.1 only), what Tessera used before.
 //!
 //! - `standalone`: Tessera places pods of its own schedulerName.
 //! - `extender`: a kube-scheduler stand-in runs one scheduling cycle at a time
@@ -197,7 +202,14 @@ struct Outcome {
     requests: String,
 }
 
-async fn one_run(mode: &str, arrival: &str, pods: usize, nodes: usize, key: &Path) -> Outcome {
+async fn one_run(
+    client_kind: &str,
+    mode: &str,
+    arrival: &str,
+    pods: usize,
+    nodes: usize,
+    key: &Path,
+) -> Outcome {
     let server = ApiServer::new(Config {
         latency: latency(),
         seed: 1,
@@ -215,8 +227,11 @@ async fn one_run(mode: &str, arrival: &str, pods: usize, nodes: usize, key: &Pat
             let _ = arrive_tx.send(stored);
         }
     }
-    let listening = server.listen().await;
-    let client = listening.client();
+    let listening = server.listen_tls().await;
+    let client = match client_kind {
+        "kube" => listening.client(),
+        _ => tessera_k8s::client::from_config(listening.kube_config()).expect("a client"),
+    };
     let config = RawConfig {
         mode: Some(mode.into()),
         listen: Some(format!("127.0.0.1:{}", free_port())),
@@ -308,27 +323,29 @@ fn main() {
     let nodes: usize = env("TESSERA_BENCH_NODES", "300").parse().unwrap_or(300);
     let (lo, hi) = latency();
     println!(
-        "bind bench: {nodes} nodes x 8 GPUs, API latency {:.1}-{:.1} ms per request, double over TCP",
+        "bind bench: {nodes} nodes x 8 GPUs, API latency {:.1}-{:.1} ms per request, double over TLS (ALPN h2, http/1.1)",
         lo.as_secs_f64() * 1e3,
         hi.as_secs_f64() * 1e3
     );
     println!(
-        "{:<11} {:<8} {:>6} {:>7} {:>9} {:>10} {:>12} {:>6}  requests",
-        "mode", "arrival", "pods", "bound", "secs", "binds/s", "max in flight", "conns"
+        "{:<8} {:<11} {:<8} {:>6} {:>7} {:>9} {:>10} {:>13} {:>6}  requests",
+        "client", "mode", "arrival", "pods", "bound", "secs", "binds/s", "max in flight", "conns"
     );
     for pods in list::<usize>("TESSERA_BENCH_PODS", "500,5000") {
         for mode in list::<String>("TESSERA_BENCH_MODES", "standalone,extender") {
             for arrival in list::<String>("TESSERA_BENCH_ARRIVALS", "backlog,stream") {
-                let o = rt.block_on(one_run(&mode, &arrival, pods, nodes, &key));
-                let secs = o.elapsed.as_secs_f64();
-                println!(
-                    "{mode:<11} {arrival:<8} {pods:>6} {:>7} {secs:>9.2} {:>10.0} {:>12} {:>6}  {}",
-                    o.bound,
-                    o.bound as f64 / secs.max(1e-9),
-                    o.max_binds,
-                    o.connections,
-                    o.requests
-                );
+                for client in list::<String>("TESSERA_BENCH_CLIENTS", "tessera,kube") {
+                    let o = rt.block_on(one_run(&client, &mode, &arrival, pods, nodes, &key));
+                    let secs = o.elapsed.as_secs_f64();
+                    println!(
+                        "{client:<8} {mode:<11} {arrival:<8} {pods:>6} {:>7} {secs:>9.2} {:>10.0} {:>13} {:>6}  {}",
+                        o.bound,
+                        o.bound as f64 / secs.max(1e-9),
+                        o.max_binds,
+                        o.connections,
+                        o.requests
+                    );
+                }
             }
         }
     }

@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod binder;
+pub mod client;
 pub mod convert;
 pub mod events;
 pub mod explain;

@@ -45,9 +45,10 @@ pub enum RunError {
     Leader(#[from] leader::LeaderError),
 }
 
-/// A client from the in-cluster service account or the local kubeconfig.
+/// A client from the in-cluster service account or the local kubeconfig
+/// (HTTP/2 where the API server offers it, see [`crate::client`]).
 pub async fn connect() -> Result<kube::Client, kube::Error> {
-    kube::Client::try_default().await
+    crate::client::connect().await
 }
 
 /// Feeds one kind of object into the mirror until the stream ends (it does not: the watcher retries).

@@ -1,7 +1,9 @@
 //! The double over TCP, for clients that should use their real connection
-//! stack (kube-rs's hyper pool) rather than the in-process service: every
-//! request runs on one session, exactly as [`ApiService`] serves it, and the
-//! listener counts the TCP connections clients open.
+//! stack (hyper's pool) rather than the in-process service: every request
+//! runs on one session, exactly as [`ApiService`] serves it, and the listener
+//! counts the TCP connections clients open. Plain HTTP/1.1, or TLS with a
+//! certificate made at start offering HTTP/2 and HTTP/1.1 by ALPN, as
+//! kube-apiserver does.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,6 +24,8 @@ use super::{ApiServer, Session};
 /// The double listening on a loopback port.
 pub struct Listening {
     pub addr: SocketAddr,
+    /// The server certificate (DER) when serving TLS.
+    pub ca: Option<Vec<u8>>,
     /// TCP connections accepted so far.
     pub connections: Arc<AtomicU64>,
     pub session: Session,
@@ -29,13 +33,20 @@ pub struct Listening {
 }
 
 impl Listening {
-    /// A kube client that reaches the double over TCP (plain HTTP), built as
-    /// `kube::Client::try_default` builds one.
-    pub fn client(&self) -> kube::Client {
-        let url = format!("http://{}", self.addr)
+    /// The kube configuration that reaches the double (trusting its certificate).
+    pub fn kube_config(&self) -> kube::Config {
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", self.addr)
             .parse()
             .expect("a loopback URL");
-        kube::Client::try_from(kube::Config::new(url)).expect("a kube client")
+        let mut config = kube::Config::new(url);
+        config.root_cert = self.ca.clone().map(|c| vec![c]);
+        config
+    }
+
+    /// kube-rs's own client (HTTP/1.1 only), as `kube::Client::try_default` builds it.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.kube_config()).expect("a kube client")
     }
 
     pub fn connections(&self) -> u64 {
@@ -76,9 +87,63 @@ impl axum::serve::Listener for Counting {
     }
 }
 
+/// [`Counting`] with a TLS handshake (ALPN `h2`, `http/1.1`) per connection.
+struct CountingTls {
+    inner: Counting,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for CountingTls {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, SocketAddr) {
+        loop {
+            let (stream, addr) = self.inner.accept().await;
+            if let Ok(tls) = self.acceptor.accept(stream).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A self-signed certificate for 127.0.0.1 and a server configuration offering
+/// HTTP/2 and HTTP/1.1.
+fn tls_config() -> (Vec<u8>, Arc<rustls::ServerConfig>) {
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+        .expect("a certificate");
+    let cert = ck.cert.der().clone();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
+        ck.signing_key.serialize_der(),
+    ));
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.clone()], key)
+    .expect("server configuration");
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (cert.to_vec(), Arc::new(config))
+}
+
 impl ApiServer {
-    /// Serves the double on 127.0.0.1 (a free port) until the handle drops.
+    /// Serves the double on 127.0.0.1 (a free port), plain HTTP/1.1, until the handle drops.
     pub async fn listen(&self) -> Listening {
+        self.listen_on(false).await
+    }
+
+    /// Serves the double over TLS with HTTP/2 (ALPN) until the handle drops.
+    pub async fn listen_tls(&self) -> Listening {
+        self.listen_on(true).await
+    }
+
+    async fn listen_on(&self, tls: bool) -> Listening {
         let tcp = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
@@ -104,11 +169,25 @@ impl ApiServer {
             tcp,
             connections: connections.clone(),
         };
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (ca, task) = if tls {
+            let (cert, config) = tls_config();
+            let listener = CountingTls {
+                inner: listener,
+                acceptor: tokio_rustls::TlsAcceptor::from(config),
+            };
+            let task = tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+            (Some(cert), task)
+        } else {
+            let task = tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+            (None, task)
+        };
         Listening {
             addr,
+            ca,
             connections,
             session,
             task,
