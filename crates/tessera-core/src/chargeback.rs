@@ -188,6 +188,11 @@ impl Meter {
         &mut self.buckets[last]
     }
 
+    /// The holding in force and since when.
+    pub fn last(&self) -> Option<(u64, &Holding)> {
+        self.last.as_ref().map(|(t, h)| (*t, h))
+    }
+
     /// GPU time since the meter started, milli-GPU × ms per account.
     pub fn totals(&self) -> &BTreeMap<Account, u64> {
         &self.totals

@@ -1,0 +1,293 @@
+//! The web view in a real browser: the scheduler's ops surface (`ops_router`)
+//! served on a socket over a mirror of a mock cluster, loaded by headless
+//! Chromium; assertions on the DOM. Also the UI's JSON routes without a browser.
+
+mod browser;
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use tessera_api::{GpuHealth, GpuNode};
+use tessera_core::allocation::ANNOTATION;
+use tessera_k8s::extender::ops_router;
+use tessera_k8s::mirror::{Mirror, Reservation};
+
+use browser::Browser;
+use common::{gpu_node, kube_node, pod};
+
+/// `nodes` nodes: even ones 8 × A100-80GB, odd ones 4 × L4. GPU 1 of node 3 is unhealthy.
+fn cluster(nodes: usize) -> (Vec<k8s_openapi::api::core::v1::Node>, Vec<GpuNode>) {
+    let mut kn = Vec::new();
+    let mut gn = Vec::new();
+    for i in 0..nodes {
+        let name = format!("node-{i:05}");
+        kn.push(kube_node(&name, "64", "512Gi"));
+        let mut g = if i % 2 == 0 {
+            gpu_node(&name, "A100-80GB", 81_920, 8)
+        } else {
+            gpu_node(&name, "L4", 23_034, 4)
+        };
+        if i == 3 {
+            g.spec.gpus[1].health = GpuHealth::Unhealthy;
+        }
+        gn.push(g);
+    }
+    (kn, gn)
+}
+
+/// Reserves `p` on `node` and shows it bound, as the watch would after the bind.
+fn place(m: &mut Mirror, mut p: Pod, node: &str) -> bool {
+    let Ok(Reservation::Write { annotation }) = m.reserve(&p, node) else {
+        return false;
+    };
+    if let Some(a) = annotation {
+        p.metadata.annotations = Some([(ANNOTATION.to_string(), a)].into());
+    }
+    p.spec.as_mut().expect("spec").node_name = Some(node.to_string());
+    m.upsert_pod(p);
+    true
+}
+
+/// Fills about `fill` of the GPUs with whole GPUs and halves, in three namespaces.
+fn fill(m: &mut Mirror, nodes: usize, fill: f64) -> usize {
+    let namespaces = ["ml-train", "cv-infer", "nlp"];
+    let mut placed = 0;
+    let target = (nodes as f64 * 6.0 * fill) as usize;
+    let mut k = 0usize;
+    while placed < target && k < target * 3 {
+        let node = format!("node-{:05}", (k * 7) % nodes);
+        let ns = namespaces[k % 3];
+        let res: &[(&str, &str)] = if k % 3 == 1 {
+            &[("tessera.io/gpu-milli", "500")]
+        } else {
+            &[("tessera.io/gpu", "1")]
+        };
+        let p = pod(ns, &format!("job-{k}"), &format!("uid-{k}"), res);
+        if place(m, p, &node) {
+            placed += 1;
+        }
+        k += 1;
+    }
+    placed
+}
+
+fn pending_with_condition(name: &str, message: &str) -> Pod {
+    let mut p = pod(
+        "ml-train",
+        name,
+        &format!("uid-{name}"),
+        &[("tessera.io/gpu", "2")],
+    );
+    p.status = Some(PodStatus {
+        phase: Some("Pending".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some(message.into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    p
+}
+
+struct Served {
+    base: String,
+    mirror: Arc<Mutex<Mirror>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(nodes: usize, fill_ratio: f64) -> Served {
+    let (kn, gn) = cluster(nodes);
+    let mirror = common::mirror("tessera", kn, gn, vec![]);
+    {
+        let mut m = mirror.lock().unwrap();
+        let placed = fill(&mut m, nodes, fill_ratio);
+        assert!(placed > nodes, "the fill placed only {placed} pods");
+        // Never fits: no node has 16 GPUs; its reason is Tessera's explanation.
+        m.upsert_pod(pod("nlp", "huge", "uid-huge", &[("tessera.io/gpu", "16")]));
+        // kube-scheduler's own word wins where it wrote one.
+        m.upsert_pod(pending_with_condition(
+            "waiting",
+            "0/200 nodes are available: 200 Insufficient tessera.io/gpu.",
+        ));
+    }
+    let app = ops_router(common::state(mirror.clone(), None));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    Served {
+        base: format!("http://{addr}"),
+        mirror,
+        server,
+    }
+}
+
+/// Size of the body at `url` (plain HTTP/1.0 GET on a socket, as a browser would fetch it).
+fn fetch(url: &str) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("http URL");
+    let (host, path) = rest.split_once('/').map_or((rest, "/"), |(h, p)| (h, p));
+    let mut s = std::net::TcpStream::connect(host).expect("connect");
+    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let at = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("HTTP header end");
+    all.split_off(at + 4)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
+    let Some(mut b) = Browser::launch() else {
+        return;
+    };
+    let s = serve(200, 0.6).await;
+    b.open(&format!("{}/ui", s.base), 1400, 1000);
+    b.wait_for(
+        "document.querySelectorAll('.tile').length === 200",
+        "200 tiles",
+    );
+    // Node 3's GPU 1 is unhealthy; nobody else's is.
+    assert_eq!(b.eval("document.querySelectorAll('.gpu.bad').length"), 1);
+    assert_eq!(
+        b.eval("document.querySelectorAll('.tile[data-node=\"node-00003\"] .gpu.bad').length"),
+        1
+    );
+    // Tenants are drawn, coloured by namespace.
+    let cv = b.eval("document.querySelectorAll('.gpu i[data-ns=\"cv-infer\"]').length");
+    assert!(
+        cv.as_u64().unwrap_or(0) > 0,
+        "no cv-infer shares drawn: {cv}"
+    );
+    // Pending pods with their reasons: Tessera's explanation, and the scheduler's message.
+    let huge = b.wait_for(
+        "document.querySelector('#pending li[data-pod=\"nlp/huge\"] .reason')?.textContent",
+        "the pending pod nlp/huge",
+    );
+    assert!(
+        huge.as_str().unwrap().contains("fewer than 16 GPUs"),
+        "reason: {huge}"
+    );
+    let waiting = b.eval(
+        "document.querySelector('#pending li[data-pod=\"ml-train/waiting\"] .reason')?.textContent",
+    );
+    assert_eq!(
+        waiting,
+        "0/200 nodes are available: 200 Insufficient tessera.io/gpu."
+    );
+
+    // A change in the cluster reaches the open page over server-sent events.
+    let live = "document.querySelectorAll('.tile[data-node=\"node-00198\"] i[data-ns=\"live-team\"]').length";
+    assert_eq!(b.eval(live), 0);
+    {
+        let mut m = s.mirror.lock().unwrap();
+        assert!(place(
+            &mut m,
+            pod(
+                "live-team",
+                "new",
+                "uid-new",
+                &[("tessera.io/gpu-milli", "250")]
+            ),
+            "node-00198"
+        ));
+        m.remove_pod("uid-huge");
+    }
+    b.wait_for(live, "the new live-team share on node-00198");
+    b.wait_for(
+        "!document.querySelector('#pending li[data-pod=\"nlp/huge\"]')",
+        "nlp/huge leaving the pending list",
+    );
+    assert!(
+        b.eval("window.tessera.frames").as_u64().unwrap_or(0) >= 2,
+        "the update came as a new frame"
+    );
+
+    // Search by GPU UUID highlights the node and the GPU.
+    b.eval("(() => { const q = document.getElementById('q'); q.value = 'GPU-node-00042-5'; q.dispatchEvent(new Event('input')); })()");
+    b.wait_for(
+        "document.querySelector('.tile.hit')?.dataset.node",
+        "a search hit",
+    );
+    assert_eq!(
+        b.eval("[...document.querySelectorAll('.tile.hit')].map(t => t.dataset.node)"),
+        serde_json::json!(["node-00042"])
+    );
+    assert_eq!(
+        b.eval("document.querySelector('.tile.hit .gpu.hit')?.dataset.gpu"),
+        "5"
+    );
+    s.server.abort();
+}
+
+/// The 1,000-node screenshot and the figures: page weight and time to first
+/// paint. Run by hand: `cargo test -p tessera-k8s --test ui -- --ignored`
+/// (`TESSERA_UI_SCREENSHOT` names the PNG; default: the temp directory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes a screenshot; run by hand"]
+async fn mosaic_at_1000_nodes_screenshot_and_figures() {
+    let Some(mut b) = Browser::launch() else {
+        return;
+    };
+    let s = serve(1000, 0.7).await;
+    let mut weight = 0usize;
+    for path in ["ui/", "ui/app.js", "ui/app.css", "ui/snapshot"] {
+        let n = fetch(&format!("{}/{path}", s.base)).len();
+        println!("page weight: /{path} {n} bytes");
+        weight += n;
+    }
+    println!("page weight: total {weight} bytes (uncompressed)");
+    let started = Instant::now();
+    b.open(&format!("{}/ui/", s.base), 1600, 1200);
+    b.wait_for(
+        "document.querySelectorAll('.tile').length === 1000 && window.tessera.firstMosaicMs",
+        "1000 tiles",
+    );
+    println!(
+        "mosaic visible {} ms after navigation start (in-page), {:?} wall incl. browser start-up; paint entries: {}",
+        b.eval("Math.round(window.tessera.firstMosaicMs)"),
+        started.elapsed(),
+        b.eval("JSON.stringify(performance.getEntriesByType('paint').map(e => [e.name, Math.round(e.startTime)]))")
+    );
+    let out = std::env::var_os("TESSERA_UI_SCREENSHOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("tessera-ui-1000.png"));
+    b.screenshot(&out);
+    println!("screenshot: {}", out.display());
+    s.server.abort();
+}
+
+/// The JSON behind the page, without a browser: a full frame, search and chargeback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_find_and_chargeback_answer_json() {
+    let s = serve(200, 0.3).await;
+    let snap: serde_json::Value =
+        serde_json::from_slice(&fetch(&format!("{}/ui/snapshot", s.base))).unwrap();
+    assert_eq!(snap["nodes"].as_array().unwrap().len(), 200);
+    assert_eq!(snap["sum"]["unhealthyGpus"], 1);
+    // 100 nodes × 8 + 100 × 4 GPUs, one unhealthy.
+    assert_eq!(snap["sum"]["gpus"], 1200);
+    assert_eq!(snap["sum"]["capacityMilli"], 1199 * 1000);
+    let found: serde_json::Value =
+        serde_json::from_slice(&fetch(&format!("{}/ui/find?q=gpu-node-00007-2", s.base))).unwrap();
+    assert_eq!(found[0]["node"], "node-00007");
+    assert_eq!(found[0]["gpu"], 2);
+    let usage: serde_json::Value =
+        serde_json::from_slice(&fetch(&format!("{}/chargeback", s.base))).unwrap();
+    assert_eq!(usage["bucketSeconds"], 300);
+    let bad = fetch(&format!("{}/chargeback?from=yesterday", s.base));
+    assert!(
+        String::from_utf8_lossy(&bad).contains("unix seconds"),
+        "{}",
+        String::from_utf8_lossy(&bad)
+    );
+    s.server.abort();
+}
