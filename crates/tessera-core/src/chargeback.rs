@@ -79,6 +79,7 @@ impl Holding {
 
 /// Per model: allocated and capacity integrals, milli-GPU × ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ModelLoad {
     pub allocated_milli_ms: u64,
     pub capacity_milli_ms: u64,

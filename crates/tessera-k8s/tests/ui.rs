@@ -291,3 +291,45 @@ async fn snapshot_find_and_chargeback_answer_json() {
     );
     s.server.abort();
 }
+
+/// The scheduler's accounting integrates what the mirror holds between ticks:
+/// GPU-seconds per namespace and mode equal Σ grant × time held, in the meter,
+/// on `/chargeback` and in the Prometheus counters alike.
+#[test]
+fn accounting_charges_each_grant_for_the_time_it_was_held() {
+    use tessera_core::chargeback::{Account, Mode};
+    let (kn, gn) = cluster(4);
+    let mirror = common::mirror("tessera", kn, gn, vec![]);
+    let metrics = Arc::new(tessera_k8s::metrics::Metrics::new());
+    let o = tessera_k8s::ui::Observer::new(mirror.clone(), metrics.clone());
+    let t0 = 1_700_000_000_000u64;
+    o.observe(t0);
+    {
+        let mut m = mirror.lock().unwrap();
+        assert!(place(&mut m, pod("ml", "a", "uid-a", &[("tessera.io/gpu", "2")]), "node-00000"));
+        assert!(place(&mut m, pod("cv", "b", "uid-b", &[("tessera.io/gpu-milli", "300")]), "node-00001"));
+    }
+    o.observe(t0 + 10_000);
+    mirror.lock().unwrap().remove_pod("uid-a");
+    o.observe(t0 + 25_000);
+    o.observe(t0 + 40_000);
+    // ml: 2 GPUs × 15 s = 30 GPU-s; cv: 0.3 GPU × 30 s = 9 GPU-s (in milli × ms: × 10⁶).
+    let totals = o.with_meter(|m| m.totals().clone());
+    let acct = |ns: &str, model: &str, mode| Account {
+        namespace: ns.into(),
+        model: model.into(),
+        mode,
+    };
+    assert_eq!(totals[&acct("ml", "A100-80GB", Mode::Whole)], 2000 * 15_000);
+    assert_eq!(totals[&acct("cv", "L4", Mode::Share)], 300 * 30_000);
+    assert_eq!(totals.len(), 2);
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains(r#"tessera_gpu_seconds_total{namespace="ml",model="A100-80GB",mode="whole"} 30.0"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"tessera_gpu_seconds_total{namespace="cv",model="L4",mode="share"} 9.0"#),
+        "{text}"
+    );
+}
