@@ -29,19 +29,9 @@ use crate::mirror::Mirror;
 /// healthy capacity of every model. A reservation whose bind is still in
 /// flight is not charged: its pod is not running yet.
 pub fn holding(mirror: &mut Mirror) -> Holding {
-    // Owned copies first: the cluster is only lent by a `&mut` borrow.
-    let bound: Vec<(String, String, Vec<(u32, u32, bool)>)> = mirror
-        .holds()
-        .filter(|(_, h)| h.bound)
-        .filter_map(|(_, h)| {
-            let alloc = h.allocation.as_ref()?;
-            let grants = alloc
-                .gpus
-                .iter()
-                .map(|g| (g.index, g.cores_milli, g.mig.is_some()))
-                .collect();
-            Some((h.node.clone(), h.pod.clone(), grants))
-        })
+    let bound: Vec<HeldGrants> = held_grants(mirror)
+        .into_iter()
+        .filter(|h| h.bound)
         .collect();
     let cluster = mirror.cluster();
     let mut h = Holding::default();
@@ -54,27 +44,68 @@ pub fn holding(mirror: &mut Mirror) -> Holding {
             }
         }
     }
-    for (node_name, pod, grants) in &bound {
-        let Some(node) = cluster.node_id(node_name) else {
+    for held in &bound {
+        let Some(node) = cluster.node_id(&held.node) else {
             continue;
         };
         let gpus = &cluster.node(node).gpus;
-        let namespace = pod.split_once('/').map_or("", |(ns, _)| ns);
-        for &(index, milli, mig) in grants {
-            let Some(gpu) = gpus.iter().find(|x| x.index == index) else {
+        let namespace = held.pod.split_once('/').map_or("", |(ns, _)| ns);
+        for g in &held.gpus {
+            let Some(gpu) = gpus.iter().find(|x| x.index == g.index) else {
                 continue;
             };
             h.add(
                 Account {
                     namespace: namespace.to_string(),
                     model: cluster.catalog.spec(gpu.model).name.clone(),
-                    mode: Mode::of_grant(milli, mig),
+                    mode: Mode::of_grant(g.cores_milli, g.mig_profile.is_some()),
                 },
-                u64::from(milli),
+                u64::from(g.cores_milli),
             );
         }
     }
     h
+}
+
+/// A held pod's GPU grants, copied out of the mirror (whose cluster is only
+/// lent through a `&mut` borrow, so holds and cluster cannot be read together).
+pub(crate) struct HeldGrants {
+    pub node: String,
+    /// `namespace/name`.
+    pub pod: String,
+    pub bound: bool,
+    pub gpus: Vec<HeldGpu>,
+}
+
+pub(crate) struct HeldGpu {
+    /// NVML index.
+    pub index: u32,
+    pub cores_milli: u32,
+    pub mig_profile: Option<String>,
+}
+
+/// Every hold with a GPU allocation.
+pub(crate) fn held_grants(mirror: &Mirror) -> Vec<HeldGrants> {
+    mirror
+        .holds()
+        .filter_map(|(_, h)| {
+            let alloc = h.allocation.as_ref()?;
+            Some(HeldGrants {
+                node: h.node.clone(),
+                pod: h.pod.clone(),
+                bound: h.bound,
+                gpus: alloc
+                    .gpus
+                    .iter()
+                    .map(|g| HeldGpu {
+                        index: g.index,
+                        cores_milli: g.cores_milli,
+                        mig_profile: g.mig.as_ref().map(|m| m.profile.clone()),
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
 }
 
 /// The answer of `GET /chargeback`.

@@ -306,8 +306,16 @@ fn accounting_charges_each_grant_for_the_time_it_was_held() {
     o.observe(t0);
     {
         let mut m = mirror.lock().unwrap();
-        assert!(place(&mut m, pod("ml", "a", "uid-a", &[("tessera.io/gpu", "2")]), "node-00000"));
-        assert!(place(&mut m, pod("cv", "b", "uid-b", &[("tessera.io/gpu-milli", "300")]), "node-00001"));
+        assert!(place(
+            &mut m,
+            pod("ml", "a", "uid-a", &[("tessera.io/gpu", "2")]),
+            "node-00000"
+        ));
+        assert!(place(
+            &mut m,
+            pod("cv", "b", "uid-b", &[("tessera.io/gpu-milli", "300")]),
+            "node-00001"
+        ));
     }
     o.observe(t0 + 10_000);
     mirror.lock().unwrap().remove_pod("uid-a");
@@ -325,11 +333,56 @@ fn accounting_charges_each_grant_for_the_time_it_was_held() {
     assert_eq!(totals.len(), 2);
     let text = metrics.encode().unwrap();
     assert!(
-        text.contains(r#"tessera_gpu_seconds_total{namespace="ml",model="A100-80GB",mode="whole"} 30.0"#),
+        text.contains(
+            r#"tessera_gpu_seconds_total{namespace="ml",model="A100-80GB",mode="whole"} 30.0"#
+        ),
         "{text}"
     );
     assert!(
         text.contains(r#"tessera_gpu_seconds_total{namespace="cv",model="L4",mode="share"} 9.0"#),
         "{text}"
     );
+}
+
+/// The offline page (the simulator's fill snapshot) renders from the frame
+/// embedded in it, with no server: opened from a file.
+#[test]
+fn the_offline_snapshot_renders_from_a_file() {
+    let Some(mut b) = Browser::launch() else {
+        return;
+    };
+    let (kn, gn) = cluster(30);
+    let mirror = common::mirror("tessera", kn, gn, vec![]);
+    let mut m = mirror.lock().unwrap();
+    fill(&mut m, 30, 0.5);
+    let names: std::collections::HashMap<tessera_core::AllocId, (String, String)> = m
+        .holds()
+        .filter_map(|(_, h)| {
+            let id = h.id?;
+            let (ns, pod) = h.pod.split_once('/')?;
+            Some((id, (ns.to_string(), pod.to_string())))
+        })
+        .collect();
+    let page = tessera_k8s::ui::ledger_page(
+        &m.cluster().clone(),
+        &m.ledger().clone(),
+        |id| names.get(&id).cloned().unwrap_or_default(),
+        "fill </script> at 100 %",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mosaic.html");
+    std::fs::write(&path, page).unwrap();
+    b.open(&format!("file://{}", path.display()), 1200, 800);
+    b.wait_for(
+        "document.querySelectorAll('.tile').length === 30",
+        "30 tiles",
+    );
+    assert!(
+        b.eval("document.querySelectorAll('.gpu i[data-ns=\"nlp\"]').length")
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+    );
+    // Escaped in the HTML, so the title is the text itself and the page intact.
+    assert_eq!(b.eval("document.title"), "fill </script> at 100 %");
 }

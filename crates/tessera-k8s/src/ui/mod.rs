@@ -103,13 +103,59 @@ pub fn offline_page(frame_json: &str, title: &str) -> String {
     // `</` would end the script element early.
     let data = frame_json.replace("</", "<\\/");
     let head = format!(
-        "<style>{APP_CSS}</style>\n<script>window.TESSERA_SNAPSHOT = {data};</script>\n<script defer>{}</script>",
+        "<style>{APP_CSS}</style>\n<script>window.TESSERA_SNAPSHOT = {data};</script>\n<script>{}</script>",
         APP_JS.replace("</", "<\\/")
     );
     INDEX.replace("<!--HEAD-->", &head).replace(
         "<title>Tessera · GPU mosaic</title>",
         &format!("<title>{}</title>", html_escape(title)),
     )
+}
+
+/// A self-contained mosaic page of a core cluster and ledger (the simulator's
+/// fill snapshot); each allocation's group (shown as its namespace) and pod
+/// name come from `label`.
+pub fn ledger_page(
+    cluster: &tessera_core::Cluster,
+    ledger: &tessera_core::Ledger,
+    label: impl Fn(tessera_core::AllocId) -> (String, String),
+    title: &str,
+) -> String {
+    let (mut namespaces, mut models) = (mosaic::Names::default(), mosaic::Names::default());
+    let workload = tessera_core::frag::TargetWorkload::builtin();
+    let tiles = mosaic::from_ledger(
+        cluster,
+        ledger,
+        label,
+        &mut namespaces,
+        &mut models,
+        &workload,
+    );
+    let healthy = tiles
+        .iter()
+        .flat_map(|t| &t.gpus)
+        .filter(|c| c.flags & mosaic::UNHEALTHY == 0)
+        .count() as u64;
+    let frame = observer::Frame {
+        v: 1,
+        t: 0,
+        ns: Some(&namespaces.table),
+        models: Some(&models.table),
+        nodes: tiles.iter().collect(),
+        gone: Vec::new(),
+        pending: &[],
+        sum: observer::Summary {
+            nodes: tiles.len(),
+            gpus: tiles.iter().map(|t| t.gpus.len()).sum(),
+            unhealthy_gpus: tiles.iter().map(|t| t.gpus.len()).sum::<usize>() - healthy as usize,
+            allocated_milli: ledger.used_milli(),
+            capacity_milli: healthy * 1000,
+            frag_milli: tiles.iter().map(|t| u64::from(t.frag_milli)).sum(),
+            pending: 0,
+        },
+        series: Vec::new(),
+    };
+    offline_page(&serde_json::to_string(&frame).unwrap_or_default(), title)
 }
 
 fn html_escape(s: &str) -> String {

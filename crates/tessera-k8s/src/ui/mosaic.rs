@@ -184,22 +184,7 @@ pub fn from_mirror(
     let ready: Vec<bool> = (0..mirror.cluster().len())
         .map(|i| mirror.facts(tessera_core::NodeId(i as u32)).ready)
         .collect();
-    // Owned copies first: the cluster is only lent by a `&mut` borrow.
-    let held: Vec<(String, String, Vec<(u32, u32, String)>)> = mirror
-        .holds()
-        .filter_map(|(_, h)| {
-            let alloc = h.allocation.as_ref()?;
-            let grants = alloc
-                .gpus
-                .iter()
-                .map(|g| {
-                    let profile = g.mig.as_ref().map_or(String::new(), |m| m.profile.clone());
-                    (g.index, g.cores_milli, profile)
-                })
-                .collect();
-            Some((h.node.clone(), h.pod.clone(), grants))
-        })
-        .collect();
+    let held = crate::accounting::held_grants(mirror);
     let mut by_name = mirror.usage();
     let cluster = mirror.cluster();
     let owned: Vec<Option<NodeUse>> = cluster
@@ -209,14 +194,14 @@ pub fn from_mirror(
         .collect();
     let usage: Vec<Option<&NodeUse>> = owned.iter().map(Option::as_ref).collect();
     let mut tenants = Vec::new();
-    for (node_name, key, grants) in &held {
-        let Some(node) = cluster.node_id(node_name) else {
+    for h in &held {
+        let Some(node) = cluster.node_id(&h.node) else {
             continue;
         };
         let gpus = &cluster.node(node).gpus;
-        let (namespace, pod) = key.split_once('/').unwrap_or(("", key));
-        for (index, milli, profile) in grants {
-            let Some(pos) = gpus.iter().position(|x| x.index == *index) else {
+        let (namespace, pod) = h.pod.split_once('/').unwrap_or(("", &h.pod));
+        for g in &h.gpus {
+            let Some(pos) = gpus.iter().position(|x| x.index == g.index) else {
                 continue;
             };
             tenants.push(Tenant {
@@ -224,8 +209,8 @@ pub fn from_mirror(
                 gpu: pos,
                 namespace,
                 pod,
-                milli: *milli,
-                mig_profile: profile,
+                milli: g.cores_milli,
+                mig_profile: g.mig_profile.as_deref().unwrap_or(""),
             });
         }
     }
@@ -250,48 +235,50 @@ pub fn from_ledger(
     models: &mut Names,
     workload: &TargetWorkload,
 ) -> Vec<Tile> {
-    let labels: Vec<(usize, usize, (String, String), u32, String)> = ledger
-        .allocations()
-        .flat_map(|(id, p)| {
-            let l = label(id);
-            let node = cluster.node(p.node);
-            p.grants
-                .iter()
-                .map(|g| {
-                    let profile = g
-                        .mig
-                        .as_ref()
-                        .and_then(|m| {
-                            let model = node.gpus.get(usize::from(g.gpu))?.model;
-                            let geo = cluster.catalog.spec(model).mig.as_ref()?;
-                            Some(geo.profiles.get(usize::from(m.profile))?.name.clone())
-                        })
-                        .unwrap_or_default();
-                    (
-                        p.node.0 as usize,
-                        usize::from(g.gpu),
-                        l.clone(),
-                        g.cores_milli,
-                        profile,
-                    )
+    struct Placed {
+        node: usize,
+        gpu: usize,
+        group: String,
+        pod: String,
+        milli: u32,
+        profile: String,
+    }
+    let mut placed = Vec::new();
+    for (id, p) in ledger.allocations() {
+        let (group, pod) = label(id);
+        let node = cluster.node(p.node);
+        for g in &p.grants {
+            let profile = g
+                .mig
+                .as_ref()
+                .and_then(|m| {
+                    let model = node.gpus.get(usize::from(g.gpu))?.model;
+                    let geo = cluster.catalog.spec(model).mig.as_ref()?;
+                    Some(geo.profiles.get(usize::from(m.profile))?.name.clone())
                 })
-                .collect::<Vec<_>>()
-        })
-        .collect();
+                .unwrap_or_default();
+            placed.push(Placed {
+                node: p.node.0 as usize,
+                gpu: usize::from(g.gpu),
+                group: group.clone(),
+                pod: pod.clone(),
+                milli: g.cores_milli,
+                profile,
+            });
+        }
+    }
     let usage: Vec<Option<&NodeUse>> = ledger.nodes().iter().map(Some).collect();
     tiles(
         cluster,
         &usage,
-        labels
-            .iter()
-            .map(|(node, gpu, (ns, pod), milli, prof)| Tenant {
-                node: *node,
-                gpu: *gpu,
-                namespace: ns,
-                pod,
-                milli: *milli,
-                mig_profile: prof,
-            }),
+        placed.iter().map(|p| Tenant {
+            node: p.node,
+            gpu: p.gpu,
+            namespace: &p.group,
+            pod: &p.pod,
+            milli: p.milli,
+            mig_profile: &p.profile,
+        }),
         |_| true,
         namespaces,
         models,

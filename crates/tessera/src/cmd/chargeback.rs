@@ -85,7 +85,9 @@ pub fn run(args: ChargebackArgs) -> anyhow::Result<ExitCode> {
         (None, None) => 0,
     };
     if from >= to {
-        return bad_input(format!("the range is empty: from {from} is not before to {to}"));
+        return bad_input(format!(
+            "the range is empty: from {from} is not before to {to}"
+        ));
     }
     let mut prices = match &args.prices {
         None => PriceTable::default(),
@@ -154,7 +156,8 @@ fn render(bill: &Bill, output: &str) -> String {
     if output == "json" {
         return serde_json::to_string_pretty(bill).unwrap_or_default() + "\n";
     }
-    let mut s = String::from("namespace,model,mode,gpu_seconds,gpu_hours,list_cost,cost,currency\n");
+    let mut s =
+        String::from("namespace,model,mode,gpu_seconds,gpu_hours,list_cost,cost,currency\n");
     for l in &bill.lines {
         s.push_str(&format!(
             "{},{},{},{:.3},{:.6},{:.6},{:.6},{}\n",
@@ -195,7 +198,10 @@ fn parse_duration(s: &str) -> Result<u64, String> {
         .parse()
         .map_err(|e| format!("{s:?} is not a duration like 24h or 7d: {e}"))?;
     let secs = span
-        .total((jiff::Unit::Second, jiff::SpanRelativeTo::days_are_24_hours()))
+        .total((
+            jiff::Unit::Second,
+            jiff::SpanRelativeTo::days_are_24_hours(),
+        ))
         .map_err(|e| format!("{s:?}: {e}"))?;
     if secs <= 0.0 {
         return Err(format!("{s:?} must be positive"));
@@ -220,12 +226,14 @@ fn fetch_usage(url: &str, from: u64, to: u64) -> Result<Usage, String> {
     } else {
         format!("/{prefix}/chargeback?from={from}&to={to}")
     };
-    let mut s = std::net::TcpStream::connect(host).map_err(|e| format!("connecting to {host}: {e}"))?;
+    let mut s =
+        std::net::TcpStream::connect(host).map_err(|e| format!("connecting to {host}: {e}"))?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .map_err(|e| e.to_string())?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").map_err(|e| format!("{host}: {e}"))?;
     let mut all = Vec::new();
-    s.read_to_end(&mut all).map_err(|e| format!("reading from {host}: {e}"))?;
+    s.read_to_end(&mut all)
+        .map_err(|e| format!("reading from {host}: {e}"))?;
     let at = all
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -304,8 +312,10 @@ mod tests {
 
     #[test]
     fn ranges_take_whole_buckets_and_dynamic_prices_follow_utilisation() {
-        let mut prices = PriceTable::default();
-        prices.dynamic = Some(DynamicPrice::default());
+        let prices = PriceTable {
+            dynamic: Some(DynamicPrice::default()),
+            ..PriceTable::default()
+        };
         // Only the first bucket (1200): A100s at 50 % → factor 0.5 + 0.5 × 0.5 / 0.6.
         let first = bill_for(1200, 1500, &prices);
         assert_eq!(first.len(), 1);
@@ -321,7 +331,11 @@ mod tests {
     fn bad_times_and_price_tables_are_named() {
         assert_eq!(parse_time("1700000000"), Ok(1_700_000_000));
         assert_eq!(parse_time("2023-11-14T22:13:20Z"), Ok(1_700_000_000));
-        assert!(parse_time("yesterday").unwrap_err().contains("\"yesterday\""));
+        assert!(
+            parse_time("yesterday")
+                .unwrap_err()
+                .contains("\"yesterday\"")
+        );
         assert_eq!(parse_duration("7d"), Ok(7 * 86_400));
         assert_eq!(parse_duration("1h30m"), Ok(5_400));
         let dir = tempfile::tempdir().unwrap();

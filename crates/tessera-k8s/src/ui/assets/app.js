@@ -3,7 +3,7 @@
 // Offline (the simulator's snapshot): window.TESSERA_SNAPSHOT holds one full frame.
 // Plain DOM, no libraries: 1,000 tiles are one innerHTML write.
 "use strict";
-(function () {
+function tesseraStart() {
   const $ = (id) => document.getElementById(id);
   const st = { ns: [], models: [], tiles: new Map(), order: [], pending: [], series: [], sum: {}, v: 0 };
   window.tessera = { firstMosaicMs: null, frames: 0, state: st };
@@ -190,6 +190,7 @@
   if (window.TESSERA_SNAPSHOT) {
     $("conn").className = "conn offline";
     $("conn").title = "snapshot (offline)";
+    document.querySelectorAll(".live-only").forEach((e) => { e.hidden = true; });
     apply(window.TESSERA_SNAPSHOT, true);
     return;
   }
@@ -197,4 +198,7 @@
   es.addEventListener("full", (e) => { $("conn").className = "conn live"; apply(JSON.parse(e.data), true); });
   es.addEventListener("delta", (e) => apply(JSON.parse(e.data), false));
   es.onerror = () => { $("conn").className = "conn"; };
-})();
+}
+// Inline in the offline snapshot, the script runs before the body exists.
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", tesseraStart);
+else tesseraStart();
