@@ -257,6 +257,14 @@ async fn mosaic_at_1000_nodes_screenshot_and_figures() {
         started.elapsed(),
         b.eval("JSON.stringify(performance.getEntriesByType('paint').map(e => [e.name, Math.round(e.startTime)]))")
     );
+    // What one tick costs the scheduler (the mirror is locked meanwhile).
+    let o = tessera_k8s::ui::Observer::new(
+        s.mirror.clone(),
+        Arc::new(tessera_k8s::metrics::Metrics::new()),
+    );
+    let tick = Instant::now();
+    o.observe(1_700_000_000_000);
+    println!("one observer tick at 1000 nodes: {:?}", tick.elapsed());
     let out = std::env::var_os("TESSERA_UI_SCREENSHOT")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("tessera-ui-1000.png"));

@@ -61,7 +61,7 @@ pub fn router(mirror: Arc<Mutex<Mirror>>, metrics: Arc<Metrics>) -> Router {
 /// The routes over an existing observer (tests drive its ticks themselves).
 pub fn router_with(observer: Arc<Observer>) -> Router {
     Router::new()
-        .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
+        .route("/ui", get(|| async { Redirect::permanent("ui/") }))
         .route("/ui/", get(index))
         .route(
             "/ui/app.js",
