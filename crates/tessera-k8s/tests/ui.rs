@@ -394,3 +394,43 @@ fn the_offline_snapshot_renders_from_a_file() {
     // Escaped in the HTML, so the title is the text itself and the page intact.
     assert_eq!(b.eval("document.title"), "fill </script> at 100 %");
 }
+
+/// A tick's delta carries only the tiles that changed (and the pending list
+/// and summary), so a 1,000-node page is not resent on every change.
+#[test]
+fn a_delta_carries_only_the_changed_tiles() {
+    let (kn, gn) = cluster(50);
+    let mirror = common::mirror("tessera", kn, gn, vec![]);
+    let o = tessera_k8s::ui::Observer::new(
+        mirror.clone(),
+        Arc::new(tessera_k8s::metrics::Metrics::new()),
+    );
+    o.observe(1_000);
+    let mut rx = o.subscribe();
+    assert!(place(
+        &mut mirror.lock().unwrap(),
+        pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]),
+        "node-00017"
+    ));
+    o.observe(3_000);
+    let (seq, delta) = rx.try_recv().expect("a delta per tick");
+    let delta: serde_json::Value = serde_json::from_str(&delta).unwrap();
+    let names: Vec<&str> = delta["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["n"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["node-00017"]);
+    assert_eq!(delta["sum"]["allocatedMilli"], 1000);
+    // The full frame of the same tick has every tile and the same sequence number.
+    let (full_seq, full) = o.full();
+    assert_eq!(full_seq, seq);
+    let full: serde_json::Value = serde_json::from_str(&full).unwrap();
+    assert_eq!(full["nodes"].as_array().unwrap().len(), 50);
+    // Nothing changed: an empty delta.
+    o.observe(5_000);
+    let (_, quiet) = rx.try_recv().unwrap();
+    let quiet: serde_json::Value = serde_json::from_str(&quiet).unwrap();
+    assert_eq!(quiet["nodes"].as_array().unwrap().len(), 0);
+}

@@ -286,3 +286,63 @@ pub fn from_ledger(
     )
     .0
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use tessera_api::GpuNode;
+    use tessera_core::policy::{PolicyArgs, by_name};
+
+    use super::*;
+    use crate::mirror::Reservation;
+
+    /// A MIG GPU, an unhealthy GPU and a plain one: the flags, and a MIG
+    /// tenant's share named by its profile.
+    #[test]
+    fn cells_carry_health_mig_and_the_tenants_profile() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
+        }))
+        .unwrap();
+        let inv: GpuNode = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"nodeName": "a", "gpus": [
+                {"index": 0, "uuid": "GPU-0", "model": "A100-80GB", "memoryMiB": 81920,
+                 "mig": {"enabled": true, "instances": [
+                     {"profile": "3g.40gb", "start": 4, "size": 4, "uuid": "MIG-1"}]}},
+                {"index": 1, "uuid": "GPU-1", "model": "A100-80GB", "memoryMiB": 81920,
+                 "health": "Unhealthy"},
+                {"index": 2, "uuid": "GPU-2", "model": "A100-80GB", "memoryMiB": 81920}
+            ]}
+        }))
+        .unwrap();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "uid-p"},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "requests": {"tessera.io/mig-3g.40gb": "1"}}}]}
+        }))
+        .unwrap();
+        let policy = by_name("tessera", &PolicyArgs::default()).unwrap();
+        let mut m = Mirror::from_objects(policy, b"k".to_vec(), vec![node], vec![inv], vec![]);
+        assert!(matches!(
+            m.reserve(&pod, "a"),
+            Ok(Reservation::Write { .. })
+        ));
+        let (mut ns, mut models) = (Names::default(), Names::default());
+        let (tiles, uuids) = from_mirror(&mut m, &mut ns, &mut models, &TargetWorkload::builtin());
+        assert_eq!(uuids, vec![vec!["GPU-0", "GPU-1", "GPU-2"]]);
+        let cells = &tiles[0].gpus;
+        assert_eq!(cells[0].flags, MIG);
+        assert_eq!(cells[1].flags, UNHEALTHY);
+        assert_eq!(cells[2].flags, 0);
+        // 3 of 7 compute slices: 3000 / 7 = 428 milli-GPU.
+        assert_eq!(
+            cells[0].shares,
+            vec![Share(0, 428, "p".into(), "3g.40gb".into())]
+        );
+        assert_eq!(ns.table, vec!["ml"]);
+        assert_eq!(models.table, vec!["A100-80GB"]);
+        assert!(cells[1].shares.is_empty() && cells[2].shares.is_empty());
+    }
+}

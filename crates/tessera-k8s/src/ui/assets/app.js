@@ -9,8 +9,17 @@ function tesseraStart() {
   window.tessera = { firstMosaicMs: null, frames: 0, state: st };
 
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
-  const hue = (i) => (i * 137.508) % 360;
-  const colour = (i) => `hsl(${hue(i).toFixed(0)},62%,52%)`;
+  // A namespace keeps its colour across reloads and restarts: the hue is a hash of its name.
+  const hues = new Map();
+  function colour(i) {
+    const name = st.ns[i] || "";
+    if (!hues.has(name)) {
+      let h = 2166136261;
+      for (let k = 0; k < name.length; k++) h = Math.imul(h ^ name.charCodeAt(k), 16777619);
+      hues.set(name, ((h >>> 0) % 360));
+    }
+    return `hsl(${hues.get(name)},62%,50%)`;
+  }
 
   function cellHtml(t, i, c) {
     const flags = c.x || 0;
