@@ -327,6 +327,60 @@ mod tests {
         assert!((ml.cost - hours * 2.0).abs() < 1e-12);
     }
 
+    /// One HTTP answer from a loopback socket; the request line it got.
+    fn answer_once(status: &str, body: String) -> (String, std::thread::JoinHandle<String>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let status = status.to_string();
+        let h = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut req = [0u8; 1024];
+            let n = s.read(&mut req).unwrap();
+            let line = String::from_utf8_lossy(&req[..n])
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string();
+            write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            line
+        });
+        (url, h)
+    }
+
+    #[test]
+    fn reads_the_range_from_the_ops_port_and_reports_its_errors() {
+        let (url, h) = answer_once("200 OK", usage_json());
+        let u = fetch_usage(&url, 1200, 1800).unwrap();
+        assert_eq!(
+            h.join().unwrap(),
+            "GET /chargeback?from=1200&to=1800 HTTP/1.0"
+        );
+        assert_eq!(u.buckets.len(), 2);
+        let (url, h) = answer_once(
+            "400 Bad Request",
+            "chargeback: from (5) must be before to (1)\n".into(),
+        );
+        let e = fetch_usage(&format!("{url}/tessera/"), 5, 1).unwrap_err();
+        assert_eq!(
+            h.join().unwrap(),
+            "GET /tessera/chargeback?from=5&to=1 HTTP/1.0"
+        );
+        assert!(
+            e.ends_with("400: chargeback: from (5) must be before to (1)"),
+            "{e}"
+        );
+        assert!(
+            fetch_usage("https://x", 0, 1)
+                .unwrap_err()
+                .contains("only http://")
+        );
+    }
+
     #[test]
     fn bad_times_and_price_tables_are_named() {
         assert_eq!(parse_time("1700000000"), Ok(1_700_000_000));
