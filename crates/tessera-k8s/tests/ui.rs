@@ -134,7 +134,8 @@ fn fetch(url: &str) -> Vec<u8> {
     let rest = url.strip_prefix("http://").expect("http URL");
     let (host, path) = rest.split_once('/').map_or((rest, "/"), |(h, p)| (h, p));
     let mut s = std::net::TcpStream::connect(host).expect("connect");
-    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    s.write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .unwrap();
     let mut all = Vec::new();
     s.read_to_end(&mut all).unwrap();
     let at = all

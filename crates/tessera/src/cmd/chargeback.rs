@@ -230,7 +230,9 @@ fn fetch_usage(url: &str, from: u64, to: u64) -> Result<Usage, String> {
         std::net::TcpStream::connect(host).map_err(|e| format!("connecting to {host}: {e}"))?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").map_err(|e| format!("{host}: {e}"))?;
+    // One write: a request split over segments can meet a server that answers after the first.
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .map_err(|e| format!("{host}: {e}"))?;
     let mut all = Vec::new();
     s.read_to_end(&mut all)
         .map_err(|e| format!("reading from {host}: {e}"))?;
@@ -334,9 +336,17 @@ mod tests {
         let status = status.to_string();
         let h = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            let mut req = [0u8; 1024];
-            let n = s.read(&mut req).unwrap();
-            let line = String::from_utf8_lossy(&req[..n])
+            // The whole request, so that closing the socket does not reset it.
+            let mut req = Vec::new();
+            let mut buf = [0u8; 256];
+            while !req.ends_with(b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                req.extend_from_slice(&buf[..n]);
+            }
+            let line = String::from_utf8_lossy(&req)
                 .lines()
                 .next()
                 .unwrap_or("")
