@@ -161,7 +161,9 @@ impl Observer {
             loop {
                 every.tick().await;
                 let Some(o) = weak.upgrade() else { return };
-                o.observe(unix_ms());
+                // Milliseconds of work under the mirror's lock at 1,000 nodes:
+                // off the async workers that answer the extender's calls.
+                let _ = tokio::task::spawn_blocking(move || o.observe(unix_ms())).await;
             }
         });
     }
