@@ -4,10 +4,11 @@
 //! use, the shared fit filter, the placement policies (one file each), the
 //! scheduler that ranks nodes with them, fragmentation as FGD defines it,
 //! explanations, and the allocation annotation that the scheduler and the node
-//! agent share. No async, no I/O, no clock: state and request in, values out.
+//! agent share, and the chargeback meter. No async, no I/O, no clock: state and request in, values out.
 //! A test (`tests/purity.rs`) keeps it that way.
 
 pub mod allocation;
+pub mod chargeback;
 pub mod containers;
 pub mod explain;
 pub mod fit;

@@ -5,9 +5,11 @@
 //! from the API server's pod annotations. On top of it: the kube-scheduler
 //! extender ([`extender`]), the standalone scheduler ([`standalone`]), the
 //! [`binder`] that writes decisions, leader election ([`leader`]), the
-//! admission [`webhook`] and [`metrics`]. [`run`] wires them together and stops
+//! admission [`webhook`], [`metrics`], the web view [`ui`] and the GPU
+//! [`accounting`] behind chargeback. [`run`] wires them together and stops
 //! when its shutdown future resolves; only the binary owns signals.
 
+pub mod accounting;
 pub mod bench;
 pub mod binder;
 pub mod client;
@@ -23,5 +25,6 @@ pub mod mirror;
 pub mod run;
 pub mod standalone;
 pub mod tls;
+pub mod ui;
 pub mod view;
 pub mod webhook;

@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -39,6 +40,8 @@ pub struct Metrics {
     election_errors: Gauge,
     synced: Gauge,
     workload: TargetWorkload,
+    gpu_seconds: Family<Labels, Counter<f64, AtomicU64>>,
+    gpu_capacity_seconds: Family<Labels, Counter<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -104,7 +107,21 @@ impl Metrics {
             "1 once nodes, GpuNodes and pods have been listed (nothing is decided before)",
             synced.clone(),
         );
+        let gpu_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        let gpu_capacity_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "gpu_seconds",
+            "GPU time held by bound pods, in GPU-seconds (a share: its fraction of the GPU's compute; a MIG instance: its share of the compute slices), per namespace, model and mode (whole, share, mig)",
+            gpu_seconds.clone(),
+        );
+        registry.register(
+            "gpu_capacity_seconds",
+            "Healthy GPU time offered, in GPU-seconds, per model (utilisation = gpu_seconds / gpu_capacity_seconds)",
+            gpu_capacity_seconds.clone(),
+        );
         Metrics {
+            gpu_seconds,
+            gpu_capacity_seconds,
             registry,
             leader,
             election_errors,
@@ -198,6 +215,31 @@ impl Metrics {
                 .set(frag);
         }
         self.cluster_fragmentation.set(total);
+    }
+
+    /// Adds what the chargeback meter just charged (milli-GPU × ms per
+    /// account) and the capacity offered over the same interval.
+    pub fn add_gpu_time(
+        &self,
+        charged: &std::collections::BTreeMap<tessera_core::chargeback::Account, u64>,
+        capacity_milli: &std::collections::BTreeMap<String, u64>,
+        interval_ms: u64,
+    ) {
+        use tessera_core::chargeback::MILLI_MS_PER_GPU_SECOND;
+        for (a, &milli_ms) in charged {
+            self.gpu_seconds
+                .get_or_create(&vec![
+                    ("namespace".to_string(), a.namespace.clone()),
+                    ("model".to_string(), a.model.clone()),
+                    ("mode".to_string(), a.mode.name().to_string()),
+                ])
+                .inc_by(milli_ms as f64 / MILLI_MS_PER_GPU_SECOND);
+        }
+        for (model, &milli) in capacity_milli {
+            self.gpu_capacity_seconds
+                .get_or_create(&vec![("model".to_string(), model.clone())])
+                .inc_by((milli * interval_ms) as f64 / MILLI_MS_PER_GPU_SECOND);
+        }
     }
 
     /// The OpenMetrics text exposition.

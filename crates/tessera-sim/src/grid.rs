@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tessera_core::model::Cluster;
 
+use crate::experiment::cost::ReplayCost;
 use crate::experiment::fill::{FillConfig, FillError, FillResult, run_fill};
 use crate::experiment::replay::{
     ReplayError, ReplayInput, ReplayOptions, ReplayResult, SustainableLoad, prepare, run_replay,
@@ -207,6 +208,19 @@ pub struct Comparison {
     pub policy_alloc_share_pct: f64,
     /// policy / baseline sustainable time-scale (`None` without a search).
     pub sustainable_ratio: Option<f64>,
+    /// Mean cost of the runs (see [`crate::experiment::cost`]), GPU-hours.
+    pub baseline_cost: ReplayCost,
+    pub policy_cost: ReplayCost,
+}
+
+fn mean_cost(runs: &[&ReplayResult]) -> ReplayCost {
+    let m = |f: fn(&ReplayCost) -> f64| mean(runs.iter().map(|r| f(&r.cost)));
+    ReplayCost {
+        billed_gpu_hours: m(|c| c.billed_gpu_hours),
+        billed_dynamic: m(|c| c.billed_dynamic),
+        occupied_gpu_hours: m(|c| c.occupied_gpu_hours),
+        powered_gpu_hours: m(|c| c.powered_gpu_hours),
+    }
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> f64 {
@@ -325,6 +339,8 @@ pub fn replay_grid(
                 policy_util_pct: mean(runs_p.iter().map(|r| r.util_mean_pct)),
                 baseline_alloc_share_pct: mean(base.iter().map(|r| r.alloc_share_mean_pct)),
                 policy_alloc_share_pct: mean(runs_p.iter().map(|r| r.alloc_share_mean_pct)),
+                baseline_cost: mean_cost(&base),
+                policy_cost: mean_cost(&runs_p),
                 sustainable_ratio: match (sus(0), sus(p)) {
                     (Some(b), Some(q)) if b > 0.0 => Some(q / b),
                     _ => None,

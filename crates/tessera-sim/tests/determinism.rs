@@ -47,6 +47,7 @@ fn report_json(threads: usize, synthetic_seed: u64) -> String {
         replay_plan: Some(plan),
         replay: Some(replay),
         notes: vec![],
+        mosaic: None,
     };
     report::json::render(&r)
 }

@@ -30,6 +30,7 @@ fn fill(w: &str, p: &str, un: f64) -> FillSummary {
 
 fn replay(p: &str, delay: f64) -> ReplayResult {
     ReplayResult {
+        cost: Default::default(),
         workload: "default".into(),
         policy: p.into(),
         seed: 42,
@@ -107,9 +108,12 @@ fn sample() -> Report {
                 baseline_alloc_share_pct: 50.0,
                 policy_alloc_share_pct: 45.0,
                 sustainable_ratio: None,
+                baseline_cost: Default::default(),
+                policy_cost: Default::default(),
             }],
         }),
         notes: vec!["a <note>".into()],
+        mosaic: None,
     }
 }
 

@@ -33,6 +33,8 @@ enum Command {
     Explain(cmd::explain::ExplainArgs),
     /// Troubleshoot GPUs: explain error codes and log lines, diagnose a pod, snapshot a node.
     Doctor(cmd::doctor::DoctorArgs),
+    /// Bill GPU time per namespace, model and mode for a time range (CSV or JSON).
+    Chargeback(cmd::chargeback::ChargebackArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::NodeAgent(a) => cmd::node_agent::run(a),
         Command::Explain(a) => cmd::explain::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
+        Command::Chargeback(a) => cmd::chargeback::run(a),
     };
     match result {
         Ok(code) => code,

@@ -83,11 +83,12 @@ pub fn router(state: ExtenderState) -> Router {
         .with_state(state)
 }
 
-/// Health, readiness and metrics only: what is served on the pod's network
-/// address, while the extender's verbs stay on loopback for the kube-scheduler
-/// in the same pod.
+/// Health, readiness, metrics, the web view and chargeback ([`crate::ui`]):
+/// what is served on the pod's network address, while the extender's verbs
+/// stay on loopback for the kube-scheduler in the same pod.
 pub fn ops_router(state: ExtenderState) -> Router {
-    ops_routes().with_state(state)
+    let ui = crate::ui::router(state.mirror.clone(), state.metrics.clone());
+    ops_routes().with_state(state).merge(ui)
 }
 
 fn ops_routes() -> Router<ExtenderState> {

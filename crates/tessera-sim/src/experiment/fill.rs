@@ -193,25 +193,33 @@ pub fn run_fill(
         cluster,
         pods,
         policy_name,
-        |workload| {
-            if policy_name == "tessera" {
-                // Tessera measures fragmentation against every pod shape of the trace
-                // (not only the 95 % most frequent) and knows the cluster's GPU models.
-                let all_shapes = Arc::new(typical_pods(pods, 1.0));
-                return Ok(Box::new(Tessera::for_cluster(
-                    all_shapes,
-                    TesseraParams::default(),
-                    cluster,
-                )));
-            }
-            let args = PolicyArgs {
-                workload: Some(workload),
-            };
-            policy::by_name(policy_name, &args)
-        },
+        |workload| fill_policy(cluster, pods, policy_name, workload),
         seed,
         config,
     )
+}
+
+/// The policy [`run_fill`] uses for `policy_name`.
+pub fn fill_policy(
+    cluster: &Cluster,
+    pods: &[TracePod],
+    policy_name: &str,
+    workload: Arc<TargetWorkload>,
+) -> Result<Box<dyn Policy>, UnknownPolicy> {
+    if policy_name == "tessera" {
+        // Tessera measures fragmentation against every pod shape of the trace
+        // (not only the 95 % most frequent) and knows the cluster's GPU models.
+        let all_shapes = Arc::new(typical_pods(pods, 1.0));
+        return Ok(Box::new(Tessera::for_cluster(
+            all_shapes,
+            TesseraParams::default(),
+            cluster,
+        )));
+    }
+    let args = PolicyArgs {
+        workload: Some(workload),
+    };
+    policy::by_name(policy_name, &args)
 }
 
 /// [`run_fill`] with a policy built by `make_policy` from the trace's typical pods

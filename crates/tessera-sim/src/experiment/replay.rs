@@ -48,6 +48,7 @@ use tessera_core::model::{Cluster, NodeId};
 use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
 use tessera_core::request::Request;
 
+use super::cost::{CostMeter, ReplayCost, occupancy};
 use crate::trace::TracePod;
 
 /// A pod as the replay sees it.
@@ -273,6 +274,8 @@ pub struct ReplayResult {
     pub alloc_share_peak_pct: f64,
     pub queue_peak: usize,
     pub series: Vec<SeriesPoint>,
+    /// GPU-hours billed, occupied and powered over the whole run (see [`super::cost`]).
+    pub cost: ReplayCost,
     /// `[delay_s, fraction of placed pods with delay ≤ delay_s]`.
     pub delay_cdf: Vec<(u64, f64)>,
 }
@@ -305,6 +308,7 @@ struct Engine<'a> {
     rejected: usize,
     completed: usize,
     completed_in_window: usize,
+    cost: CostMeter,
 }
 
 impl Engine<'_> {
@@ -373,8 +377,11 @@ impl Engine<'_> {
         {
             Some(p) => {
                 let before = self.held_on(p.node);
+                let occupied = occupancy(&self.ledger, p.node);
                 let id = self.ledger.apply(self.cluster, &p)?;
                 self.held_gpus = self.held_gpus + self.held_on(p.node) - before;
+                let now = occupancy(&self.ledger, p.node);
+                self.cost.change(self.cluster, &p, 1, occupied, now);
                 self.failed_at[s] = None;
                 self.delays.push(t - self.arrival[i as usize]);
                 self.push(t + pod.run_s, Event::Depart(id.0));
@@ -481,6 +488,7 @@ pub fn run_replay(
         rejected: 0,
         completed: 0,
         completed_in_window: 0,
+        cost: CostMeter::new(cluster),
     };
     for i in 0..arrival_len {
         let t = e.arrival[i];
@@ -515,6 +523,7 @@ pub fn run_replay(
             next_sample += step;
         }
         last_t = t;
+        e.cost.advance(t);
         while let Some(&Reverse((tt, _, ev))) = e.heap.peek() {
             if tt != t {
                 break;
@@ -536,8 +545,11 @@ pub fn run_replay(
                         .map(|p| p.node)
                         .ok_or(LedgerError::UnknownAllocation(AllocId(id)))?;
                     let before = e.held_on(node);
-                    e.ledger.release(AllocId(id))?;
+                    let occupied = occupancy(&e.ledger, node);
+                    let p = e.ledger.release(AllocId(id))?;
                     e.held_gpus = e.held_gpus + e.held_on(node) - before;
+                    let now = occupancy(&e.ledger, node);
+                    e.cost.change(cluster, &p, -1, occupied, now);
                     e.completed += 1;
                     if t <= window_s {
                         e.completed_in_window += 1;
@@ -594,7 +606,9 @@ pub fn run_replay(
     } else {
         (util_peak, held_peak)
     };
+    let cost = std::mem::replace(&mut e.cost, CostMeter::new(cluster)).finish(last_t);
     Ok(ReplayResult {
+        cost,
         workload: workload_name.to_string(),
         policy: policy_name.to_string(),
         seed,

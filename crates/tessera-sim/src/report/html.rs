@@ -353,6 +353,13 @@ pub fn render(report: &Report) -> String {
 }
 
 fn fill_section(out: &mut String, report: &Report) {
+    if let Some(href) = &report.mosaic {
+        let _ = write!(
+            out,
+            "<p><a href=\"{}\">Mosaic of the fill at 100 %</a>: every node a tile, every GPU a cell with its pods' shares (first workload, first seed, tessera policy where it ran).</p>",
+            esc(href)
+        );
+    }
     out.push_str("<h2>Fill: unallocated GPU at arrived workload = 100 % (mean ± sd over seeds)</h2><table><tr><th>workload</th>");
     for p in &report.fill_policies {
         let _ = write!(out, "<th>{}</th>", esc(p));
@@ -480,11 +487,11 @@ fn replay_section(out: &mut String, report: &Report) {
         out.push_str("</table>");
     }
     if !grid.comparisons.is_empty() {
-        out.push_str("<table><tr><th>workload</th><th>policy vs baseline</th><th>mean delay ratio</th><th>util %</th><th>alloc share %</th><th>sustainable load ratio</th></tr>");
+        out.push_str("<table><tr><th>workload</th><th>policy vs baseline</th><th>mean delay ratio</th><th>util %</th><th>alloc share %</th><th>sustainable load ratio</th><th>powered GPU-h</th><th>occupied GPU-h</th><th>billed GPU-h (dynamic)</th></tr>");
         for c in &grid.comparisons {
             let _ = write!(
                 out,
-                "<tr><td>{}</td><td>{} vs {}</td><td>{}</td><td>{} vs {}</td><td>{} vs {}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{} vs {}</td><td>{}</td><td>{} vs {}</td><td>{} vs {}</td><td>{}</td><td>{} vs {}</td><td>{} vs {}</td><td>{} ({}) vs {} ({})</td></tr>",
                 esc(&c.workload),
                 esc(&c.policy),
                 esc(&c.baseline),
@@ -493,7 +500,15 @@ fn replay_section(out: &mut String, report: &Report) {
                 num(c.baseline_util_pct, 1),
                 num(c.policy_alloc_share_pct, 1),
                 num(c.baseline_alloc_share_pct, 1),
-                c.sustainable_ratio.map_or("-".into(), |r| num(r, 2))
+                c.sustainable_ratio.map_or("-".into(), |r| num(r, 2)),
+                num(c.policy_cost.powered_gpu_hours, 1),
+                num(c.baseline_cost.powered_gpu_hours, 1),
+                num(c.policy_cost.occupied_gpu_hours, 1),
+                num(c.baseline_cost.occupied_gpu_hours, 1),
+                num(c.policy_cost.billed_gpu_hours, 1),
+                num(c.policy_cost.billed_dynamic, 1),
+                num(c.baseline_cost.billed_gpu_hours, 1),
+                num(c.baseline_cost.billed_dynamic, 1),
             );
         }
         out.push_str("</table>");

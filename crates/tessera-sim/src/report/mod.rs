@@ -26,6 +26,9 @@ pub struct Report {
     pub replay: Option<ReplayGrid>,
     /// Plain-language notes on how the numbers were made.
     pub notes: Vec<String>,
+    /// Where the mosaic of the fill at 100 % was written (relative to the HTML report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mosaic: Option<String>,
 }
 
 /// Formats a number with a fixed number of decimals, or `-` for NaN.

@@ -143,10 +143,36 @@ pub fn render(report: &Report) -> String {
                 num(c.baseline_alloc_share_pct, 1),
                 c.sustainable_ratio.map_or("-".into(), |r| num(r, 2)),
             );
+            let (b, p) = (&c.baseline_cost, &c.policy_cost);
+            let _ = writeln!(
+                out,
+                "{}: cost of the replay, {} vs {} (GPU-hours): powered nodes {} vs {} ({}); occupied GPUs {} vs {}; billed {} vs {}, at dynamic prices {} vs {}",
+                c.workload,
+                c.policy,
+                c.baseline,
+                num(p.powered_gpu_hours, 1),
+                num(b.powered_gpu_hours, 1),
+                change_pct(p.powered_gpu_hours, b.powered_gpu_hours),
+                num(p.occupied_gpu_hours, 1),
+                num(b.occupied_gpu_hours, 1),
+                num(p.billed_gpu_hours, 1),
+                num(b.billed_gpu_hours, 1),
+                num(p.billed_dynamic, 1),
+                num(b.billed_dynamic, 1),
+            );
         }
     }
     for n in &report.notes {
         let _ = writeln!(out, "note: {n}");
     }
     out
+}
+
+/// `-12.3 %` for `value` against `base`; `-` without a base.
+fn change_pct(value: f64, base: f64) -> String {
+    if base > 0.0 {
+        format!("{:+.1} %", (value / base - 1.0) * 100.0)
+    } else {
+        "-".into()
+    }
 }

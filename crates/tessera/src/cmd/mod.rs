@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod bench_extender;
+pub mod chargeback;
 pub mod doctor;
 pub mod explain;
 pub mod kubectl;

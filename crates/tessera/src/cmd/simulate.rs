@@ -316,6 +316,7 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         replay_plan: None,
         replay: None,
         notes,
+        mosaic: None,
     };
 
     if do_fill {
@@ -387,11 +388,59 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
             .map_err(|e| Fail::Usage(format!("{e:#}")))?;
     }
     if let Some(path) = &args.report {
+        if do_fill {
+            report.mosaic = Some(write_mosaic(path, &workloads[0], &fill_policies, seeds[0])?);
+        }
         std::fs::write(path, report::html::render(&report))
             .with_context(|| format!("writing {}", path.display()))
             .map_err(|e| Fail::Usage(format!("{e:#}")))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the mosaic of the fill at 100 % next to the report (`NAME-mosaic.html`)
+/// for `workload`, with `tessera` if it ran (else the last fill policy), and
+/// returns its name for the report's link.
+fn write_mosaic(
+    report: &Path,
+    workload: &Workload,
+    policies: &[String],
+    seed: u64,
+) -> Result<String, Fail> {
+    let policy = policies
+        .iter()
+        .find(|p| *p == "tessera")
+        .or(policies.last())
+        .cloned()
+        .unwrap_or_else(|| "tessera".into());
+    let config = tessera_sim::experiment::fill::FillConfig::for_workload(workload.name.clone());
+    let snap = tessera_sim::experiment::snapshot::fill_until(
+        &workload.cluster,
+        &workload.pods,
+        &policy,
+        seed,
+        &config,
+        100.0,
+    )
+    .map_err(|e| Fail::Usage(format!("mosaic of the fill: {e}")))?;
+    let page = tessera_k8s::ui::ledger_page(
+        &snap.cluster,
+        &snap.ledger,
+        |id| snap.labels.get(&id).cloned().unwrap_or_default(),
+        &format!(
+            "Tessera · fill at 100 % · {} · {policy} · seed {seed}",
+            workload.name
+        ),
+    );
+    let stem = report
+        .file_stem()
+        .map_or("report".into(), |s| s.to_string_lossy().to_string());
+    let name = format!("{stem}-mosaic.html");
+    let path = report.with_file_name(&name);
+    std::fs::write(&path, page)
+        .with_context(|| format!("writing {}", path.display()))
+        .map_err(|e| Fail::Usage(format!("{e:#}")))?;
+    Ok(name)
 }
 
 #[cfg(test)]

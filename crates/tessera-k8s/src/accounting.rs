@@ -1,0 +1,202 @@
+//! The scheduler's GPU accounting: what every bound pod holds, read from the
+//! mirror (so from the pods' signed grants, the same truth the ledger is built
+//! from), fed to the core's chargeback [`Meter`] by the UI observer each tick,
+//! and served on the ops port:
+//!
+//! `GET /chargeback?from=UNIX_S&to=UNIX_S` answers a [`Usage`] document: the
+//! meter's buckets starting in `[from, to)` (both optional), each with GPU time
+//! per namespace, model and mode and each model's allocated and capacity
+//! integrals. `tessera chargeback` prices it; pricing is not the scheduler's
+//! business, so a price table can change without a restart and a bill can be
+//! re-made for any past range the scheduler still keeps.
+//!
+//! The buckets live in memory (5 minutes each, 7 days); a restarted scheduler
+//! starts counting again. The Prometheus counters
+//! `tessera_gpu_seconds_total{namespace,model,mode}` and
+//! `tessera_gpu_capacity_seconds_total{model}` are the long-term record.
+//! Sampling every tick (2 s) means a pod's start and end are charged to the
+//! nearest tick, not to the millisecond.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tessera_core::chargeback::{Account, Bucket, Holding, Meter, Mode, ModelLoad};
+use tessera_core::model::Health;
+
+use crate::mirror::Mirror;
+
+/// What every bound pod holds now, by namespace, GPU model and mode, and the
+/// healthy capacity of every model. A reservation whose bind is still in
+/// flight is not charged: its pod is not running yet.
+pub fn holding(mirror: &mut Mirror) -> Holding {
+    let bound: Vec<HeldGrants> = held_grants(mirror)
+        .into_iter()
+        .filter(|h| h.bound)
+        .collect();
+    let cluster = mirror.cluster();
+    let mut h = Holding::default();
+    for node in cluster.nodes() {
+        for g in &node.gpus {
+            if g.health == Health::Healthy {
+                *h.capacity_milli
+                    .entry(cluster.catalog.spec(g.model).name.clone())
+                    .or_default() += 1000;
+            }
+        }
+    }
+    for held in &bound {
+        let Some(node) = cluster.node_id(&held.node) else {
+            continue;
+        };
+        let gpus = &cluster.node(node).gpus;
+        let namespace = held.pod.split_once('/').map_or("", |(ns, _)| ns);
+        for g in &held.gpus {
+            let Some(gpu) = gpus.iter().find(|x| x.index == g.index) else {
+                continue;
+            };
+            h.add(
+                Account {
+                    namespace: namespace.to_string(),
+                    model: cluster.catalog.spec(gpu.model).name.clone(),
+                    mode: Mode::of_grant(g.cores_milli, g.mig_profile.is_some()),
+                },
+                u64::from(g.cores_milli),
+            );
+        }
+    }
+    h
+}
+
+/// A held pod's GPU grants, copied out of the mirror (whose cluster is only
+/// lent through a `&mut` borrow, so holds and cluster cannot be read together).
+pub(crate) struct HeldGrants {
+    pub node: String,
+    /// `namespace/name`.
+    pub pod: String,
+    pub bound: bool,
+    pub gpus: Vec<HeldGpu>,
+}
+
+pub(crate) struct HeldGpu {
+    /// NVML index.
+    pub index: u32,
+    pub cores_milli: u32,
+    pub mig_profile: Option<String>,
+}
+
+/// Every hold with a GPU allocation.
+pub(crate) fn held_grants(mirror: &Mirror) -> Vec<HeldGrants> {
+    mirror
+        .holds()
+        .filter_map(|(_, h)| {
+            let alloc = h.allocation.as_ref()?;
+            Some(HeldGrants {
+                node: h.node.clone(),
+                pod: h.pod.clone(),
+                bound: h.bound,
+                gpus: alloc
+                    .gpus
+                    .iter()
+                    .map(|g| HeldGpu {
+                        index: g.index,
+                        cores_milli: g.cores_milli,
+                        mig_profile: g.mig.as_ref().map(|m| m.profile.clone()),
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// The answer of `GET /chargeback`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub bucket_seconds: u64,
+    /// Start of the oldest bucket the scheduler still keeps (unix s); earlier
+    /// ranges are only in Prometheus.
+    pub kept_from: Option<u64>,
+    pub buckets: Vec<UsageBucket>,
+}
+
+/// One bucket on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageBucket {
+    /// Unix seconds.
+    pub start: u64,
+    pub usage: Vec<UsageLine>,
+    pub models: BTreeMap<String, ModelLoad>,
+}
+
+/// GPU time of one account in one bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageLine {
+    pub namespace: String,
+    pub model: String,
+    pub mode: Mode,
+    /// milli-GPU × milliseconds (10⁶ per GPU-second).
+    pub milli_ms: u64,
+}
+
+impl Usage {
+    /// The meter's buckets starting in `[from_s, to_s)`.
+    pub fn from_meter(meter: &Meter, from_s: u64, to_s: u64) -> Usage {
+        Usage {
+            bucket_seconds: meter.bucket_ms() / 1000,
+            kept_from: meter.kept_from_ms().map(|ms| ms / 1000),
+            buckets: meter
+                .buckets(from_s.saturating_mul(1000), to_s.saturating_mul(1000))
+                .map(|b| UsageBucket {
+                    start: b.start_ms / 1000,
+                    usage: b
+                        .usage
+                        .iter()
+                        .map(|(a, &m)| UsageLine {
+                            namespace: a.namespace.clone(),
+                            model: a.model.clone(),
+                            mode: a.mode,
+                            milli_ms: m,
+                        })
+                        .collect(),
+                    models: b.models.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Back to the core's buckets, for [`tessera_core::chargeback::bill`].
+    pub fn to_buckets(&self) -> Vec<Bucket> {
+        self.buckets
+            .iter()
+            .map(|b| Bucket {
+                start_ms: b.start.saturating_mul(1000),
+                usage: b
+                    .usage
+                    .iter()
+                    .map(|l| {
+                        (
+                            Account {
+                                namespace: l.namespace.clone(),
+                                model: l.model.clone(),
+                                mode: l.mode,
+                            },
+                            l.milli_ms,
+                        )
+                    })
+                    .collect(),
+                models: b.models.clone(),
+            })
+            .collect()
+    }
+}
+
+/// The query of `GET /chargeback`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct UsageQuery {
+    /// Unix seconds (inclusive); default: everything kept.
+    pub from: Option<u64>,
+    /// Unix seconds (exclusive); default: now.
+    pub to: Option<u64>,
+}
