@@ -18,6 +18,7 @@
 //! nearest tick, not to the millisecond.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tessera_core::chargeback::{Account, Bucket, Holding, Meter, Mode, ModelLoad};
@@ -29,11 +30,13 @@ use crate::mirror::Mirror;
 /// healthy capacity of every model. A reservation whose bind is still in
 /// flight is not charged: its pod is not running yet.
 pub fn holding(mirror: &mut Mirror) -> Holding {
-    let bound: Vec<HeldGrants> = held_grants(mirror)
-        .into_iter()
-        .filter(|h| h.bound)
-        .collect();
-    let cluster = mirror.cluster();
+    let held: Vec<Arc<HeldGrants>> = held_grants(mirror).into_iter().map(Arc::new).collect();
+    holding_of(&mirror.shared_cluster(), &held)
+}
+
+/// [`holding`] from a cluster and holds already copied out of the mirror.
+pub(crate) fn holding_of(cluster: &tessera_core::Cluster, held: &[Arc<HeldGrants>]) -> Holding {
+    let bound = held.iter().filter(|h| h.bound);
     let mut h = Holding::default();
     for node in cluster.nodes() {
         for g in &node.gpus {
@@ -44,7 +47,7 @@ pub fn holding(mirror: &mut Mirror) -> Holding {
             }
         }
     }
-    for held in &bound {
+    for held in bound {
         let Some(node) = cluster.node_id(&held.node) else {
             continue;
         };
@@ -86,26 +89,93 @@ pub(crate) struct HeldGpu {
 
 /// Every hold with a GPU allocation.
 pub(crate) fn held_grants(mirror: &Mirror) -> Vec<HeldGrants> {
-    mirror
-        .holds()
-        .filter_map(|(_, h)| {
-            let alloc = h.allocation.as_ref()?;
-            Some(HeldGrants {
-                node: h.node.clone(),
-                pod: h.pod.clone(),
-                bound: h.bound,
-                gpus: alloc
-                    .gpus
-                    .iter()
-                    .map(|g| HeldGpu {
-                        index: g.index,
-                        cores_milli: g.cores_milli,
-                        mig_profile: g.mig.as_ref().map(|m| m.profile.clone()),
-                    })
-                    .collect(),
+    mirror.holds().filter_map(|(_, h)| copy_grants(h)).collect()
+}
+
+/// A hold's grants, if it has an allocation.
+pub(crate) fn copy_grants(h: &crate::mirror::Held) -> Option<HeldGrants> {
+    let alloc = h.allocation.as_ref()?;
+    Some(HeldGrants {
+        node: h.node.clone(),
+        pod: h.pod.clone(),
+        bound: h.bound,
+        gpus: alloc
+            .gpus
+            .iter()
+            .map(|g| HeldGpu {
+                index: g.index,
+                cores_milli: g.cores_milli,
+                mig_profile: g.mig.as_ref().map(|m| m.profile.clone()),
             })
-        })
-        .collect()
+            .collect(),
+    })
+}
+
+/// Copies of the holds' grants kept between reads of the mirror: a hold is
+/// copied again only when it is new or changed (its ledger entry or its bound
+/// flag), so a read costs a lookup per hold, not a copy (tens of thousands of
+/// holds on a big cluster, read under the mirror's lock).
+#[derive(Default)]
+pub(crate) struct GrantCopies {
+    by_uid: std::collections::HashMap<String, GrantCopy>,
+    reads: u64,
+}
+
+impl GrantCopy {
+    /// Whether the copy still says what the hold says (ledger ids are reused,
+    /// so the node and the grants are compared too).
+    fn matches(&self, h: &crate::mirror::Held) -> bool {
+        match (&self.grants, &h.allocation) {
+            (None, None) => true,
+            (Some(c), Some(a)) => {
+                c.node == h.node
+                    && c.gpus.len() == a.gpus.len()
+                    && c.gpus.iter().zip(&a.gpus).all(|(x, y)| {
+                        x.index == y.index
+                            && x.cores_milli == y.cores_milli
+                            && x.mig_profile.as_deref()
+                                == y.mig.as_ref().map(|m| m.profile.as_str())
+                    })
+            }
+            _ => false,
+        }
+    }
+}
+
+/// One hold's copy and what it was copied from.
+struct GrantCopy {
+    id: Option<tessera_core::AllocId>,
+    bound: bool,
+    /// The read that last saw the hold.
+    seen: u64,
+    grants: Option<Arc<HeldGrants>>,
+}
+
+impl GrantCopies {
+    /// Brings the copies up to date with `mirror` and returns them.
+    pub(crate) fn read(&mut self, mirror: &Mirror) -> Vec<Arc<HeldGrants>> {
+        self.reads += 1;
+        let read = self.reads;
+        for (uid, h) in mirror.holds() {
+            match self.by_uid.get_mut(uid.as_str()) {
+                Some(c) if c.id == h.id && c.bound == h.bound && c.matches(h) => c.seen = read,
+                _ => {
+                    let copy = GrantCopy {
+                        id: h.id,
+                        bound: h.bound,
+                        seen: read,
+                        grants: copy_grants(h).map(Arc::new),
+                    };
+                    self.by_uid.insert(uid.clone(), copy);
+                }
+            }
+        }
+        self.by_uid.retain(|_, c| c.seen == read);
+        self.by_uid
+            .values()
+            .filter_map(|c| c.grants.clone())
+            .collect()
+    }
 }
 
 /// The answer of `GET /chargeback`.
@@ -199,4 +269,59 @@ pub struct UsageQuery {
     pub from: Option<u64>,
     /// Unix seconds (exclusive); default: now.
     pub to: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mirror::Reservation;
+
+    fn share(uid: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": uid, "namespace": "team", "uid": uid},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {
+                "tessera.io/gpu": "1", "tessera.io/gpu-milli": "250"}}}]}
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn copies_follow_the_holds_and_only_changed_ones_are_copied_again() {
+        let (nodes, inventory) = crate::bench::synthetic_objects(2);
+        let policy = tessera_core::policy::by_name("tessera", &Default::default()).unwrap();
+        let mut m = Mirror::from_objects(
+            policy,
+            b"0123456789abcdef".to_vec(),
+            nodes,
+            inventory,
+            vec![],
+        );
+        for uid in ["a", "b"] {
+            assert!(matches!(
+                m.reserve(&share(uid), "node-00000"),
+                Ok(Reservation::Write { .. })
+            ));
+        }
+        let mut copies = GrantCopies::default();
+        let first = copies.read(&m);
+        assert_eq!(first.len(), 2);
+        let again = copies.read(&m);
+        assert!(
+            first
+                .iter()
+                .all(|c| again.iter().any(|d| Arc::ptr_eq(c, d))),
+            "unchanged holds are not copied again"
+        );
+        // "a" is released and placed again on the other node (its ledger id may be reused).
+        m.unreserve("a");
+        assert!(m.reserve(&share("a"), "node-00001").is_ok());
+        let now = copies.read(&m);
+        let a = now.iter().find(|c| c.pod == "team/a").expect("a copied");
+        assert_eq!(a.node, "node-00001", "a moved: copied again");
+        assert_eq!(now.len(), 2);
+        m.unreserve("b");
+        let left = copies.read(&m);
+        assert_eq!(left.len(), 1, "a released hold's copy goes");
+        assert_eq!(left[0].pod, "team/a");
+    }
 }

@@ -39,6 +39,10 @@ pub struct BenchReport {
     /// minute-by-minute republishing), and how many were applied in all.
     pub status_updates_per_sec: f64,
     pub status_updates: usize,
+    /// One tick of the web view's observer (every 2 s), median of five, in
+    /// milliseconds, and how long it held the mirror's lock (the verbs wait for it).
+    pub ui_tick_ms: f64,
+    pub ui_lock_ms: f64,
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -49,7 +53,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn synthetic_objects(
+pub(crate) fn synthetic_objects(
     nodes: usize,
 ) -> (
     Vec<k8s_openapi::api::core::v1::Node>,
@@ -177,6 +181,19 @@ pub async fn extender_latency(
     }
     let gpus = mirror.cluster().gpu_count();
     let mirror = Arc::new(Mutex::new(mirror));
+    let observer = crate::ui::Observer::new(mirror.clone(), Arc::new(Metrics::new()));
+    let (mut ticks, mut locks): (Vec<f64>, Vec<f64>) = (0..5u64)
+        .map(|i| {
+            let t = Instant::now();
+            observer.observe(1_000_000 + i * 2_000);
+            (
+                t.elapsed().as_secs_f64() * 1e3,
+                observer.last_lock_hold().as_secs_f64() * 1e3,
+            )
+        })
+        .unzip();
+    ticks.sort_by(f64::total_cmp);
+    locks.sort_by(f64::total_cmp);
     let state = ExtenderState {
         mirror: mirror.clone(),
         binder: None,
@@ -304,5 +321,7 @@ pub async fn extender_latency(
         decide_p50_us: quantile(&decide_us, 0.5),
         status_updates_per_sec,
         status_updates: updates,
+        ui_tick_ms: ticks[ticks.len() / 2],
+        ui_lock_ms: locks[locks.len() / 2],
     })
 }

@@ -25,6 +25,7 @@
 //! extender and the standalone loop); this file holds the state and its reads.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use rand::SeedableRng;
@@ -58,7 +59,9 @@ pub struct Mirror {
     inventory: BTreeMap<String, GpuNode>,
     pods: HashMap<String, Pod>,
     held: HashMap<String, Held>,
-    cluster: Cluster,
+    /// Rebuilt only when nodes or inventory change; shared with readers
+    /// that work outside the lock (the web view).
+    cluster: Arc<Cluster>,
     ledger: Ledger,
     facts: Vec<NodeFacts>,
     dirty: bool,
@@ -97,7 +100,7 @@ impl Mirror {
             inventory: BTreeMap::new(),
             pods: HashMap::new(),
             held: HashMap::new(),
-            cluster,
+            cluster: Arc::new(cluster),
             ledger,
             facts: Vec::new(),
             dirty: false,
@@ -159,13 +162,13 @@ impl Mirror {
                 Err(e) => self.node_problems.push(e.to_string()),
             }
         }
-        self.cluster = match Cluster::new(catalog, nodes) {
+        self.cluster = Arc::new(match Cluster::new(catalog, nodes) {
             Ok(c) => c,
             Err(e) => {
                 self.node_problems.push(e.to_string());
                 Cluster::default()
             }
-        };
+        });
         self.facts = facts;
         self.by_name = self
             .cluster
@@ -195,6 +198,13 @@ impl Mirror {
     pub fn generation(&mut self) -> u64 {
         self.refresh();
         self.generation
+    }
+
+    /// The cluster as of now, to read without holding the mirror (a rebuild
+    /// makes a new one; this one stays as it was).
+    pub fn shared_cluster(&mut self) -> Arc<Cluster> {
+        self.refresh();
+        self.cluster.clone()
     }
 
     pub fn cluster(&mut self) -> &Cluster {

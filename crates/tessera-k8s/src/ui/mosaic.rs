@@ -173,28 +173,59 @@ pub fn tiles<'a>(
     (out, uuids)
 }
 
-/// Tiles of the mirror's cluster; tenants from the held pods' grants.
+/// Tiles of the mirror now (under its lock: see [`from_parts`] for the part
+/// that can run outside it).
 pub fn from_mirror(
     mirror: &mut Mirror,
     namespaces: &mut Names,
     models: &mut Names,
     workload: &TargetWorkload,
 ) -> (Vec<Tile>, Vec<Vec<String>>) {
-    mirror.refresh();
-    let ready: Vec<bool> = (0..mirror.cluster().len())
-        .map(|i| mirror.facts(tessera_core::NodeId(i as u32)).ready)
-        .collect();
-    let held = crate::accounting::held_grants(mirror);
-    let mut by_name = mirror.usage();
-    let cluster = mirror.cluster();
-    let owned: Vec<Option<NodeUse>> = cluster
-        .nodes()
-        .iter()
-        .map(|n| by_name.remove(&n.name))
-        .collect();
-    let usage: Vec<Option<&NodeUse>> = owned.iter().map(Option::as_ref).collect();
+    let parts = Parts::take(mirror);
+    from_parts(&parts, namespaces, models, workload)
+}
+
+/// What the tiles are made of, copied out of the mirror in O(nodes + holds)
+/// so that the tiles (fragmentation above all) are computed without the lock.
+pub(crate) struct Parts {
+    pub cluster: std::sync::Arc<Cluster>,
+    /// The ledger's per-node use, in the cluster's node order.
+    pub usage: Vec<NodeUse>,
+    pub held: Vec<std::sync::Arc<crate::accounting::HeldGrants>>,
+    pub ready: Vec<bool>,
+}
+
+impl Parts {
+    pub fn take(mirror: &mut Mirror) -> Parts {
+        Parts::take_with(mirror, &mut crate::accounting::GrantCopies::default())
+    }
+
+    /// [`Parts::take`], copying only the holds that changed since `copies` last read.
+    pub fn take_with(mirror: &mut Mirror, copies: &mut crate::accounting::GrantCopies) -> Parts {
+        let cluster = mirror.shared_cluster();
+        let ready = (0..cluster.len())
+            .map(|i| mirror.facts(tessera_core::NodeId(i as u32)).ready)
+            .collect();
+        Parts {
+            held: copies.read(mirror),
+            usage: mirror.ledger().nodes().to_vec(),
+            cluster,
+            ready,
+        }
+    }
+}
+
+/// Tiles from [`Parts`].
+pub(crate) fn from_parts(
+    parts: &Parts,
+    namespaces: &mut Names,
+    models: &mut Names,
+    workload: &TargetWorkload,
+) -> (Vec<Tile>, Vec<Vec<String>>) {
+    let cluster = &*parts.cluster;
+    let usage: Vec<Option<&NodeUse>> = parts.usage.iter().map(Some).collect();
     let mut tenants = Vec::new();
-    for h in &held {
+    for h in &parts.held {
         let Some(node) = cluster.node_id(&h.node) else {
             continue;
         };
@@ -218,7 +249,7 @@ pub fn from_mirror(
         cluster,
         &usage,
         tenants,
-        |i| ready.get(i).copied().unwrap_or(true),
+        |i| parts.ready.get(i).copied().unwrap_or(true),
         namespaces,
         models,
         workload,

@@ -101,6 +101,8 @@ struct Inner {
     meter: Meter,
     /// Computed reasons: uid → (mirror state they were computed at, reason).
     reasons: HashMap<String, ((u64, u64), String)>,
+    /// The holds' grants as of the last tick.
+    copies: crate::accounting::GrantCopies,
 }
 
 /// Reads the mirror each tick and keeps what the page and chargeback serve.
@@ -111,6 +113,8 @@ pub struct Observer {
     inner: Mutex<Inner>,
     full: RwLock<(u64, Arc<str>)>,
     deltas: broadcast::Sender<(u64, Arc<str>)>,
+    /// How long the last tick held the mirror's lock in one piece, in µs.
+    lock_held_us: std::sync::atomic::AtomicU64,
 }
 
 /// Locks `m`, taking the data of a poisoned lock (a panicked tick leaves it consistent).
@@ -140,9 +144,11 @@ impl Observer {
                 series: VecDeque::new(),
                 meter: Meter::new(BUCKET_MS, BUCKETS_KEPT),
                 reasons: HashMap::new(),
+                copies: Default::default(),
             }),
             full: RwLock::new((0, Arc::from("{}"))),
             deltas,
+            lock_held_us: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -172,18 +178,32 @@ impl Observer {
     pub fn observe(&self, now_ms: u64) {
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
-        let (tiles, uuids, holding, pending, n_pending) = {
+        // Under the mirror's lock only copies (O(nodes + holds + pending
+        // pods)); the tiles, fragmentation and charges are computed after it.
+        let (parts, waiting, state, catalog) = {
+            let held_since = std::time::Instant::now();
             let mut m = crate::binder::lock(&self.mirror);
-            let (tiles, uuids) = mosaic::from_mirror(
-                &mut m,
-                &mut inner.namespaces,
-                &mut inner.models,
-                &self.workload,
-            );
-            let holding = crate::accounting::holding(&mut m);
-            let (pending, n) = pending_pods(&mut m, &mut inner.reasons, now_ms);
-            (tiles, uuids, holding, pending, n)
+            let _timer = HoldTimer(&self.lock_held_us, held_since);
+            let parts = mosaic::Parts::take_with(&mut m, &mut inner.copies);
+            let state = (m.generation(), m.ledger().change_cursor());
+            let catalog = m.cluster().catalog.clone();
+            (parts, waiting_pods(&m), state, catalog)
         };
+        let (tiles, uuids) = mosaic::from_parts(
+            &parts,
+            &mut inner.namespaces,
+            &mut inner.models,
+            &self.workload,
+        );
+        let holding = crate::accounting::holding_of(&parts.cluster, &parts.held);
+        let (pending, n_pending) = pending_pods(
+            &self.mirror,
+            waiting,
+            &catalog,
+            state,
+            &mut inner.reasons,
+            now_ms,
+        );
         let sum = summarise(&tiles, &holding, n_pending);
         let before = inner
             .meter
@@ -263,6 +283,14 @@ impl Observer {
         inner.sum = sum;
     }
 
+    /// How long the last tick held the mirror's lock in one piece (the verbs
+    /// wait that long at worst); explanations take it again, one pod at a time.
+    pub fn last_lock_hold(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(
+            self.lock_held_us.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     /// The latest full frame and its sequence number.
     pub fn full(&self) -> (u64, Arc<str>) {
         self.full.read().unwrap_or_else(|e| e.into_inner()).clone()
@@ -332,6 +360,16 @@ impl Observer {
     }
 }
 
+/// Records the time since its start when dropped (with the lock guard).
+struct HoldTimer<'a>(&'a std::sync::atomic::AtomicU64, std::time::Instant);
+
+impl Drop for HoldTimer<'_> {
+    fn drop(&mut self) {
+        let us = u64::try_from(self.1.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.0.store(us, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A search hit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Found {
@@ -358,30 +396,39 @@ fn summarise(tiles: &[Tile], holding: &Holding, pending: usize) -> Summary {
     }
 }
 
-/// GPU pods waiting for a node, oldest first, with why; and how many there are.
-///
-/// The reason is the scheduler's own word when it wrote one (the pod's
-/// `PodScheduled=False` condition, from kube-scheduler or the standalone
-/// loop); otherwise Tessera's explanation against the mirror, computed for a
-/// few pods per tick and kept until the mirror changes.
-fn pending_pods(
-    m: &mut Mirror,
-    cache: &mut HashMap<String, ((u64, u64), String)>,
-    now_ms: u64,
-) -> (Vec<PendingPod>, usize) {
-    let state = (m.generation(), m.ledger().change_cursor());
-    let catalog = m.cluster().catalog.clone();
-    let mut waiting: Vec<(Option<i64>, String, Pod)> = m
-        .pods()
+/// Pods waiting for a node that Tessera does not hold, copied out of the mirror.
+fn waiting_pods(m: &Mirror) -> Vec<Pod> {
+    m.pods()
         .filter(|p| {
             convert::pod_node(p).is_none()
                 && !convert::is_terminal(p)
                 && p.metadata.deletion_timestamp.is_none()
                 && m.held(convert::pod_uid(p)).is_none()
-                && match convert::pod_request(p, &catalog) {
-                    Ok(r) => r.gpu != GpuAsk::None,
-                    Err(_) => convert::wants_gpu(p),
-                }
+        })
+        .cloned()
+        .collect()
+}
+
+/// GPU pods waiting for a node, oldest first, with why; and how many there are.
+///
+/// The reason is the scheduler's own word when it wrote one (the pod's
+/// `PodScheduled=False` condition, from kube-scheduler or the standalone
+/// loop); otherwise Tessera's explanation against the mirror, computed for a
+/// few pods per tick (each under its own short hold of the mirror's lock, as
+/// one filter call is) and kept until the mirror changes.
+fn pending_pods(
+    mirror: &Mutex<Mirror>,
+    waiting: Vec<Pod>,
+    catalog: &tessera_core::model::Catalog,
+    state: (u64, u64),
+    cache: &mut HashMap<String, ((u64, u64), String)>,
+    now_ms: u64,
+) -> (Vec<PendingPod>, usize) {
+    let mut waiting: Vec<(Option<i64>, String, Pod)> = waiting
+        .into_iter()
+        .filter(|p| match convert::pod_request(p, catalog) {
+            Ok(r) => r.gpu != GpuAsk::None,
+            Err(_) => convert::wants_gpu(p),
         })
         .map(|p| {
             let created = p
@@ -389,7 +436,7 @@ fn pending_pods(
                 .creation_timestamp
                 .as_ref()
                 .map(|t| t.0.as_millisecond());
-            (created, convert::pod_key(p), p.clone())
+            (created, convert::pod_key(&p), p)
         })
         .collect();
     waiting.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
@@ -410,7 +457,7 @@ fn pending_pods(
                 _ if budget == 0 => "not judged yet".to_string(),
                 _ => {
                     budget -= 1;
-                    let r = explain_reason(m, pod);
+                    let r = explain_reason(&mut crate::binder::lock(mirror), pod);
                     cache.insert(uid, (state, r.clone()));
                     r
                 }

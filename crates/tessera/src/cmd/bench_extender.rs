@@ -58,6 +58,10 @@ pub fn run(a: BenchExtenderArgs) -> anyhow::Result<ExitCode> {
             r.status_updates_per_sec, r.status_updates
         );
         println!(
+            "  web view observer tick (every 2 s): {:.1} ms, of which {:.2} ms holding the mirror's lock",
+            r.ui_tick_ms, r.ui_lock_ms
+        );
+        println!(
             "  filter      p50 {:>8.1} µs   p99 {:>8.1} µs",
             r.filter_p50_us, r.filter_p99_us
         );
