@@ -4,10 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
-use tessera_api::GpuNode;
 use tessera_core::allocation::{ANNOTATION, Allocation};
 use tessera_core::policy::{PolicyArgs, by_name};
 
@@ -142,35 +140,15 @@ pub async fn explain(
 ) -> Result<Report, ExplainError> {
     let policy =
         by_name(policy, &PolicyArgs::default()).map_err(|e| ExplainError::Policy(e.to_string()))?;
-    let lp = ListParams::default();
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&lp)
-        .await
-        .map_err(|source| ExplainError::List {
-            what: "nodes",
-            source,
-        })?;
-    // A cluster without the CRD installed has no inventory; say so through the reasons.
-    let inventory = match Api::<GpuNode>::all(client.clone()).list(&lp).await {
-        Ok(l) => l.items,
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-        Err(source) => {
-            return Err(ExplainError::List {
-                what: "gpunodes",
-                source,
-            });
-        }
-    };
-    let pods = Api::<Pod>::all(client)
-        .list(&lp)
-        .await
-        .map_err(|source| ExplainError::List {
-            what: "pods",
-            source,
-        })?;
+    let (nodes, inventory, pods) =
+        crate::view::read_cluster(&client)
+            .await
+            .map_err(|e| ExplainError::List {
+                what: e.what,
+                source: e.source,
+            })?;
     let key = format!("{namespace}/{name}");
     let target = pods
-        .items
         .iter()
         .find(|p| {
             p.metadata.namespace.as_deref() == Some(namespace)
@@ -179,7 +157,7 @@ pub async fn explain(
         .cloned()
         .ok_or_else(|| ExplainError::NotFound(key.clone()))?;
     // No key: annotations are read as the API holds them (display only).
-    let mut mirror = Mirror::from_objects(policy, Vec::new(), nodes.items, inventory, pods.items);
+    let mut mirror = Mirror::from_objects(policy, Vec::new(), nodes, inventory, pods);
     Ok(report(&mut mirror, &target))
 }
 
@@ -236,8 +214,10 @@ pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::Node;
     use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use tessera_api::GpuNode;
     use tessera_api::{GpuDevice, GpuNodeSpec};
 
     use super::*;

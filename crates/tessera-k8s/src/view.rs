@@ -413,35 +413,42 @@ pub async fn pod_facts(
     pod_facts_from(namespace, name, nodes, inventory, pods, events.items)
 }
 
-async fn read_cluster(
+/// A list that failed, by what was listed.
+#[derive(Debug)]
+pub(crate) struct ListFailed {
+    pub what: &'static str,
+    pub source: kube::Error,
+}
+
+impl From<ListFailed> for ViewError {
+    fn from(e: ListFailed) -> ViewError {
+        ViewError::List {
+            what: e.what,
+            source: e.source,
+        }
+    }
+}
+
+/// Every Node, GpuNode and Pod (no GpuNode CRD installed: no inventory).
+pub(crate) async fn read_cluster(
     client: &kube::Client,
-) -> Result<(Vec<Node>, Vec<GpuNode>, Vec<Pod>), ViewError> {
+) -> Result<(Vec<Node>, Vec<GpuNode>, Vec<Pod>), ListFailed> {
     let lp = ListParams::default();
+    let failed = |what| move |source| ListFailed { what, source };
     let nodes = Api::<Node>::all(client.clone())
         .list(&lp)
         .await
-        .map_err(|source| ViewError::List {
-            what: "nodes",
-            source,
-        })?;
+        .map_err(failed("nodes"))?;
     // A cluster without the CRD has no inventory: every node shows NoInventory.
     let inventory = match Api::<GpuNode>::all(client.clone()).list(&lp).await {
         Ok(l) => l.items,
         Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-        Err(source) => {
-            return Err(ViewError::List {
-                what: "gpunodes",
-                source,
-            });
-        }
+        Err(source) => return Err(failed("gpunodes")(source)),
     };
     let pods = Api::<Pod>::all(client.clone())
         .list(&lp)
         .await
-        .map_err(|source| ViewError::List {
-            what: "pods",
-            source,
-        })?;
+        .map_err(failed("pods"))?;
     Ok((nodes.items, inventory, pods.items))
 }
 
