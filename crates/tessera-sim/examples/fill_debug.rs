@@ -70,15 +70,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     for seed in seeds(n) {
         let wl = typical_pods(&pods, config.typical_coverage);
-        let args = PolicyArgs {
-            workload: Some(Arc::new(wl)),
-        };
+        let args = PolicyArgs::for_cluster(Arc::new(wl), &cluster0);
         let policy: Box<dyn policy::Policy> = if policy_name == "tessera" {
-            // As run_fill builds it: every pod shape and the model inventory.
-            Box::new(Tessera::for_cluster(
-                Arc::new(typical_pods(&pods, 1.0)),
+            // As run_fill builds it, with the weights from the environment.
+            Box::new(Tessera::new(
+                args.workload(),
+                &args.gpus_per_model,
                 params_from_env()?,
-                &cluster0,
             ))
         } else {
             policy::by_name(policy_name, &args)?

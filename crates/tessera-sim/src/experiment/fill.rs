@@ -26,9 +26,9 @@ use tessera_core::Scheduler;
 use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{Ledger, LedgerError};
 use tessera_core::model::{Cluster, ClusterError};
-use tessera_core::policy::tessera::{Tessera, TesseraParams};
 use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
 use tessera_core::request::Request;
+use tessera_core::workload::{LearnConfig, LearnedWorkload};
 
 use crate::metrics::{FillPoint, FragTracker, discretize};
 use crate::trace::TracePod;
@@ -59,6 +59,24 @@ pub struct FillConfig {
     /// (`syncClusterResourceList`) and breaks score ties by name, so ties go to a
     /// random but fixed node order per seed; `false` keeps file order.
     pub permute_nodes: bool,
+    /// What workload-aware policies know of the workload.
+    pub knowledge: Knowledge,
+}
+
+/// What a policy that learns its workload ([`Policy::learns_workload`]: `tessera`) knows
+/// up front. Either way it then learns from the pods that have arrived
+/// ([`LearnedWorkload`]) and is rebuilt each time the learned target moves. Policies that
+/// do not learn (FGD) always get the trace's typical pods, as published.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub enum Knowledge {
+    /// The trace's pod list, from which FGD's typical pods are computed: the prior is
+    /// the histogram of all its shapes (FGD keeps the 95 % most frequent; rare shapes,
+    /// such as every multi-GPU shape of `default`, are what protects 8-GPU nodes),
+    /// holding as many pods as the trace has.
+    #[default]
+    Typical,
+    /// Nothing: the generic cold-start prior ([`LearnedWorkload::cold_start`]).
+    Online,
 }
 
 impl Default for FillConfig {
@@ -70,6 +88,7 @@ impl Default for FillConfig {
             shuffle: true,
             max_pct: 130,
             permute_nodes: true,
+            knowledge: Knowledge::Typical,
         }
     }
 }
@@ -179,9 +198,8 @@ pub fn permute_nodes(cluster: &Cluster, rng: &mut SmallRng) -> Result<Cluster, C
 }
 
 /// Runs the fill experiment with the policy named `policy_name` (see
-/// [`tessera_core::policy::NAMES`]). Policies that measure fragmentation get the
-/// trace's typical pods as their target workload; `tessera` gets every pod shape of
-/// the trace and the cluster's GPU model inventory ([`Tessera::for_cluster`]).
+/// [`tessera_core::policy::NAMES`]), built by [`policy::by_name`] from the target
+/// workload ([`FillConfig::knowledge`]) and the cluster's GPU inventory.
 pub fn run_fill(
     cluster: &Cluster,
     pods: &[TracePod],
@@ -189,23 +207,15 @@ pub fn run_fill(
     seed: u64,
     config: &FillConfig,
 ) -> Result<FillResult, FillError> {
+    let gpus = policy::gpus_per_model(cluster);
     run_fill_with(
         cluster,
         pods,
         policy_name,
         |workload| {
-            if policy_name == "tessera" {
-                // Tessera measures fragmentation against every pod shape of the trace
-                // (not only the 95 % most frequent) and knows the cluster's GPU models.
-                let all_shapes = Arc::new(typical_pods(pods, 1.0));
-                return Ok(Box::new(Tessera::for_cluster(
-                    all_shapes,
-                    TesseraParams::default(),
-                    cluster,
-                )));
-            }
             let args = PolicyArgs {
                 workload: Some(workload),
+                gpus_per_model: gpus.clone(),
             };
             policy::by_name(policy_name, &args)
         },
@@ -214,13 +224,15 @@ pub fn run_fill(
     )
 }
 
-/// [`run_fill`] with a policy built by `make_policy` from the trace's typical pods
-/// (for policies with arguments beyond [`PolicyArgs`]); `policy_name` labels the result.
+/// [`run_fill`] with a policy built by `make_policy` from the target workload (for
+/// policies with arguments beyond [`PolicyArgs`]); `policy_name` labels the result.
+/// With [`Knowledge::Online`], `make_policy` is called again each time the learned
+/// target moves.
 pub fn run_fill_with(
     cluster: &Cluster,
     pods: &[TracePod],
     policy_name: &str,
-    make_policy: impl FnOnce(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
+    mut make_policy: impl FnMut(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
     seed: u64,
     config: &FillConfig,
 ) -> Result<FillResult, FillError> {
@@ -235,7 +247,23 @@ pub fn run_fill_with(
         return Err(FillError::BadTuneRatio(config.tune_ratio));
     }
     let workload = typical_pods(pods, config.typical_coverage);
-    let mut scheduler = Scheduler::new(make_policy(Arc::new(workload.clone()))?);
+    let mut policy = make_policy(Arc::new(workload.clone()))?;
+    let mut learned = None;
+    if policy.learns_workload() {
+        let l = match config.knowledge {
+            Knowledge::Typical => {
+                let learn = LearnConfig {
+                    prior_mass: pods.len() as f64,
+                    ..LearnConfig::default()
+                };
+                LearnedWorkload::new(&typical_pods(pods, 1.0), learn)
+            }
+            Knowledge::Online => LearnedWorkload::cold_start(LearnConfig::default()),
+        };
+        policy = make_policy(l.target())?;
+        learned = Some(l);
+    }
+    let mut scheduler = Scheduler::new(policy);
     let mut rng = SmallRng::seed_from_u64(seed);
     let order = arrival_order(pods, capacity, config, &mut rng);
     let permuted;
@@ -266,6 +294,11 @@ pub fn run_fill_with(
         let pod = &pods[i];
         let req: &Request = &pod.request;
         arrived += req.gpu.total_milli();
+        if let Some(l) = &mut learned
+            && l.observe(req)
+        {
+            scheduler = Scheduler::new(make_policy(l.target())?);
+        }
         match scheduler.place(cluster, &ledger, req, &mut rng) {
             Some(p) => {
                 ledger
