@@ -53,6 +53,27 @@ impl Default for LearnConfig {
     }
 }
 
+/// The generic cold-start prior: no trace knowledge, only that GPU clusters run
+/// whole-GPU pods, half and quarter shares and some CPU-only pods, each with a modest
+/// CPU ask.
+pub fn cold_start_prior() -> TargetWorkload {
+    let shape = |gpus, milli, weight| TypicalPod {
+        cpu_milli: 4000,
+        gpus,
+        milli,
+        models: ModelSet::ALL,
+        weight,
+    };
+    TargetWorkload {
+        pods: vec![
+            shape(1, 1000, 0.4),
+            shape(1, 500, 0.2),
+            shape(1, 250, 0.2),
+            shape(0, 0, 0.2),
+        ],
+    }
+}
+
 type Key = (u64, u32, u32, u64);
 
 fn key(p: &TypicalPod) -> Key {
@@ -100,26 +121,9 @@ impl LearnedWorkload {
         w
     }
 
-    /// The generic cold-start prior: no trace knowledge, only that GPU clusters run
-    /// whole-GPU pods, half and quarter shares and some CPU-only pods, each with a
-    /// modest CPU ask.
+    /// Starts from the generic [`cold_start_prior`].
     pub fn cold_start(config: LearnConfig) -> LearnedWorkload {
-        let shape = |gpus, milli, weight| TypicalPod {
-            cpu_milli: 4000,
-            gpus,
-            milli,
-            models: ModelSet::ALL,
-            weight,
-        };
-        let prior = TargetWorkload {
-            pods: vec![
-                shape(1, 1000, 0.4),
-                shape(1, 500, 0.2),
-                shape(1, 250, 0.2),
-                shape(0, 0, 0.2),
-            ],
-        };
-        LearnedWorkload::new(&prior, config)
+        LearnedWorkload::new(&cold_start_prior(), config)
     }
 
     /// Forgets everything but the prior and learns `pods` in arrival order (after a

@@ -18,7 +18,7 @@ use tessera_sim::experiment::fill::{
 };
 use tessera_sim::trace::openb::{load_nodes, load_pods};
 
-/// Tessera's weights: the defaults, with `TP="multi_gpu_cap=0,quantum=80"` overrides.
+/// Tessera's weights: the defaults, with `TP="multi_gpu_bands=0,quantum=80"` overrides.
 fn params_from_env() -> Result<TesseraParams, Box<dyn std::error::Error>> {
     let mut p = TesseraParams::default();
     let Ok(spec) = std::env::var("TP") else {
@@ -29,7 +29,7 @@ fn params_from_env() -> Result<TesseraParams, Box<dyn std::error::Error>> {
         let v: f64 = v.parse()?;
         match k {
             "quantum" => p.quantum = v,
-            "multi_gpu_cap" => p.multi_gpu_cap = v,
+            "multi_gpu_bands" => p.multi_gpu_bands = v,
             "cpu_pod_weight" => p.cpu_pod_weight = v,
             "gpu_tight_weight" => p.gpu_tight_weight = v,
             other => return Err(format!("TP: unknown weight {other}").into()),

@@ -36,7 +36,7 @@ fn switch_off(p: &mut TesseraParams, term: &str) -> Result<(), Error> {
         "tight" => p.gpu_tight_weight = 0.0,
         "cpu-pod" => p.cpu_pod_weight = 0.0,
         "topology" => p.topology_weight = 0.0,
-        "multi-cap" => p.multi_gpu_cap = 0.0,
+        "multi-cap" => p.multi_gpu_bands = 0.0,
         other => return Err(format!("unknown term {other}").into()),
     }
     Ok(())
@@ -49,10 +49,11 @@ fn set_param(p: &mut TesseraParams, kv: &str) -> Result<(), Error> {
         "quantum" => p.quantum = v,
         "share_quantum_scale" => p.share_quantum_scale = v,
         "pressure_weight" => p.pressure_weight = v,
+        "pressure_exponent" => p.pressure_exponent = v,
         "gpu_tight_weight" => p.gpu_tight_weight = v,
         "cpu_pod_weight" => p.cpu_pod_weight = v,
         "topology_weight" => p.topology_weight = v,
-        "multi_gpu_cap" => p.multi_gpu_cap = v,
+        "multi_gpu_bands" => p.multi_gpu_bands = v,
         other => return Err(format!("unknown parameter {other}").into()),
     }
     Ok(())
@@ -156,7 +157,16 @@ fn main() -> Result<(), Error> {
         .par_iter()
         .map(|&(w, s)| -> Result<f64, Error> {
             let (name, pods) = &workloads[w];
-            let key = name.split(':').next().unwrap_or(name);
+            let key: String = name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
             let path = cache.join(format!("fill_generalise_fgd_{key}_{s}.txt"));
             if let Ok(t) = std::fs::read_to_string(&path)
                 && let Ok(v) = t.trim().parse()

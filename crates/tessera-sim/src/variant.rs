@@ -61,23 +61,25 @@ impl Default for VariantMix {
 
 impl VariantMix {
     /// The mix of the variant with `seed`: each knob keeps `default`'s value with
-    /// probability ½, else is drawn uniformly from the range the published variants
+    /// probability ½ (never all four), else is drawn uniformly from the range the published variants
     /// span (sharing 20–100 % of demand, constraints on 5–40 % of GPU pods, multi-GPU
     /// 10–50 % of demand, CPU-only pods 0.3–2.3 ×), so variants mix the properties the
     /// published ones change one at a time.
     pub fn for_seed(seed: u64) -> VariantMix {
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x7661_7269_616e_7473);
-        let mut knob = |lo: f64, hi: f64| -> Option<f64> {
-            if rng.random_bool(0.5) {
-                None
-            } else {
-                Some(rng.random_range(lo..hi))
+        // Which knobs move: each with probability ½, redrawn while none does, so no
+        // variant is `default` itself (a published trace).
+        let moved = loop {
+            let m: [bool; 4] = std::array::from_fn(|_| rng.random_bool(0.5));
+            if m.iter().any(|&b| b) {
+                break m;
             }
         };
-        let gpushare = knob(0.2, 1.0);
-        let gpuspec = knob(0.05, 0.4).unwrap_or(0.0);
-        let multigpu = knob(0.1, 0.5);
-        let cpu_only_factor = knob(0.3, 2.3).unwrap_or(1.0);
+        let mut knob = |on: bool, lo: f64, hi: f64| on.then(|| rng.random_range(lo..hi));
+        let gpushare = knob(moved[0], 0.2, 1.0);
+        let gpuspec = knob(moved[1], 0.05, 0.4).unwrap_or(0.0);
+        let multigpu = knob(moved[2], 0.1, 0.5);
+        let cpu_only_factor = knob(moved[3], 0.3, 2.3).unwrap_or(1.0);
         VariantMix {
             gpushare,
             gpuspec,
@@ -453,6 +455,10 @@ mod tests {
         assert_ne!(b.variant_csv(&mix, 7), b.variant_csv(&mix, 8));
         assert_eq!(VariantMix::for_seed(5), VariantMix::for_seed(5));
         let mixes: Vec<String> = (0..20).map(|s| VariantMix::for_seed(s).label()).collect();
+        assert!(
+            (0..200).all(|s| VariantMix::for_seed(s) != VariantMix::default()),
+            "a seed gave default itself"
+        );
         let mut unique = mixes.clone();
         unique.sort();
         unique.dedup();

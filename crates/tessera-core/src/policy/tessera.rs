@@ -10,14 +10,19 @@
 //!   Bands are `quantum` wide, and for a share `share_quantum_scale` × its milli-GPU, so
 //!   each share is judged on changes comparable to its own size.
 //! - **Model scarcity.** Fragment counts only the shapes that may use the node's GPU
-//!   model, and a pod pays `pressure_weight · pressure(model) · its milli-GPU` for using
-//!   a model that model-constrained shapes need ([`model_pressure`]), so unconstrained
-//!   pods leave the scarce models to the pods that can run nowhere else.
+//!   model, and a pod pays `pressure_weight · pressure(model)^pressure_exponent · its
+//!   milli-GPU` for using a model that model-constrained shapes need ([`model_pressure`]:
+//!   about the share of the model's GPUs they need), so unconstrained pods leave the
+//!   scarce models to the pods that can run nowhere else. The cost is convex (cube):
+//!   where constrained pods need a small part of a model it only breaks ties, where
+//!   they need all of it (pressure ≥ 1) it rules.
 //! - **CPU-only pods go where GPUs are used up**: they pay `cpu_pod_weight` per free GPU
 //!   left on the node, so they take CPU no GPU pod could use anyway.
-//! - **Multi-GPU shapes weigh at most `multi_gpu_cap` per GPU count**, so keeping an idle
-//!   8-GPU node whole is a tie-breaker (under one band) rather than a reason to put small
-//!   pods on worse-fitting nodes.
+//! - **Multi-GPU shapes are capped so that keeping an idle node whole is worth at most
+//!   one band** (`multi_gpu_bands`): the expectation counts a k-GPU node's whole idle GPU
+//!   as fragment for k-GPU shapes once one GPU is taken, and with frequent multi-GPU
+//!   shapes that outweighs how well small pods fit; capped, it decides only between
+//!   nodes that are otherwise about equal.
 //!
 //! Inside the node a one-GPU share takes the GPU that leaves the least fragment, then
 //! the fullest (`gpu_tight_weight` per GPU left on it also breaks node ties); multi-GPU
@@ -26,7 +31,7 @@
 //! The terms are combined here and only here, all in milli-GPU of fragment:
 //!
 //! ```text
-//! score = band(F_before − F_after) − pressure_weight · pressure · milli
+//! score = band(F_before − F_after) − pressure_weight · pressure³ · milli
 //!         − gpu_tight_weight · left_on_gpu − cpu_pod_weight · free_gpus  [CPU-only pods]
 //!         + topology_weight · interconnect
 //! band(x) = ⌊x / q⌋ · q,  q = share_quantum_scale · milli for shares, quantum otherwise
@@ -58,15 +63,19 @@ pub struct TesseraParams {
     pub count_inaccessible: bool,
     /// Cost per milli-GPU placed on a model of pressure 1 ([`model_pressure`]).
     pub pressure_weight: f64,
+    /// The cost grows as pressure to this power.
+    pub pressure_exponent: f64,
     /// Cost per GPU left free on the GPU(s) the pod uses (best fit among equals).
     pub gpu_tight_weight: f64,
     /// Cost per free GPU on the node, for CPU-only pods.
     pub cpu_pod_weight: f64,
     /// Worth of the best interconnect for multi-GPU pods.
     pub topology_weight: f64,
-    /// Most weight the typical pods of one GPU count above 1 may have together (share
-    /// of the workload; larger weights are scaled down to it, 0: no cap).
-    pub multi_gpu_cap: f64,
+    /// Most fragment, in bands of `quantum`, that the shapes of one GPU count k > 1 may
+    /// add when one GPU of an idle k-GPU node is taken: their weight together is capped
+    /// at `multi_gpu_bands · quantum / ((k − 1) · 1000)` before the weights are
+    /// renormalised (0: no cap).
+    pub multi_gpu_bands: f64,
     /// For shares: band width as this fraction of the share's milli-GPU instead of
     /// `quantum` (0: `quantum`).
     pub share_quantum_scale: f64,
@@ -79,10 +88,11 @@ impl Default for TesseraParams {
             quantum: 100.0,
             count_inaccessible: false,
             pressure_weight: 1.0,
+            pressure_exponent: 3.0,
             gpu_tight_weight: 20.0,
             cpu_pod_weight: 500.0,
             topology_weight: 10.0,
-            multi_gpu_cap: 0.006,
+            multi_gpu_bands: 1.0,
             share_quantum_scale: 0.285,
         }
     }
@@ -105,21 +115,21 @@ impl Tessera {
         params: TesseraParams,
     ) -> Tessera {
         Tessera {
-            workload: CompiledWorkload::new(&cap_multi_gpu(&workload, params.multi_gpu_cap)),
+            workload: CompiledWorkload::new(&cap_multi_gpu(&workload, |k| {
+                params.multi_gpu_bands * params.quantum / (f64::from(k.max(2) - 1) * 1000.0)
+            })),
             params,
             pressure: model_pressure(&workload, gpus_per_model),
         }
     }
 }
 
-/// The workload with the shapes of each GPU count above 1 scaled down, where they weigh
-/// more than `cap` together, to weigh `cap` before all weights are renormalised to sum
-/// to 1.
-pub fn cap_multi_gpu(wl: &TargetWorkload, cap: f64) -> TargetWorkload {
+/// The workload with the shapes of each GPU count k above 1 scaled down, where they
+/// weigh more than `cap(k)` together, to weigh `cap(k)`, before all weights are
+/// renormalised to sum to 1. A cap of 0 (or less) leaves that count alone.
+pub fn cap_multi_gpu(wl: &TargetWorkload, cap: impl Fn(u32) -> f64) -> TargetWorkload {
     let mut out = wl.clone();
-    if cap <= 0.0 {
-        return out;
-    }
+    let mut changed = false;
     let mut by_count: SmallVec<[(u32, f64); 4]> = SmallVec::new();
     for p in wl.pods.iter().filter(|p| p.gpus > 1) {
         match by_count.iter_mut().find(|(k, _)| *k == p.gpus) {
@@ -132,12 +142,14 @@ pub fn cap_multi_gpu(wl: &TargetWorkload, cap: f64) -> TargetWorkload {
             .iter()
             .find(|(k, _)| *k == p.gpus)
             .map_or(0.0, |(_, w)| *w);
-        if total > cap {
+        let cap = cap(p.gpus);
+        if cap > 0.0 && total > cap {
             p.weight *= cap / total;
+            changed = true;
         }
     }
     let sum: f64 = out.pods.iter().map(|p| p.weight).sum();
-    if sum > 0.0 {
+    if changed && sum > 0.0 {
         for p in &mut out.pods {
             p.weight /= sum;
         }
@@ -295,7 +307,8 @@ impl Policy for Tessera {
             .and_then(|m| self.pressure.get(m.0 as usize))
             .copied()
             .unwrap_or(0.0);
-        let reserved = p.pressure_weight * pressure * req.gpu.total_milli() as f64;
+        let reserved =
+            p.pressure_weight * pressure.powf(p.pressure_exponent) * req.gpu.total_milli() as f64;
         let per = req.gpu.milli_per_gpu();
         let left_on_gpus = gpus
             .iter()
@@ -394,7 +407,7 @@ mod tests {
                 pod(0, 0, ModelSet::ALL, 0.096),
             ],
         };
-        let c = cap_multi_gpu(&wl, 0.01);
+        let c = cap_multi_gpu(&wl, |_| 0.01);
         // The 8-GPU shapes (0.1 together) scale to 0.01, keeping their ratio; the 2-GPU
         // shape is under the cap. Then everything is renormalised (sum 0.91).
         let sum = 0.8 + 0.01 + 0.004 + 0.096;
@@ -409,7 +422,47 @@ mod tests {
         for (a, b) in w.iter().zip(want) {
             assert!((a - b).abs() < 1e-12, "{w:?}");
         }
-        assert_eq!(cap_multi_gpu(&wl, 0.0), wl);
+        assert_eq!(cap_multi_gpu(&wl, |_| 0.0), wl);
+    }
+
+    /// The cap follows from the band: one GPU taken from an idle 8-GPU node adds
+    /// 7000 · w8 of fragment for the 8-GPU shapes, so w8 ≤ 100 / 7000 keeps it within
+    /// one band of 100 (before renormalising, which inflates it where multi-GPU shapes
+    /// are much of the workload, as here).
+    #[test]
+    fn multi_gpu_cap_keeps_an_idle_node_worth_one_band() {
+        let (c, _, _, _) = setup();
+        let l = Ledger::new(&c);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let wl = TargetWorkload {
+            pods: vec![
+                pod(1, 1000, ModelSet::ALL, 0.5),
+                pod(8, 1000, ModelSet::ALL, 0.5),
+            ],
+        };
+        let req = Request::whole(1, 1000, 0);
+        let removed = |bands: f64, rng: &mut rand::rngs::SmallRng| {
+            let params = TesseraParams {
+                multi_gpu_bands: bands,
+                quantum: 100.0,
+                ..TesseraParams::default()
+            };
+            let t = Tessera::new(Arc::new(wl.clone()), &[], params);
+            let v = NodeView {
+                node: c.node(NodeId(2)),
+                used: l.node(NodeId(2)),
+                catalog: &c.catalog,
+            };
+            let fit = crate::fit::check(v, &req).unwrap();
+            t.score(v, &req, &fit, rng).unwrap().terms[0].value
+        };
+        // Uncapped: 0.5 · 7000 = 3500 of new fragment, 35 bands.
+        assert_eq!(removed(0.0, &mut rng), -3500.0);
+        // Capped: w8 = 1/70, then (1/70) / (0.5 + 1/70) ≈ 0.0278 after renormalising:
+        // 7000 · 0.0278 ≈ 194.4, rounded down to two bands.
+        assert_eq!(removed(1.0, &mut rng), -200.0);
+        // Half a band: w8 = 1/140 → (1/140) / (0.5 + 1/140) ≈ 0.0141, 7000 · w8 ≈ 98.6.
+        assert_eq!(removed(0.5, &mut rng), -100.0);
     }
 
     #[test]
@@ -534,5 +587,53 @@ mod tests {
         };
         let fit = crate::fit::check(v, &req).unwrap();
         assert_eq!(fixed.score(v, &req, &fit, &mut rng).unwrap().score, 300.0);
+    }
+
+    /// What the Kubernetes scheduler does with the learned workload: after pods of a new
+    /// shape arrive, a policy rebuilt from the target scores differently; a workload
+    /// rebuilt from the same pods (after a restart) gives the same scores.
+    #[test]
+    fn learned_workload_moves_the_scores() {
+        use crate::workload::{LearnConfig, LearnedWorkload, cold_start_prior};
+        let (c, _, _, _) = setup();
+        let l = Ledger::new(&c);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        // A 500-milli share on an idle G2 node leaves 500 on its GPU: fragment for every
+        // shape asking more than 500 of one GPU.
+        let req = Request::share_milli(500, 1000, 0);
+        let score = |wl: Arc<TargetWorkload>, rng: &mut rand::rngs::SmallRng| {
+            let t = Tessera::new(
+                wl,
+                &super::super::gpus_per_model(&c),
+                TesseraParams::default(),
+            );
+            let v = NodeView {
+                node: c.node(NodeId(2)),
+                used: l.node(NodeId(2)),
+                catalog: &c.catalog,
+            };
+            let fit = crate::fit::check(v, &req).unwrap();
+            t.score(v, &req, &fit, rng).unwrap().score
+        };
+        let config = LearnConfig::default();
+        let mut learned = LearnedWorkload::cold_start(config);
+        let before = score(learned.target(), &mut rng);
+        let new_shape = Request::share_milli(700, 1000, 0);
+        let mut seen = Vec::new();
+        let mut rebuilt = false;
+        for _ in 0..50 {
+            rebuilt |= learned.observe(&new_shape);
+            seen.push(new_shape.clone());
+        }
+        assert!(rebuilt);
+        // Now 700-milli shares are most of the workload (50 pods against a prior of 16,
+        // of which 0.4 asked 1000): the 500 left behind is fragment for most pods.
+        let after = score(learned.target(), &mut rng);
+        assert!(after < before - 100.0, "{before} → {after}");
+        let restarted = LearnedWorkload::rebuild(&cold_start_prior(), config, &seen);
+        assert_eq!(
+            score(restarted.target(), &mut rng),
+            score(Arc::new(learned.current()), &mut rng)
+        );
     }
 }
