@@ -31,7 +31,6 @@ fn params_from_env() -> Result<TesseraParams, Box<dyn std::error::Error>> {
             "quantum" => p.quantum = v,
             "multi_gpu_bands" => p.multi_gpu_bands = v,
             "cpu_pod_weight" => p.cpu_pod_weight = v,
-            "gpu_tight_weight" => p.gpu_tight_weight = v,
             other => return Err(format!("TP: unknown weight {other}").into()),
         }
     }

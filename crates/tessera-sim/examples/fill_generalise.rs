@@ -11,8 +11,9 @@
 //! where Tessera is behind, and behind by more than one (pooled) seed sd. FGD always gets
 //! the trace's typical pods (the published protocol); `--online` gives Tessera only what
 //! it learns from arrivals. FGD's results are cached under `$FGD_CACHE` (default: the
-//! system temp folder). Terms for `--off`: bands, share-bands, pressure, accessible,
-//! tight, cpu-pod, topology, multi-cap.
+//! system temp folder). `--prior-mass`, `--half-life`, `--rebuild-distance` set how
+//! Tessera learns. Terms for `--off`: bands, share-bands, pressure, accessible,
+//! cpu-pod, topology, multi-cap.
 
 use std::path::PathBuf;
 
@@ -33,7 +34,6 @@ fn switch_off(p: &mut TesseraParams, term: &str) -> Result<(), Error> {
         "share-bands" => p.share_quantum_scale = 0.0,
         "pressure" => p.pressure_weight = 0.0,
         "accessible" => p.count_inaccessible = true,
-        "tight" => p.gpu_tight_weight = 0.0,
         "cpu-pod" => p.cpu_pod_weight = 0.0,
         "topology" => p.topology_weight = 0.0,
         "multi-cap" => p.multi_gpu_bands = 0.0,
@@ -50,7 +50,6 @@ fn set_param(p: &mut TesseraParams, kv: &str) -> Result<(), Error> {
         "share_quantum_scale" => p.share_quantum_scale = v,
         "pressure_weight" => p.pressure_weight = v,
         "pressure_exponent" => p.pressure_exponent = v,
-        "gpu_tight_weight" => p.gpu_tight_weight = v,
         "cpu_pod_weight" => p.cpu_pod_weight = v,
         "topology_weight" => p.topology_weight = v,
         "multi_gpu_bands" => p.multi_gpu_bands = v,
@@ -69,6 +68,7 @@ fn main() -> Result<(), Error> {
     let mut n_seeds = 10;
     let mut online = false;
     let mut params = TesseraParams::default();
+    let mut learn = tessera_core::workload::LearnConfig::default();
     let mut i = 0;
     while i < args.len() {
         let v = args.get(i + 1).cloned().unwrap_or_default();
@@ -77,6 +77,9 @@ fn main() -> Result<(), Error> {
             "--seeds" => n_seeds = v.parse()?,
             "--off" => switch_off(&mut params, &v)?,
             "--set-param" => set_param(&mut params, &v)?,
+            "--prior-mass" => learn.prior_mass = v.parse()?,
+            "--half-life" => learn.half_life_arrivals = v.parse()?,
+            "--rebuild-distance" => learn.rebuild_distance = v.parse()?,
             "--online" => {
                 online = true;
                 i += 1;
@@ -129,6 +132,7 @@ fn main() -> Result<(), Error> {
         .map(|&(w, s)| -> Result<f64, Error> {
             let (name, pods) = &workloads[w];
             let mut config = FillConfig::for_workload(name.clone());
+            config.learn = learn;
             if online {
                 config.knowledge = Knowledge::Online;
             }

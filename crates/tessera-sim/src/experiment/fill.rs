@@ -61,6 +61,10 @@ pub struct FillConfig {
     pub permute_nodes: bool,
     /// What workload-aware policies know of the workload.
     pub knowledge: Knowledge,
+    /// How policies that learn their workload learn it (the prior's mass is replaced by
+    /// the trace's pod count under [`Knowledge::Typical`]).
+    #[serde(skip)]
+    pub learn: LearnConfig,
 }
 
 /// What a policy that learns its workload ([`Policy::learns_workload`]: `tessera`) knows
@@ -89,6 +93,7 @@ impl Default for FillConfig {
             max_pct: 130,
             permute_nodes: true,
             knowledge: Knowledge::Typical,
+            learn: LearnConfig::default(),
         }
     }
 }
@@ -254,11 +259,11 @@ pub fn run_fill_with(
             Knowledge::Typical => {
                 let learn = LearnConfig {
                     prior_mass: pods.len() as f64,
-                    ..LearnConfig::default()
+                    ..config.learn
                 };
                 LearnedWorkload::new(&typical_pods(pods, 1.0), learn)
             }
-            Knowledge::Online => LearnedWorkload::cold_start(LearnConfig::default()),
+            Knowledge::Online => LearnedWorkload::cold_start(config.learn),
         };
         policy = make_policy(l.target())?;
         learned = Some(l);
@@ -443,6 +448,25 @@ mod tests {
             serde_json::to_string(&r1.curve).unwrap(),
             serde_json::to_string(&r2.curve).unwrap()
         );
+    }
+
+    #[test]
+    fn online_knowledge_is_deterministic_and_leaves_fgd_alone() {
+        let (c, p) = (cluster(), pods());
+        let typical = FillConfig::for_workload("synthetic");
+        let online = FillConfig {
+            knowledge: Knowledge::Online,
+            ..typical.clone()
+        };
+        let json = |r: FillResult| serde_json::to_string(&r).unwrap();
+        let a = run_fill(&c, &p, "tessera", 42, &online).unwrap();
+        let b = run_fill(&c, &p, "tessera", 42, &online).unwrap();
+        assert_eq!(json(a.clone()), json(b));
+        assert_eq!(a.pods_placed + a.pods_failed, a.pods_submitted);
+        // FGD does not learn its workload: what learners know up front does not change it.
+        let f_online = run_fill(&c, &p, "fgd", 42, &online).unwrap();
+        let f_typical = run_fill(&c, &p, "fgd", 42, &typical).unwrap();
+        assert_eq!(json(f_online), json(f_typical));
     }
 
     #[test]
