@@ -18,6 +18,7 @@ pub mod model;
 pub mod placement;
 pub mod policy;
 pub mod request;
+pub mod workload;
 
 pub use explain::{Explanation, Reason};
 pub use ledger::{AllocId, Ledger};

@@ -18,7 +18,7 @@ use tessera_sim::experiment::fill::{
 };
 use tessera_sim::trace::openb::{load_nodes, load_pods};
 
-/// Tessera's weights: the defaults, with `TP="multi_gpu_cap=0,quantum=80"` overrides.
+/// Tessera's weights: the defaults, with `TP="multi_gpu_bands=0,quantum=80"` overrides.
 fn params_from_env() -> Result<TesseraParams, Box<dyn std::error::Error>> {
     let mut p = TesseraParams::default();
     let Ok(spec) = std::env::var("TP") else {
@@ -29,9 +29,8 @@ fn params_from_env() -> Result<TesseraParams, Box<dyn std::error::Error>> {
         let v: f64 = v.parse()?;
         match k {
             "quantum" => p.quantum = v,
-            "multi_gpu_cap" => p.multi_gpu_cap = v,
+            "multi_gpu_bands" => p.multi_gpu_bands = v,
             "cpu_pod_weight" => p.cpu_pod_weight = v,
-            "gpu_tight_weight" => p.gpu_tight_weight = v,
             other => return Err(format!("TP: unknown weight {other}").into()),
         }
     }
@@ -70,15 +69,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     for seed in seeds(n) {
         let wl = typical_pods(&pods, config.typical_coverage);
-        let args = PolicyArgs {
-            workload: Some(Arc::new(wl)),
-        };
+        let args = PolicyArgs::for_cluster(Arc::new(wl), &cluster0);
         let policy: Box<dyn policy::Policy> = if policy_name == "tessera" {
-            // As run_fill builds it: every pod shape and the model inventory.
-            Box::new(Tessera::for_cluster(
-                Arc::new(typical_pods(&pods, 1.0)),
+            // As run_fill builds it, with the weights from the environment.
+            Box::new(Tessera::new(
+                args.workload(),
+                &args.gpus_per_model,
                 params_from_env()?,
-                &cluster0,
             ))
         } else {
             policy::by_name(policy_name, &args)?

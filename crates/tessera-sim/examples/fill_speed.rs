@@ -1,7 +1,7 @@
 //! Wall time of one fill run (single thread) on an openb trace.
 //!
 //! `cargo run --release -p tessera-sim --example fill_speed -- [trace] [policy] [seed] [repeats]`
-//! (defaults: default fgd 42 3). Prints the best of the repeats and the run's result at 100 %.
+//! (defaults: default fgd 42 3; `FILL_ONLINE=1`: the policy learns the workload online). Prints the best of the repeats and the run's result at 100 %.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -25,7 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &dir.join(format!("openb_pod_list_{trace}.csv")),
         &cluster.catalog,
     )?;
-    let config = FillConfig::for_workload(trace);
+    let mut config = FillConfig::for_workload(trace);
+    if std::env::var("FILL_ONLINE").is_ok_and(|v| v == "1") {
+        config.knowledge = tessera_sim::experiment::fill::Knowledge::Online;
+    }
     let mut best = f64::INFINITY;
     let mut last = None;
     for _ in 0..repeats {

@@ -12,7 +12,7 @@ use serde::Serialize;
 use tessera_core::model::Cluster;
 
 use crate::experiment::cost::ReplayCost;
-use crate::experiment::fill::{FillConfig, FillError, FillResult, run_fill};
+use crate::experiment::fill::{FillConfig, FillError, FillResult, Knowledge, run_fill};
 use crate::experiment::replay::{
     ReplayError, ReplayInput, ReplayOptions, ReplayResult, SustainableLoad, prepare, run_replay,
     sustainable_load,
@@ -132,6 +132,17 @@ pub fn fill_grid(
     seeds: &[u64],
     tick: &(dyn Fn() + Sync),
 ) -> Result<Vec<FillSummary>, GridError> {
+    fill_grid_with(workloads, policies, seeds, Knowledge::Typical, tick)
+}
+
+/// [`fill_grid`] with what policies that learn their workload know up front.
+pub fn fill_grid_with(
+    workloads: &[Workload],
+    policies: &[String],
+    seeds: &[u64],
+    knowledge: Knowledge,
+    tick: &(dyn Fn() + Sync),
+) -> Result<Vec<FillSummary>, GridError> {
     let jobs: Vec<(usize, usize, u64)> = (0..workloads.len())
         .flat_map(|w| (0..policies.len()).flat_map(move |p| seeds.iter().map(move |&s| (w, p, s))))
         .collect();
@@ -139,7 +150,10 @@ pub fn fill_grid(
         jobs.par_iter()
             .map(|&(w, p, seed)| {
                 let wl = &workloads[w];
-                let config = FillConfig::for_workload(wl.name.clone());
+                let config = FillConfig {
+                    knowledge,
+                    ..FillConfig::for_workload(wl.name.clone())
+                };
                 let r = run_fill(&wl.cluster, &wl.pods, &policies[p], seed, &config).map_err(
                     |source| GridError::Fill {
                         workload: wl.name.clone(),

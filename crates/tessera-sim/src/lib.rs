@@ -10,4 +10,5 @@ pub mod grid;
 pub mod metrics;
 pub mod report;
 pub mod trace;
+pub mod variant;
 pub mod workload;

@@ -20,6 +20,9 @@ struct Cli {
 enum Command {
     /// Run a trace-driven experiment (no arguments: the built-in synthetic default).
     Simulate(cmd::simulate::SimulateArgs),
+    /// Derive workload traces (openb-style variants of `default`).
+    #[command(subcommand)]
+    Trace(cmd::trace::TraceCommand),
     /// Place one request on a cluster and show the score breakdown or why nothing fits.
     Place(cmd::place::PlaceArgs),
     /// Measure decision speed.
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Simulate(a) => cmd::simulate::run(a),
+        Command::Trace(c) => cmd::trace::run(c),
         Command::Place(a) => cmd::place::run(a),
         Command::Bench(c) => cmd::bench::run(c),
         Command::Scheduler(a) => cmd::scheduler::run(a),

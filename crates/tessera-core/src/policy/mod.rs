@@ -25,6 +25,7 @@ use rand::RngCore;
 
 use crate::fit::{Fit, GpuSet, NodeView};
 use crate::frag::TargetWorkload;
+use crate::model::Cluster;
 use crate::placement::Scored;
 use crate::request::{GpuAsk, Request};
 
@@ -48,6 +49,12 @@ pub trait Policy: Send + Sync {
     fn cacheable(&self) -> bool {
         true
     }
+
+    /// Whether the policy wants its target workload learned from the pods that arrive
+    /// ([`crate::workload::LearnedWorkload`]); its holder rebuilds it when the target moves.
+    fn learns_workload(&self) -> bool {
+        false
+    }
 }
 
 /// Arguments every policy may read; each validates what it uses.
@@ -56,6 +63,8 @@ pub struct PolicyArgs {
     /// The workload fragmentation is measured against (FGD's "typical pods").
     /// `None` means the built-in distribution calibrated to the openb trace.
     pub workload: Option<Arc<TargetWorkload>>,
+    /// GPUs of each model id in the cluster ([`gpus_per_model`]); empty when unknown.
+    pub gpus_per_model: Vec<u32>,
 }
 
 impl PolicyArgs {
@@ -64,6 +73,27 @@ impl PolicyArgs {
             .clone()
             .unwrap_or_else(|| Arc::new(TargetWorkload::builtin()))
     }
+
+    /// `workload` as the target, with the GPU inventory of `cluster`.
+    pub fn for_cluster(workload: Arc<TargetWorkload>, cluster: &Cluster) -> PolicyArgs {
+        PolicyArgs {
+            workload: Some(workload),
+            gpus_per_model: gpus_per_model(cluster),
+        }
+    }
+}
+
+/// GPUs of each model id in `cluster` (indexed by [`crate::model::ModelId`]).
+pub fn gpus_per_model(cluster: &Cluster) -> Vec<u32> {
+    let mut n = vec![0u32; cluster.catalog.specs().len()];
+    for node in cluster.nodes() {
+        for g in &node.gpus {
+            if let Some(c) = n.get_mut(g.model.0 as usize) {
+                *c += 1;
+            }
+        }
+    }
+    n
 }
 
 /// Every policy name, in the order tables list them.
@@ -101,7 +131,11 @@ pub fn by_name(name: &str, args: &PolicyArgs) -> Result<Box<dyn Policy>, Unknown
         "packing" => Box::new(packing::Packing),
         "fgd" => Box::new(fgd::Fgd::new(args.workload())),
         "topology" => Box::new(topology::Topology),
-        "tessera" => Box::new(tessera::Tessera::new(args.workload())),
+        "tessera" => Box::new(tessera::Tessera::new(
+            args.workload(),
+            &args.gpus_per_model,
+            tessera::TesseraParams::default(),
+        )),
         "k8s-default" => Box::new(k8s_default::K8sDefault),
         "k8s-binpack" => Box::new(k8s_binpack::K8sBinpack),
         other => {

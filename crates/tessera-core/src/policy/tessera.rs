@@ -1,84 +1,47 @@
 //! `tessera`: Tessera's default policy.
 //!
-//! It starts from FGD's insight — place each pod where the node's expected
-//! fragmentation (over the target workload) grows least — and changes three things
-//! that matter on the openb traces (measured with the fill experiment; see the
-//! simulator's report):
-//! - **Coarse fragment bands, then first fit.** The fragment change `F_before −
-//!   F_after` (milli-GPU) is rounded down to bands of `quantum` (100 milli-GPU); nodes in
-//!   the same band tie, and ties go to the earlier node, i.e. first fit in node order.
-//!   Exact fragment changes did much worse (7.1 % unallocated on `default` against
-//!   FGD's 4.7 %): chasing tiny differences spreads pods over the cluster, while first
-//!   fit keeps used GPUs together and whole nodes idle. FGD gets a similar effect by
-//!   accident, from its sigmoid and integer truncation (bands of about 40 milli-GPU).
-//!   For shares the band is instead `share_quantum_scale` (0.285) times
-//!   the share's own milli-GPU: a 100-milli share sees bands of 28.5, an 800-milli share
-//!   bands of 228, so each share is judged on fragment changes comparable to its size.
-//!   Measured (fill, mean unallocated GPU %): this is what lets Tessera beat FGD on
-//!   `gpushare40` (6.09 → 5.94 % on seeds 42–51 against FGD's 6.02; 5.93 % on 20 and 30
-//!   seeds against 6.00/6.01) and it stays ahead on all 17 traces on 10 and 20 seeds (mean
-//!   relative difference −9.1 % instead of −8.8/−8.9 %), at a cost on `default`
-//!   (4.48 → 4.62 %, FGD 4.75) and `cpu050/100` (+0.06 points); the thinnest lead is
-//!   `gpushare80` (10.88 against 10.91 on 20 seeds). The landscape is rugged:
-//!   0.28–0.30 all win on all 17 traces on 10 and 20 seeds, 0.27 and 0.31 lose on
-//!   `gpushare40`, and 0.33–0.5 lose by 2–4 %. Tried with it and dropped: a floor on
-//!   the band (25/50/80/100 milli-GPU), a ceiling (100/150/200), and shifting all band
-//!   edges by ±25/50 milli-GPU (rounding instead of flooring: +12 % on `gpushare40`).
-//! - **Model scarcity.** Fragment is measured only against pod shapes that may use the
-//!   node's GPU model (FGD counts the others as "all idle GPU is fragment", which draws
-//!   unconstrained pods onto the scarce models constrained pods need), and a pod pays
-//!   `pressure_weight · pressure(model) · its milli-GPU` for using a model that
-//!   model-constrained pods need ([`model_pressure`]; needs [`Tessera::for_cluster`]).
+//! FGD's rule — place each pod where the node's expected fragmentation over the target
+//! workload grows least — with these changes, each for a reason (the measurements and
+//! what was tried and dropped are in `docs/tuning.md`; the ablation in
+//! `docs/simulator.md`):
+//! - **Bands, then first fit.** The fragment change is rounded down to bands and nodes
+//!   in one band tie, ties going to the earlier node: chasing tiny differences spreads
+//!   pods over the cluster, first fit keeps used GPUs together and whole nodes idle.
+//!   Bands are `quantum` wide, and for a share `share_quantum_scale` × its milli-GPU, so
+//!   each share is judged on changes comparable to its own size.
+//! - **Model scarcity.** Fragment counts only the shapes that may use the node's GPU
+//!   model, and a pod pays `pressure_weight · pressure(model)^pressure_exponent · its
+//!   milli-GPU` for using a model that model-constrained shapes need ([`model_pressure`]:
+//!   about the share of the model's GPUs they need), so unconstrained pods leave the
+//!   scarce models to the pods that can run nowhere else. The cost is convex (cube):
+//!   where constrained pods need a small part of a model it only breaks ties, where
+//!   they need all of it (pressure ≥ 1) it rules.
 //! - **CPU-only pods go where GPUs are used up**: they pay `cpu_pod_weight` per free GPU
-//!   left on the node, so they take CPU that no GPU pod could use anyway.
-//! - **Multi-GPU shapes weigh at most `multi_gpu_cap` per GPU count.** The expectation
-//!   counts a node's whole idle GPU as fragment for every multi-GPU shape the node can no
-//!   longer host, so when such pods are frequent (the `multigpu*` traces: 8-GPU pods are
-//!   4–6 % of pods) opening an idle 8-GPU node costs `7000 · w8` ≈ 300–400 milli-GPU,
-//!   three or four bands, and single-GPU pods are pushed onto worse-fitting nodes to keep
-//!   8-GPU nodes whole. Capping the total weight of the shapes of each GPU count above 1
-//!   at 0.6 % of the workload (about what 8-GPU pods weigh in `default`) leaves the
-//!   protection as a tie-breaker of at most ~40 milli-GPU. Measured on 20 seeds: 0.4–0.6 %
-//!   are alike (0.8 % loses most of the gain); `multigpu40` 3.28 → 3.02 % unallocated,
-//!   `multigpu50` 2.86 → 2.56 %, no change where multi-GPU pods are rare. Weighting them
-//!   by `1/gpus` instead helped the `multigpu*` traces as much but cost `default` and
-//!   `cpu100` 0.1–0.15 points; removing them (or `1/gpus^1.5`) lets small pods spread over
-//!   the 8-GPU nodes and 8-GPU pods fail in bulk (`multigpu50` 2.6 → 3.7 %).
+//!   left on the node, so they take CPU no GPU pod could use anyway.
+//! - **Multi-GPU shapes are capped so that keeping an idle node whole is worth at most
+//!   one band** (`multi_gpu_bands`): the expectation counts a k-GPU node's whole idle GPU
+//!   as fragment for k-GPU shapes once one GPU is taken, and with frequent multi-GPU
+//!   shapes that outweighs how well small pods fit; capped, it decides only between
+//!   nodes that are otherwise about equal.
 //!
-//! Inside the node a one-GPU share takes the GPU that leaves the least fragment, then the
-//! fullest (best fit, `gpu_tight_weight` per GPU left on it also breaks node ties), and
-//! multi-GPU pods the best-connected GPUs (NVLink, one NUMA node).
+//! Inside the node a one-GPU share takes the GPU that leaves the least fragment, then
+//! the fullest; multi-GPU pods take the best-connected GPUs (`topology_weight`: the
+//! fill experiment cannot measure it, as the openb nodes carry no interconnect, but it
+//! decides between equal nodes for multi-GPU pods on NVLink machines).
 //!
 //! The terms are combined here and only here, all in milli-GPU of fragment:
 //!
 //! ```text
-//! score = band(F_before − F_after) − pressure_weight · pressure · milli
-//!         − gpu_tight_weight · left_on_gpu − cpu_pod_weight · free_gpus  [CPU-only pods]
+//! score = band(F_before − F_after) − pressure_weight · pressure³ · milli
+//!         − cpu_pod_weight · free_gpus  [CPU-only pods]
 //!         + topology_weight · interconnect
 //! band(x) = ⌊x / q⌋ · q,  q = share_quantum_scale · milli for shares, quantum otherwise
 //! ```
 //!
-//! The score is a pure function of the node's state and the request, so the scheduler
-//! caches it per request shape.
-//!
-//! Tried and dropped (no better or worse on the openb traces): preferring fuller or
-//! emptier nodes among ties, a cost for opening idle nodes (any, or only 8-GPU ones),
-//! finer bands for shares, bands of 60/80/125/200/400/1000 milli-GPU, sigmoid-shaped
-//! bands, weighting the workload by GPU demand, and FGD's own sigmoid score as the base.
-//! Also dropped, per request kind (20 seeds): band widths of 40/50/90/110/200/300 for
-//! shares, single whole GPUs or multi-GPU pods alone (90 for shares helps `gpushare40`
-//! but costs `default` 0.3 points; the landscape is rugged), FGD's sigmoid bands for one
-//! kind, breaking ties inside a band by the exact fragment change (any kind: worse,
-//! first fit matters), a bonus or cost per idle GPU left on the node for whole-GPU pods
-//! (−5 helps `multigpu20/30` alone, but with the cap it blows up), a cost for a share
-//! opening an idle GPU, banded GPU choice for shares, counting free memory as CPU
-//! (`min(cpu, mem / 4 GiB)`), counting only usable free GPU for CPU-only pods, a
-//! CPU-per-GPU match between pod and node, a CPU best-fit tie-break, an expected
-//! "terminal waste" of the share's GPU (filled by random fitting shares until none
-//! fits), a cost for partly used GPUs left without the CPU any share needs, FGD's own
-//! score (or its 95 % workload) for one request kind only, and lower caps (0.2–0.4 %).
-//! None of these beat FGD on `gpushare40`, where both leave ~4 % of the GPUs as the
-//! 190-milli slivers beside 810-milli shares; bands proportional to the share's size do.
+//! The target workload is whatever the caller holds: the trace's typical pods, or the
+//! workload learned online ([`crate::workload::LearnedWorkload`]). The score is a pure
+//! function of the node's state and the request, so the scheduler caches it per shape;
+//! a caller whose target changes builds a new policy.
 
 use std::sync::Arc;
 
@@ -88,7 +51,7 @@ use smallvec::SmallVec;
 use super::{Policy, first_gpus, gpu_free_milli};
 use crate::fit::{Fit, GpuSet, NodeView, best_connected};
 use crate::frag::{CompiledWorkload, FragNode, TargetWorkload};
-use crate::model::{Cluster, ModelId};
+use crate::model::ModelId;
 use crate::placement::{ScoreTerm, Scored};
 use crate::request::{GpuAsk, Request};
 
@@ -101,15 +64,17 @@ pub struct TesseraParams {
     pub count_inaccessible: bool,
     /// Cost per milli-GPU placed on a model of pressure 1 ([`model_pressure`]).
     pub pressure_weight: f64,
-    /// Cost per GPU left free on the GPU(s) the pod uses (best fit among equals).
-    pub gpu_tight_weight: f64,
+    /// The cost grows as pressure to this power.
+    pub pressure_exponent: f64,
     /// Cost per free GPU on the node, for CPU-only pods.
     pub cpu_pod_weight: f64,
     /// Worth of the best interconnect for multi-GPU pods.
     pub topology_weight: f64,
-    /// Most weight the typical pods of one GPU count above 1 may have together (share
-    /// of the workload; larger weights are scaled down to it, 0: no cap).
-    pub multi_gpu_cap: f64,
+    /// Most fragment, in bands of `quantum`, that the shapes of one GPU count k > 1 may
+    /// add when one GPU of an idle k-GPU node is taken: their weight together is capped
+    /// at `multi_gpu_bands · quantum / ((k − 1) · 1000)` before the weights are
+    /// renormalised (0: no cap).
+    pub multi_gpu_bands: f64,
     /// For shares: band width as this fraction of the share's milli-GPU instead of
     /// `quantum` (0: `quantum`).
     pub share_quantum_scale: f64,
@@ -122,10 +87,10 @@ impl Default for TesseraParams {
             quantum: 100.0,
             count_inaccessible: false,
             pressure_weight: 1.0,
-            gpu_tight_weight: 20.0,
+            pressure_exponent: 3.0,
             cpu_pod_weight: 500.0,
             topology_weight: 10.0,
-            multi_gpu_cap: 0.006,
+            multi_gpu_bands: 1.0,
             share_quantum_scale: 0.285,
         }
     }
@@ -139,43 +104,30 @@ pub struct Tessera {
 }
 
 impl Tessera {
-    /// Without the cluster's model inventory: no model-pressure term.
-    pub fn new(workload: Arc<TargetWorkload>) -> Tessera {
-        Tessera::with_params(workload, TesseraParams::default())
-    }
-
-    pub fn with_params(workload: Arc<TargetWorkload>, params: TesseraParams) -> Tessera {
-        Tessera {
-            workload: CompiledWorkload::new(&cap_multi_gpu(&workload, params.multi_gpu_cap)),
-            params,
-            pressure: Vec::new(),
-        }
-    }
-
-    /// Knows the cluster's GPU models, so it can steer pods that may use several models
-    /// away from the models the model-constrained pods need most.
-    pub fn for_cluster(
+    /// The one constructor. `gpus_per_model` is the cluster's GPU inventory by model id
+    /// ([`super::gpus_per_model`]); empty means unknown, and then there is no
+    /// model-pressure term.
+    pub fn new(
         workload: Arc<TargetWorkload>,
+        gpus_per_model: &[u32],
         params: TesseraParams,
-        cluster: &Cluster,
     ) -> Tessera {
-        let pressure = model_pressure(&workload, cluster);
         Tessera {
-            workload: CompiledWorkload::new(&cap_multi_gpu(&workload, params.multi_gpu_cap)),
+            workload: CompiledWorkload::new(&cap_multi_gpu(&workload, |k| {
+                params.multi_gpu_bands * params.quantum / (f64::from(k.max(2) - 1) * 1000.0)
+            })),
             params,
-            pressure,
+            pressure: model_pressure(&workload, gpus_per_model),
         }
     }
 }
 
-/// The workload with the shapes of each GPU count above 1 scaled down, where they weigh
-/// more than `cap` together, to weigh `cap` before all weights are renormalised to sum
-/// to 1.
-pub fn cap_multi_gpu(wl: &TargetWorkload, cap: f64) -> TargetWorkload {
+/// The workload with the shapes of each GPU count k above 1 scaled down, where they
+/// weigh more than `cap(k)` together, to weigh `cap(k)`, before all weights are
+/// renormalised to sum to 1. A cap of 0 (or less) leaves that count alone.
+pub fn cap_multi_gpu(wl: &TargetWorkload, cap: impl Fn(u32) -> f64) -> TargetWorkload {
     let mut out = wl.clone();
-    if cap <= 0.0 {
-        return out;
-    }
+    let mut changed = false;
     let mut by_count: SmallVec<[(u32, f64); 4]> = SmallVec::new();
     for p in wl.pods.iter().filter(|p| p.gpus > 1) {
         match by_count.iter_mut().find(|(k, _)| *k == p.gpus) {
@@ -188,12 +140,14 @@ pub fn cap_multi_gpu(wl: &TargetWorkload, cap: f64) -> TargetWorkload {
             .iter()
             .find(|(k, _)| *k == p.gpus)
             .map_or(0.0, |(_, w)| *w);
-        if total > cap {
+        let cap = cap(p.gpus);
+        if cap > 0.0 && total > cap {
             p.weight *= cap / total;
+            changed = true;
         }
     }
     let sum: f64 = out.pods.iter().map(|p| p.weight).sum();
-    if sum > 0.0 {
+    if changed && sum > 0.0 {
         for p in &mut out.pods {
             p.weight /= sum;
         }
@@ -206,14 +160,9 @@ pub fn cap_multi_gpu(wl: &TargetWorkload, cap: f64) -> TargetWorkload {
 /// per GPU of the model, over the whole workload's demand per GPU of the cluster. 1.0
 /// means the constrained pods alone ask as much of this model as the average pod asks of
 /// any GPU.
-pub fn model_pressure(wl: &TargetWorkload, cluster: &Cluster) -> Vec<f64> {
-    let n_models = cluster.catalog.specs().len();
-    let mut supply = vec![0.0f64; n_models];
-    for node in cluster.nodes() {
-        for g in &node.gpus {
-            supply[g.model.0 as usize] += 1.0;
-        }
-    }
+pub fn model_pressure(wl: &TargetWorkload, gpus_per_model: &[u32]) -> Vec<f64> {
+    let n_models = gpus_per_model.len();
+    let supply: Vec<f64> = gpus_per_model.iter().map(|&n| f64::from(n)).collect();
     let total_supply: f64 = supply.iter().sum();
     let supply_ref = &supply;
     let present = move |set: crate::model::ModelSet| {
@@ -324,6 +273,10 @@ impl Policy for Tessera {
         "tessera"
     }
 
+    fn learns_workload(&self) -> bool {
+        true
+    }
+
     fn score(
         &self,
         view: NodeView<'_>,
@@ -352,27 +305,15 @@ impl Policy for Tessera {
             .and_then(|m| self.pressure.get(m.0 as usize))
             .copied()
             .unwrap_or(0.0);
-        let reserved = p.pressure_weight * pressure * req.gpu.total_milli() as f64;
-        let per = req.gpu.milli_per_gpu();
-        let left_on_gpus = gpus
-            .iter()
-            .map(|&g| {
-                f64::from(
-                    view.used.gpus[g as usize]
-                        .free_cores_milli
-                        .saturating_sub(per),
-                )
-            })
-            .sum::<f64>()
-            / 1000.0;
-        let free_gpus = gpu_free_milli(view) as f64 / 1000.0;
-        let tight = if req.gpu.gpu_count() == 0 {
-            p.cpu_pod_weight * free_gpus
+        let reserved =
+            p.pressure_weight * pressure.powf(p.pressure_exponent) * req.gpu.total_milli() as f64;
+        let cpu_pod_cost = if req.gpu.gpu_count() == 0 {
+            p.cpu_pod_weight * gpu_free_milli(view) as f64 / 1000.0
         } else {
-            p.gpu_tight_weight * left_on_gpus
+            0.0
         };
         let interconnect = super::topology::normalised_quality(view, &gpus);
-        let score = frag_removed - reserved - tight + p.topology_weight * interconnect;
+        let score = frag_removed - reserved - cpu_pod_cost + p.topology_weight * interconnect;
         Some(Scored {
             score,
             gpus,
@@ -386,8 +327,8 @@ impl Policy for Tessera {
                     value: pressure,
                 },
                 ScoreTerm {
-                    name: "tightness-cost",
-                    value: tight,
+                    name: "cpu-only-cost",
+                    value: cpu_pod_cost,
                 },
                 ScoreTerm {
                     name: "interconnect",
@@ -405,7 +346,7 @@ mod tests {
     use super::*;
     use crate::frag::TypicalPod;
     use crate::ledger::Ledger;
-    use crate::model::{Catalog, ModelSet, Node, NodeId};
+    use crate::model::{Catalog, Cluster, ModelSet, Node, NodeId};
     use crate::placement::{Decision, GpuGrant, Placement, Scheduler};
     use rand::SeedableRng;
 
@@ -451,7 +392,7 @@ mod tests {
                 pod(0, 0, ModelSet::ALL, 0.096),
             ],
         };
-        let c = cap_multi_gpu(&wl, 0.01);
+        let c = cap_multi_gpu(&wl, |_| 0.01);
         // The 8-GPU shapes (0.1 together) scale to 0.01, keeping their ratio; the 2-GPU
         // shape is under the cap. Then everything is renormalised (sum 0.91).
         let sum = 0.8 + 0.01 + 0.004 + 0.096;
@@ -466,13 +407,53 @@ mod tests {
         for (a, b) in w.iter().zip(want) {
             assert!((a - b).abs() < 1e-12, "{w:?}");
         }
-        assert_eq!(cap_multi_gpu(&wl, 0.0), wl);
+        assert_eq!(cap_multi_gpu(&wl, |_| 0.0), wl);
+    }
+
+    /// The cap follows from the band: one GPU taken from an idle 8-GPU node adds
+    /// 7000 · w8 of fragment for the 8-GPU shapes, so w8 ≤ 100 / 7000 keeps it within
+    /// one band of 100 (before renormalising, which inflates it where multi-GPU shapes
+    /// are much of the workload, as here).
+    #[test]
+    fn multi_gpu_cap_keeps_an_idle_node_worth_one_band() {
+        let (c, _, _, _) = setup();
+        let l = Ledger::new(&c);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let wl = TargetWorkload {
+            pods: vec![
+                pod(1, 1000, ModelSet::ALL, 0.5),
+                pod(8, 1000, ModelSet::ALL, 0.5),
+            ],
+        };
+        let req = Request::whole(1, 1000, 0);
+        let removed = |bands: f64, rng: &mut rand::rngs::SmallRng| {
+            let params = TesseraParams {
+                multi_gpu_bands: bands,
+                quantum: 100.0,
+                ..TesseraParams::default()
+            };
+            let t = Tessera::new(Arc::new(wl.clone()), &[], params);
+            let v = NodeView {
+                node: c.node(NodeId(2)),
+                used: l.node(NodeId(2)),
+                catalog: &c.catalog,
+            };
+            let fit = crate::fit::check(v, &req).unwrap();
+            t.score(v, &req, &fit, rng).unwrap().terms[0].value
+        };
+        // Uncapped: 0.5 · 7000 = 3500 of new fragment, 35 bands.
+        assert_eq!(removed(0.0, &mut rng), -3500.0);
+        // Capped: w8 = 1/70, then (1/70) / (0.5 + 1/70) ≈ 0.0278 after renormalising:
+        // 7000 · 0.0278 ≈ 194.4, rounded down to two bands.
+        assert_eq!(removed(1.0, &mut rng), -200.0);
+        // Half a band: w8 = 1/140 → (1/140) / (0.5 + 1/140) ≈ 0.0141, 7000 · w8 ≈ 98.6.
+        assert_eq!(removed(0.5, &mut rng), -100.0);
     }
 
     #[test]
     fn pressure_arithmetic() {
         let (c, wl, t4, g2) = setup();
-        let p = model_pressure(&wl, &c);
+        let p = model_pressure(&wl, &super::super::gpus_per_model(&c));
         // Demand per GPU of the cluster: (0.5·1000 + 0.5·1000) / 52 GPUs.
         // T4 carries the constrained 0.5·1000 over its 4 GPUs: (500/4) / (1000/52) = 6.5.
         assert!((p[t4.0 as usize] - 6.5).abs() < 1e-9);
@@ -486,16 +467,20 @@ mod tests {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let req = Request::whole(1, 1000, 0);
         // Without the inventory the first node (a T4) wins the tie.
-        let mut plain = Scheduler::new(Box::new(Tessera::new(Arc::new(wl.clone()))));
+        let mut plain = Scheduler::new(Box::new(Tessera::new(
+            Arc::new(wl.clone()),
+            &[],
+            TesseraParams::default(),
+        )));
         match plain.decide(&c, &l, &req, &mut rng) {
             Decision::Place(p) => assert_eq!(c.node(p.node).name, "t4-a"),
             d => panic!("{d:?}"),
         }
         // With it, the pod goes to the first G2 node.
-        let mut aware = Scheduler::new(Box::new(Tessera::for_cluster(
+        let mut aware = Scheduler::new(Box::new(Tessera::new(
             Arc::new(wl),
+            &super::super::gpus_per_model(&c),
             TesseraParams::default(),
-            &c,
         )));
         match aware.decide(&c, &l, &req, &mut rng) {
             Decision::Place(p) => assert_eq!(c.node(p.node).name, "g2-0"),
@@ -519,7 +504,11 @@ mod tests {
             },
         )
         .unwrap();
-        let mut s = Scheduler::new(Box::new(Tessera::new(Arc::new(wl))));
+        let mut s = Scheduler::new(Box::new(Tessera::new(
+            Arc::new(wl),
+            &[],
+            TesseraParams::default(),
+        )));
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         match s.decide(&c, &l, &Request::cpu_only(4000, 0), &mut rng) {
             Decision::Place(p) => assert_eq!(c.node(p.node).name, "t4-b"),
@@ -545,7 +534,7 @@ mod tests {
         let wl = TargetWorkload {
             pods: vec![pod(1, 500, ModelSet::ALL, 1.0)],
         };
-        let t = Tessera::new(Arc::new(wl));
+        let t = Tessera::new(Arc::new(wl), &[], TesseraParams::default());
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let req = Request::share_milli(300, 0, 0);
         let score = |id: u32, rng: &mut rand::rngs::SmallRng| {
@@ -558,18 +547,18 @@ mod tests {
             t.score(v, &req, &fit, rng).unwrap()
         };
         // g2-1: GPU 0 has 300 free (fragment for 500-pods: 300) → 0 after: +300 removed,
-        // in bands of 0.285 · 300 = 85.5 for this share: 3 bands, 256.5; best fit, 0 left
-        // on the GPU. Idle g2-0: 1000 → 700 fits a 500: 0 → 0, band 0, and 0.7 GPU left
-        // costs 20 · 0.7 = 14.
+        // in bands of 0.285 · 300 = 85.5 for this share: 3 bands, 256.5. Idle g2-0:
+        // 1000 → 700 fits a 500: 0 → 0, band 0.
         let s1 = score(3, &mut rng);
         assert_eq!(s1.gpus.as_slice(), &[0]);
         assert!((s1.score - 256.5).abs() < 1e-9, "{}", s1.score);
-        assert_eq!(score(2, &mut rng).score, -14.0);
+        assert_eq!(score(2, &mut rng).score, 0.0);
         // With fixed bands for shares (scale 0) the 300 removed is exactly 3 bands of 100.
-        let fixed = Tessera::with_params(
+        let fixed = Tessera::new(
             Arc::new(TargetWorkload {
                 pods: vec![pod(1, 500, ModelSet::ALL, 1.0)],
             }),
+            &[],
             TesseraParams {
                 share_quantum_scale: 0.0,
                 ..TesseraParams::default()
@@ -582,5 +571,53 @@ mod tests {
         };
         let fit = crate::fit::check(v, &req).unwrap();
         assert_eq!(fixed.score(v, &req, &fit, &mut rng).unwrap().score, 300.0);
+    }
+
+    /// What the Kubernetes scheduler does with the learned workload: after pods of a new
+    /// shape arrive, a policy rebuilt from the target scores differently; a workload
+    /// rebuilt from the same pods (after a restart) gives the same scores.
+    #[test]
+    fn learned_workload_moves_the_scores() {
+        use crate::workload::{LearnConfig, LearnedWorkload, cold_start_prior};
+        let (c, _, _, _) = setup();
+        let l = Ledger::new(&c);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        // A 500-milli share on an idle G2 node leaves 500 on its GPU: fragment for every
+        // shape asking more than 500 of one GPU.
+        let req = Request::share_milli(500, 1000, 0);
+        let score = |wl: Arc<TargetWorkload>, rng: &mut rand::rngs::SmallRng| {
+            let t = Tessera::new(
+                wl,
+                &super::super::gpus_per_model(&c),
+                TesseraParams::default(),
+            );
+            let v = NodeView {
+                node: c.node(NodeId(2)),
+                used: l.node(NodeId(2)),
+                catalog: &c.catalog,
+            };
+            let fit = crate::fit::check(v, &req).unwrap();
+            t.score(v, &req, &fit, rng).unwrap().score
+        };
+        let config = LearnConfig::default();
+        let mut learned = LearnedWorkload::cold_start(config);
+        let before = score(learned.target(), &mut rng);
+        let new_shape = Request::share_milli(700, 1000, 0);
+        let mut seen = Vec::new();
+        let mut rebuilt = false;
+        for _ in 0..500 {
+            rebuilt |= learned.observe(&new_shape);
+            seen.push(new_shape.clone());
+        }
+        assert!(rebuilt);
+        // Now 700-milli shares are most of the workload (500 pods against a prior of
+        // 256, of which 0.4 asked 1000): the 500 left behind is fragment for most pods.
+        let after = score(learned.target(), &mut rng);
+        assert!(after < before - 100.0, "{before} → {after}");
+        let restarted = LearnedWorkload::rebuild(&cold_start_prior(), config, &seen);
+        assert_eq!(
+            score(restarted.target(), &mut rng),
+            score(Arc::new(learned.current()), &mut rng)
+        );
     }
 }

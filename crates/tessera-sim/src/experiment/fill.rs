@@ -26,9 +26,9 @@ use tessera_core::Scheduler;
 use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{Ledger, LedgerError};
 use tessera_core::model::{Cluster, ClusterError};
-use tessera_core::policy::tessera::{Tessera, TesseraParams};
 use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
 use tessera_core::request::Request;
+use tessera_core::workload::{LearnConfig, LearnedWorkload};
 
 use crate::metrics::{FillPoint, FragTracker, discretize};
 use crate::trace::TracePod;
@@ -59,6 +59,28 @@ pub struct FillConfig {
     /// (`syncClusterResourceList`) and breaks score ties by name, so ties go to a
     /// random but fixed node order per seed; `false` keeps file order.
     pub permute_nodes: bool,
+    /// What workload-aware policies know of the workload.
+    pub knowledge: Knowledge,
+    /// How policies that learn their workload learn it (the prior's mass is replaced by
+    /// the trace's pod count under [`Knowledge::Typical`]).
+    #[serde(skip)]
+    pub learn: LearnConfig,
+}
+
+/// What a policy that learns its workload ([`Policy::learns_workload`]: `tessera`) knows
+/// up front. Either way it then learns from the pods that have arrived
+/// ([`LearnedWorkload`]) and is rebuilt each time the learned target moves. Policies that
+/// do not learn (FGD) always get the trace's typical pods, as published.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub enum Knowledge {
+    /// The trace's pod list, from which FGD's typical pods are computed: the prior is
+    /// the histogram of all its shapes (FGD keeps the 95 % most frequent; rare shapes,
+    /// such as every multi-GPU shape of `default`, are what protects 8-GPU nodes),
+    /// holding as many pods as the trace has.
+    #[default]
+    Typical,
+    /// Nothing: the generic cold-start prior ([`LearnedWorkload::cold_start`]).
+    Online,
 }
 
 impl Default for FillConfig {
@@ -70,6 +92,8 @@ impl Default for FillConfig {
             shuffle: true,
             max_pct: 130,
             permute_nodes: true,
+            knowledge: Knowledge::Typical,
+            learn: LearnConfig::default(),
         }
     }
 }
@@ -179,9 +203,8 @@ pub fn permute_nodes(cluster: &Cluster, rng: &mut SmallRng) -> Result<Cluster, C
 }
 
 /// Runs the fill experiment with the policy named `policy_name` (see
-/// [`tessera_core::policy::NAMES`]). Policies that measure fragmentation get the
-/// trace's typical pods as their target workload; `tessera` gets every pod shape of
-/// the trace and the cluster's GPU model inventory ([`Tessera::for_cluster`]).
+/// [`tessera_core::policy::NAMES`]), built by [`policy::by_name`] from the target
+/// workload ([`FillConfig::knowledge`]) and the cluster's GPU inventory.
 pub fn run_fill(
     cluster: &Cluster,
     pods: &[TracePod],
@@ -193,42 +216,35 @@ pub fn run_fill(
         cluster,
         pods,
         policy_name,
-        |workload| fill_policy(cluster, pods, policy_name, workload),
+        |workload| fill_policy(cluster, policy_name, workload),
         seed,
         config,
     )
 }
 
-/// The policy [`run_fill`] uses for `policy_name`.
+/// The policy [`run_fill`] uses for `policy_name`: [`policy::by_name`] with the
+/// target workload and the cluster's GPU inventory (`policy::gpus_per_model`).
 pub fn fill_policy(
     cluster: &Cluster,
-    pods: &[TracePod],
     policy_name: &str,
     workload: Arc<TargetWorkload>,
 ) -> Result<Box<dyn Policy>, UnknownPolicy> {
-    if policy_name == "tessera" {
-        // Tessera measures fragmentation against every pod shape of the trace
-        // (not only the 95 % most frequent) and knows the cluster's GPU models.
-        let all_shapes = Arc::new(typical_pods(pods, 1.0));
-        return Ok(Box::new(Tessera::for_cluster(
-            all_shapes,
-            TesseraParams::default(),
-            cluster,
-        )));
-    }
     let args = PolicyArgs {
         workload: Some(workload),
+        gpus_per_model: policy::gpus_per_model(cluster),
     };
     policy::by_name(policy_name, &args)
 }
 
-/// [`run_fill`] with a policy built by `make_policy` from the trace's typical pods
-/// (for policies with arguments beyond [`PolicyArgs`]); `policy_name` labels the result.
+/// [`run_fill`] with a policy built by `make_policy` from the target workload (for
+/// policies with arguments beyond [`PolicyArgs`]); `policy_name` labels the result.
+/// With [`Knowledge::Online`], `make_policy` is called again each time the learned
+/// target moves.
 pub fn run_fill_with(
     cluster: &Cluster,
     pods: &[TracePod],
     policy_name: &str,
-    make_policy: impl FnOnce(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
+    mut make_policy: impl FnMut(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
     seed: u64,
     config: &FillConfig,
 ) -> Result<FillResult, FillError> {
@@ -243,7 +259,23 @@ pub fn run_fill_with(
         return Err(FillError::BadTuneRatio(config.tune_ratio));
     }
     let workload = typical_pods(pods, config.typical_coverage);
-    let mut scheduler = Scheduler::new(make_policy(Arc::new(workload.clone()))?);
+    let mut policy = make_policy(Arc::new(workload.clone()))?;
+    let mut learned = None;
+    if policy.learns_workload() {
+        let l = match config.knowledge {
+            Knowledge::Typical => {
+                let learn = LearnConfig {
+                    prior_mass: pods.len() as f64,
+                    ..config.learn
+                };
+                LearnedWorkload::new(&typical_pods(pods, 1.0), learn)
+            }
+            Knowledge::Online => LearnedWorkload::cold_start(config.learn),
+        };
+        policy = make_policy(l.target())?;
+        learned = Some(l);
+    }
+    let mut scheduler = Scheduler::new(policy);
     let mut rng = SmallRng::seed_from_u64(seed);
     let order = arrival_order(pods, capacity, config, &mut rng);
     let permuted;
@@ -274,6 +306,11 @@ pub fn run_fill_with(
         let pod = &pods[i];
         let req: &Request = &pod.request;
         arrived += req.gpu.total_milli();
+        if let Some(l) = &mut learned
+            && l.observe(req)
+        {
+            scheduler = Scheduler::new(make_policy(l.target())?);
+        }
         match scheduler.place(cluster, &ledger, req, &mut rng) {
             Some(p) => {
                 ledger
@@ -418,6 +455,25 @@ mod tests {
             serde_json::to_string(&r1.curve).unwrap(),
             serde_json::to_string(&r2.curve).unwrap()
         );
+    }
+
+    #[test]
+    fn online_knowledge_is_deterministic_and_leaves_fgd_alone() {
+        let (c, p) = (cluster(), pods());
+        let typical = FillConfig::for_workload("synthetic");
+        let online = FillConfig {
+            knowledge: Knowledge::Online,
+            ..typical.clone()
+        };
+        let json = |r: FillResult| serde_json::to_string(&r).unwrap();
+        let a = run_fill(&c, &p, "tessera", 42, &online).unwrap();
+        let b = run_fill(&c, &p, "tessera", 42, &online).unwrap();
+        assert_eq!(json(a.clone()), json(b));
+        assert_eq!(a.pods_placed + a.pods_failed, a.pods_submitted);
+        // FGD does not learn its workload: what learners know up front does not change it.
+        let f_online = run_fill(&c, &p, "fgd", 42, &online).unwrap();
+        let f_typical = run_fill(&c, &p, "fgd", 42, &typical).unwrap();
+        assert_eq!(json(f_online), json(f_typical));
     }
 
     #[test]

@@ -453,9 +453,7 @@ pub fn run_replay(
     if input.pods.is_empty() {
         return Err(ReplayError::NoPods);
     }
-    let args = PolicyArgs {
-        workload: Some(input.workload.clone()),
-    };
+    let args = PolicyArgs::for_cluster(input.workload.clone(), cluster);
     let scheduler = Scheduler::new(policy::by_name(policy_name, &args)?);
     let once: Vec<u64> = input
         .pods

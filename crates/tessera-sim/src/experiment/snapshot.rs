@@ -54,8 +54,7 @@ pub fn fill_until(
         return Err(FillError::NoPods);
     }
     let workload = typical_pods(pods, config.typical_coverage);
-    let mut scheduler =
-        Scheduler::new(fill_policy(cluster, pods, policy_name, Arc::new(workload))?);
+    let mut scheduler = Scheduler::new(fill_policy(cluster, policy_name, Arc::new(workload))?);
     let mut rng = SmallRng::seed_from_u64(seed);
     let order = arrival_order(pods, capacity, config, &mut rng);
     let cluster = if config.permute_nodes {

@@ -14,6 +14,7 @@ pub mod scheduler;
 pub mod simulate;
 #[cfg(test)]
 pub mod testkit;
+pub mod trace;
 
 use std::process::ExitCode;
 

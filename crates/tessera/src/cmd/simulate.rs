@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tessera_core::policy;
-use tessera_sim::experiment::fill::seeds as seed_list;
+use tessera_sim::experiment::fill::{Knowledge, seeds as seed_list};
 use tessera_sim::experiment::replay::ReplayOptions;
 use tessera_sim::grid::{self, ReplayPlan, Workload};
 use tessera_sim::report::{self, Report};
@@ -71,6 +71,11 @@ pub struct SimulateArgs {
     /// Replay: highest time-scale the sustainable-load search tries.
     #[arg(long, default_value_t = 1_000_000.0)]
     pub search_max: f64,
+    /// Fill: policies that learn their workload (tessera) get no knowledge of the
+    /// trace up front and learn from the pods that have arrived (FGD keeps the trace's
+    /// typical pods, as published).
+    #[arg(long)]
+    pub online: bool,
     /// Seed of the built-in synthetic workload.
     #[arg(long, default_value_t = 42)]
     pub synthetic_seed: u64,
@@ -322,8 +327,16 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
     if do_fill {
         let total = (workloads.len() * fill_policies.len() * seeds.len()) as u64;
         let progress = Progress::new(total, "fill");
-        let result = pool
-            .install(|| grid::fill_grid(&workloads, &fill_policies, &seeds, &|| progress.tick()));
+        let knowledge = if args.online {
+            Knowledge::Online
+        } else {
+            Knowledge::Typical
+        };
+        let result = pool.install(|| {
+            grid::fill_grid_with(&workloads, &fill_policies, &seeds, knowledge, &|| {
+                progress.tick()
+            })
+        });
         progress.finish();
         report.fill = result.map_err(|e| Fail::Usage(e.to_string()))?;
     }
