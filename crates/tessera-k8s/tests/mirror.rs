@@ -260,3 +260,68 @@ fn only_changes_placement_reads_rebuild_the_cluster() {
     m.upsert_node(labelled);
     assert_eq!(m.generation(), start + 2, "a label change is applied");
 }
+
+/// Issue 12: the Kubernetes scheduler measures fragmentation against the
+/// workload it has seen arrive, and rebuilds that workload from the pods
+/// after a restart.
+#[test]
+fn the_scheduler_learns_the_workload_from_arriving_pods() {
+    let (nodes, inv) = cluster();
+    let live = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
+    let probe = pod(
+        "default",
+        "probe",
+        "uid-probe",
+        &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "300")],
+    );
+    // The best placement's raw score (the extender's 0–10 scale is too coarse to show it).
+    let scores = |m: &std::sync::Arc<std::sync::Mutex<tessera_k8s::mirror::Mirror>>| {
+        let mut m = tessera_k8s::binder::lock(m);
+        let catalog = m.cluster().catalog.clone();
+        let req = tessera_k8s::convert::pod_request(&probe, &catalog).expect("request");
+        let host = tessera_k8s::hostfit::host_ask(&probe).expect("host ask");
+        let (placement, _) = m.decide(&req, &host, |_| Ok(())).expect("fits");
+        (placement.node, placement.score.to_bits())
+    };
+    let before = scores(&live);
+    let learned_before = tessera_k8s::binder::lock(&live).learned();
+    // 600 pending pods of one new shape (a 70 % share) arrive.
+    let arrivals: Vec<Pod> = (0..600)
+        .map(|i| {
+            pod(
+                "default",
+                &format!("p-{i}"),
+                &format!("uid-p-{i}"),
+                &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "700")],
+            )
+        })
+        .collect();
+    for p in &arrivals {
+        tessera_k8s::binder::lock(&live).upsert_pod(p.clone());
+    }
+    let learned_after = tessera_k8s::binder::lock(&live).learned();
+    assert_eq!(
+        learned_after.0,
+        learned_before.0 + 600,
+        "each pod learned once"
+    );
+    assert!(learned_after.1 > learned_before.1, "the target moved");
+    // Seeing the same pods again (a relist) learns nothing more.
+    tessera_k8s::binder::lock(&live).replace_pods(arrivals.clone());
+    assert_eq!(
+        tessera_k8s::binder::lock(&live).learned().0,
+        learned_after.0
+    );
+    // A restarted scheduler rebuilds the same workload from the pods.
+    let restarted = mirror("tessera", nodes, inv, arrivals);
+    assert_eq!(
+        tessera_k8s::binder::lock(&restarted).learned().0,
+        learned_after.0
+    );
+    assert_eq!(
+        scores(&restarted),
+        scores(&live),
+        "same workload, same scores"
+    );
+    assert_ne!(scores(&live), before, "the new shape moved the scores");
+}

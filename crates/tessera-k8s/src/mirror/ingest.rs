@@ -93,8 +93,12 @@ impl Mirror {
         }
         if convert::is_terminal(&pod) {
             self.pods.remove(&uid);
+            self.unsee(&uid);
             self.release(&uid);
             return;
+        }
+        if !self.pods.contains_key(&uid) {
+            self.learn_pods([&pod]);
         }
         let node = convert::pod_node(&pod).map(str::to_string);
         self.pods.insert(uid.clone(), pod);
@@ -116,6 +120,7 @@ impl Mirror {
     /// A pod was deleted.
     pub fn remove_pod(&mut self, uid: &str) {
         self.pods.remove(uid);
+        self.unsee(uid);
         self.release(uid);
     }
 
@@ -137,6 +142,8 @@ impl Mirror {
         for u in gone {
             self.release(&u);
         }
+        // Pods new to us are learned oldest first, before they are taken up.
+        self.learn_pods(fresh.values());
         self.pods.clear();
         let mut uids: Vec<String> = fresh.keys().cloned().collect();
         uids.sort();
@@ -146,6 +153,7 @@ impl Mirror {
                 self.upsert_pod(p);
             }
         }
+        self.forget_gone();
     }
 
     /// Takes up a bound pod found in the API: its signed allocation, or CPU and memory only.

@@ -43,6 +43,7 @@ use crate::convert::{self, NodeFacts};
 use crate::hostfit::{self, HostAsk};
 
 mod ingest;
+mod learning;
 mod reservations;
 mod verdicts;
 
@@ -54,6 +55,8 @@ pub use verdicts::{FilterOutcome, resolvable};
 pub struct Mirror {
     key: Vec<u8>,
     policy: Box<dyn Policy>,
+    /// The workload a learning policy is built from (see [`learning`]).
+    learning: learning::Learning,
     base_catalog: Catalog,
     kube_nodes: BTreeMap<String, KubeNode>,
     inventory: BTreeMap<String, GpuNode>,
@@ -95,6 +98,7 @@ impl Mirror {
         Mirror {
             key,
             policy,
+            learning: Default::default(),
             base_catalog: Catalog::default(),
             kube_nodes: BTreeMap::new(),
             inventory: BTreeMap::new(),
@@ -181,6 +185,8 @@ impl Mirror {
         self.uncached = None;
         self.blocked.clear();
         self.ledger = Ledger::new(&self.cluster);
+        // The GPU inventory is part of what a learning policy is built from.
+        self.rebuild_policy();
         let mut uids: Vec<String> = self.held.keys().cloned().collect();
         // Replay in a fixed order so equal inputs give equal ledgers.
         uids.sort_by(|a, b| self.held[a].pod.cmp(&self.held[b].pod).then(a.cmp(b)));
