@@ -26,16 +26,11 @@ use tessera_core::model::Health;
 
 use crate::mirror::Mirror;
 
-/// What every bound pod holds now, by namespace, GPU model and mode, and the
-/// healthy capacity of every model. A reservation whose bind is still in
-/// flight is not charged: its pod is not running yet.
-pub fn holding(mirror: &mut Mirror) -> Holding {
-    let held: Vec<Arc<HeldGrants>> = held_grants(mirror).into_iter().map(Arc::new).collect();
-    holding_of(&mirror.shared_cluster(), &held)
-}
-
-/// [`holding`] from a cluster and holds already copied out of the mirror.
-pub(crate) fn holding_of(cluster: &tessera_core::Cluster, held: &[Arc<HeldGrants>]) -> Holding {
+/// What every bound pod holds, by namespace, GPU model and mode, and the
+/// healthy capacity of every model, from a cluster and the holds' grants
+/// copied out of the mirror ([`GrantCopies`]). A reservation whose bind is
+/// still in flight is not charged: its pod is not running yet.
+pub(crate) fn holding(cluster: &tessera_core::Cluster, held: &[Arc<HeldGrants>]) -> Holding {
     let bound = held.iter().filter(|h| h.bound);
     let mut h = Holding::default();
     for node in cluster.nodes() {
@@ -87,13 +82,8 @@ pub(crate) struct HeldGpu {
     pub mig_profile: Option<String>,
 }
 
-/// Every hold with a GPU allocation.
-pub(crate) fn held_grants(mirror: &Mirror) -> Vec<HeldGrants> {
-    mirror.holds().filter_map(|(_, h)| copy_grants(h)).collect()
-}
-
 /// A hold's grants, if it has an allocation.
-pub(crate) fn copy_grants(h: &crate::mirror::Held) -> Option<HeldGrants> {
+fn copy_grants(h: &crate::mirror::Held) -> Option<HeldGrants> {
     let alloc = h.allocation.as_ref()?;
     Some(HeldGrants {
         node: h.node.clone(),
@@ -112,9 +102,9 @@ pub(crate) fn copy_grants(h: &crate::mirror::Held) -> Option<HeldGrants> {
 }
 
 /// Copies of the holds' grants kept between reads of the mirror: a hold is
-/// copied again only when it is new or changed (its ledger entry or its bound
-/// flag), so a read costs a lookup per hold, not a copy (tens of thousands of
-/// holds on a big cluster, read under the mirror's lock).
+/// copied again only when it is new or changed (its node, bound flag or
+/// grants), so a read costs a lookup and a comparison per hold, not a copy
+/// (tens of thousands of holds on a big cluster, read under the mirror's lock).
 #[derive(Default)]
 pub(crate) struct GrantCopies {
     by_uid: std::collections::HashMap<String, GrantCopy>,
@@ -122,13 +112,13 @@ pub(crate) struct GrantCopies {
 }
 
 impl GrantCopy {
-    /// Whether the copy still says what the hold says (ledger ids are reused,
-    /// so the node and the grants are compared too).
+    /// Whether the copy still says what the hold says.
     fn matches(&self, h: &crate::mirror::Held) -> bool {
         match (&self.grants, &h.allocation) {
             (None, None) => true,
             (Some(c), Some(a)) => {
                 c.node == h.node
+                    && c.bound == h.bound
                     && c.gpus.len() == a.gpus.len()
                     && c.gpus.iter().zip(&a.gpus).all(|(x, y)| {
                         x.index == y.index
@@ -144,8 +134,6 @@ impl GrantCopy {
 
 /// One hold's copy and what it was copied from.
 struct GrantCopy {
-    id: Option<tessera_core::AllocId>,
-    bound: bool,
     /// The read that last saw the hold.
     seen: u64,
     grants: Option<Arc<HeldGrants>>,
@@ -158,11 +146,9 @@ impl GrantCopies {
         let read = self.reads;
         for (uid, h) in mirror.holds() {
             match self.by_uid.get_mut(uid.as_str()) {
-                Some(c) if c.id == h.id && c.bound == h.bound && c.matches(h) => c.seen = read,
+                Some(c) if c.matches(h) => c.seen = read,
                 _ => {
                     let copy = GrantCopy {
-                        id: h.id,
-                        bound: h.bound,
                         seen: read,
                         grants: copy_grants(h).map(Arc::new),
                     };

@@ -148,12 +148,7 @@ pub async fn explain(
                 source: e.source,
             })?;
     let key = format!("{namespace}/{name}");
-    let target = pods
-        .iter()
-        .find(|p| {
-            p.metadata.namespace.as_deref() == Some(namespace)
-                && p.metadata.name.as_deref() == Some(name)
-        })
+    let target = convert::find_pod(&pods, namespace, name)
         .cloned()
         .ok_or_else(|| ExplainError::NotFound(key.clone()))?;
     // No key: annotations are read as the API holds them (display only).
@@ -183,7 +178,8 @@ pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
         };
     }
     let catalog = mirror.cluster().catalog.clone();
-    let req = match convert::pod_request(pod, &catalog) {
+    let asks = convert::pod_asks(pod, &catalog);
+    let req = match asks.request {
         Ok(r) => r,
         Err(e) => {
             return Report::Invalid {
@@ -192,7 +188,7 @@ pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
             };
         }
     };
-    let host = crate::hostfit::host_ask(pod).unwrap_or_default();
+    let host = asks.host.unwrap_or_default();
     match mirror.decide(&req, &host, |facts| node_allows(pod, facts)) {
         Ok((p, e)) => Report::WouldFit {
             pod: key,

@@ -51,7 +51,11 @@ fn amount(name: &str, value: &str) -> Result<u64, String> {
 /// the init sequence, sidecars included) as [`crate::convert::pod_resources`]
 /// computes it for the core, plus one `pods` slot.
 pub fn host_ask(pod: &Pod) -> Result<HostAsk, String> {
-    let resources = crate::convert::pod_resources(pod).map_err(|e| e.to_string())?;
+    host_ask_from(&crate::convert::pod_resources(pod).map_err(|e| e.to_string())?)
+}
+
+/// [`host_ask`] from the pod's effective request, already computed.
+pub fn host_ask_from(resources: &[(String, String)]) -> Result<HostAsk, String> {
     let mut total: BTreeMap<String, u64> = resources
         .iter()
         .filter(|(k, _)| counted(k))

@@ -31,7 +31,6 @@ use crate::binder::{Binder, lock};
 use crate::convert::{self, NodeFacts};
 use crate::events::EventSink;
 use crate::gate::SyncGate;
-use crate::hostfit;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, Reservation};
@@ -184,15 +183,6 @@ pub fn unsupported(pod: &Pod) -> Option<String> {
     })
 }
 
-/// The outcome of one attempt to place a pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attempt {
-    /// Bound to this node.
-    Bound(String),
-    /// Could not be placed: the sentence for the event, and a short reason for metrics.
-    Failed { message: String, reason: String },
-}
-
 /// Binds in flight at most; further pods wait for the next pass (kube-scheduler
 /// binds in goroutines after its assume step, unbounded; this bounds memory
 /// and the API server's load from one scheduler).
@@ -266,14 +256,8 @@ impl Standalone {
     pub fn pending(&self) -> Vec<Pod> {
         let m = lock(&self.mirror);
         let mut pods: Vec<Pod> = m
-            .pods()
-            .filter(|p| {
-                convert::scheduler_name(p) == self.scheduler_name
-                    && convert::pod_node(p).is_none()
-                    && !convert::is_terminal(p)
-                    && p.metadata.deletion_timestamp.is_none()
-                    && m.held(convert::pod_uid(p)).is_none()
-            })
+            .waiting_pods()
+            .filter(|p| convert::scheduler_name(p) == self.scheduler_name)
             .cloned()
             .collect();
         let priority = |p: &Pod| p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
@@ -298,8 +282,9 @@ impl Standalone {
         let mut m = lock(&self.mirror);
         let catalog = m.cluster().catalog.clone();
         let invalid = |e: String| (e, "invalid request".to_string());
-        let req = convert::pod_request(pod, &catalog).map_err(|e| invalid(e.to_string()))?;
-        let host = hostfit::host_ask(pod).map_err(invalid)?;
+        let asks = convert::pod_asks(pod, &catalog);
+        let req = asks.request.map_err(|e| invalid(e.to_string()))?;
+        let host = asks.host.map_err(invalid)?;
         if let Some(why) = unsupported(pod) {
             return Err((why, "unsupported".to_string()));
         }
@@ -322,21 +307,6 @@ impl Standalone {
                 "bound".to_string(),
             )),
             Err(e) => Err((e.to_string(), "ledger refused".to_string())),
-        }
-    }
-
-    /// One attempt for one pod, waiting for its bind: decide and hold under
-    /// the lock, then write through the binder.
-    pub async fn attempt(&self, pod: &Pod) -> Attempt {
-        match self.decide(pod) {
-            Err((message, reason)) => Attempt::Failed { message, reason },
-            Ok(d) => match self.binder.write(pod, &d.node, d.annotation).await {
-                Ok(()) => Attempt::Bound(d.node),
-                Err(e) => Attempt::Failed {
-                    message: e.to_string(),
-                    reason: "bind failed".into(),
-                },
-            },
         }
     }
 

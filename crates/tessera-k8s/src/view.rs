@@ -300,12 +300,7 @@ pub fn pod_facts_from(
     events: Vec<Event>,
 ) -> Result<PodFacts, ViewError> {
     let key = format!("{namespace}/{name}");
-    let target = pods
-        .iter()
-        .find(|p| {
-            p.metadata.namespace.as_deref() == Some(namespace)
-                && p.metadata.name.as_deref() == Some(name)
-        })
+    let target = crate::convert::find_pod(&pods, namespace, name)
         .cloned()
         .ok_or_else(|| ViewError::NotFound(key.clone()))?;
     let row = pods_from(std::slice::from_ref(&target))

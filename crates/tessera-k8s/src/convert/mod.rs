@@ -122,14 +122,52 @@ pub fn pod_resources(pod: &Pod) -> Result<Vec<(String, String)>, RequestError> {
     containers::effective_request(&pod_containers(pod))
 }
 
+/// The pod `namespace/name` in a listed set.
+pub fn find_pod<'a>(pods: &'a [Pod], namespace: &str, name: &str) -> Option<&'a Pod> {
+    pods.iter().find(|p| {
+        p.metadata.namespace.as_deref() == Some(namespace)
+            && p.metadata.name.as_deref() == Some(name)
+    })
+}
+
 /// Parses what the pod asks for with the core's parser (its errors name field and value).
 pub fn pod_request(pod: &Pod, catalog: &Catalog) -> Result<Request, RequestError> {
-    let resources = pod_resources(pod)?;
+    request_from(&pod_resources(pod)?, pod, catalog)
+}
+
+/// [`pod_request`] from the pod's [`pod_resources`], already computed.
+fn request_from(
+    resources: &[(String, String)],
+    pod: &Pod,
+    catalog: &Catalog,
+) -> Result<Request, RequestError> {
     request::parse(
         resources.iter().map(|(k, v)| (k.as_str(), v.as_str())),
         annotations(pod).filter(|(k, _)| *k != tessera_core::allocation::ANNOTATION),
         catalog,
     )
+}
+
+/// Both things a pod asks, from one reading of its containers: what the core
+/// places ([`pod_request`]) and the countable node resources
+/// ([`crate::hostfit::host_ask`]), each with its own outcome.
+pub struct PodAsks {
+    pub request: Result<Request, RequestError>,
+    pub host: Result<crate::hostfit::HostAsk, String>,
+}
+
+/// [`PodAsks`] for `pod`: the effective request is computed once.
+pub fn pod_asks(pod: &Pod, catalog: &Catalog) -> PodAsks {
+    match pod_resources(pod) {
+        Ok(resources) => PodAsks {
+            request: request_from(&resources, pod, catalog),
+            host: crate::hostfit::host_ask_from(&resources),
+        },
+        Err(e) => PodAsks {
+            host: Err(e.to_string()),
+            request: Err(e),
+        },
+    }
 }
 
 /// Whether any container (init containers and sidecars included, as in

@@ -166,7 +166,8 @@ impl Mirror {
         };
         let key = convert::pod_key(pod);
         let mut problem = None;
-        let mut request = match convert::pod_request(pod, &self.base_catalog) {
+        let asks = convert::pod_asks(pod, &self.base_catalog);
+        let mut request = match asks.request {
             Ok(r) => r,
             Err(e) => {
                 problem = Some(format!("pod {key}: {e}"));
@@ -196,7 +197,7 @@ impl Mirror {
             // Bound without our decision (another scheduler, or no GPUs): count host resources only.
             request.gpu = GpuAsk::None;
         }
-        let host = hostfit::host_ask(pod).unwrap_or_else(|e| {
+        let host = asks.host.unwrap_or_else(|e| {
             problem.get_or_insert(format!("pod {key}: {e}"));
             HostAsk([("pods".to_string(), 1)].into())
         });

@@ -247,6 +247,17 @@ impl Mirror {
         self.pods.values()
     }
 
+    /// Pods waiting for a node that nothing holds: unbound, not finished,
+    /// not being deleted, with no reservation of ours.
+    pub fn waiting_pods(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values().filter(|p| {
+            convert::pod_node(p).is_none()
+                && !convert::is_terminal(p)
+                && p.metadata.deletion_timestamp.is_none()
+                && !self.held.contains_key(convert::pod_uid(p))
+        })
+    }
+
     pub fn held(&self, uid: &str) -> Option<&Held> {
         self.held.get(uid)
     }

@@ -2,7 +2,7 @@
 //! decision and the watch showing the bound pod, with a deadline.
 
 use crate::convert::{self};
-use crate::hostfit::{self, HostAsk};
+use crate::hostfit::HostAsk;
 use k8s_openapi::api::core::v1::Pod;
 use std::time::Duration;
 use tessera_core::AllocId;
@@ -127,11 +127,10 @@ impl Mirror {
                 }
             });
         }
-        let req = convert::pod_request(pod, &self.cluster.catalog).map_err(|source| {
-            ReserveError::Request {
-                pod: key.clone(),
-                source,
-            }
+        let asks = convert::pod_asks(pod, &self.cluster.catalog);
+        let req = asks.request.map_err(|source| ReserveError::Request {
+            pod: key.clone(),
+            source,
         })?;
         // Every node a pod may go to is a Kubernetes node we mirror (GPU or not):
         // a bind to anything else is refused, not passed through.
@@ -149,7 +148,7 @@ impl Mirror {
         let facts = &self.facts[id.0 as usize];
         // kube-scheduler checked these too; a bind is also judged on its own.
         crate::standalone::node_allows(pod, facts).map_err(refuses)?;
-        let host = hostfit::host_ask(pod).map_err(refuses)?;
+        let host = asks.host.map_err(refuses)?;
         self.host_fits(facts, &host).map_err(refuses)?;
         let placement = if req.gpu == GpuAsk::None {
             Placement {

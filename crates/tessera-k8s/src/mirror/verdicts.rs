@@ -2,7 +2,7 @@
 //! shape, each node's verdict, kept as of the ledger's change cursor.
 
 use crate::convert::{self, NodeFacts};
-use crate::hostfit::{self, HostAsk};
+use crate::hostfit::HostAsk;
 use k8s_openapi::api::core::v1::Pod;
 use std::sync::{Arc, LazyLock};
 use tessera_core::NodeId;
@@ -173,9 +173,10 @@ impl Mirror {
         self.refresh();
         self.expire_reservations();
         let mut out = FilterOutcome::default();
-        let req = convert::pod_request(pod, &self.cluster.catalog)?;
+        let asks = convert::pod_asks(pod, &self.cluster.catalog);
+        let req = asks.request?;
         // A pod whose countable asks cannot even be read is judged by the API server's validation.
-        let host = hostfit::host_ask(pod).unwrap_or_default();
+        let host = asks.host.unwrap_or_default();
         if req.gpu == GpuAsk::None {
             // No GPUs: kube-scheduler's own plugins judge CPU and memory.
             out.passed = names.to_vec();
@@ -217,12 +218,13 @@ impl Mirror {
         names: &[&'a str],
     ) -> Result<Vec<(&'a str, i64)>, RequestError> {
         self.refresh();
-        let req = convert::pod_request(pod, &self.cluster.catalog)?;
+        let asks = convert::pod_asks(pod, &self.cluster.catalog);
+        let req = asks.request?;
         if req.gpu == GpuAsk::None {
             return Ok(names.iter().map(|n| (*n, 0)).collect());
         }
         let ids = self.ids_of(names);
-        let key = (req, hostfit::host_ask(pod).unwrap_or_default());
+        let key = (req, asks.host.unwrap_or_default());
         self.ensure_verdicts(&key, &ids);
         let verdicts = self.verdicts(&key);
         let raw: Vec<(&'a str, f64)> = names

@@ -173,18 +173,6 @@ pub fn tiles<'a>(
     (out, uuids)
 }
 
-/// Tiles of the mirror now (under its lock: see [`from_parts`] for the part
-/// that can run outside it).
-pub fn from_mirror(
-    mirror: &mut Mirror,
-    namespaces: &mut Names,
-    models: &mut Names,
-    workload: &TargetWorkload,
-) -> (Vec<Tile>, Vec<Vec<String>>) {
-    let parts = Parts::take(mirror);
-    from_parts(&parts, namespaces, models, workload)
-}
-
 /// What the tiles are made of, copied out of the mirror in O(nodes + holds)
 /// so that the tiles (fragmentation above all) are computed without the lock.
 pub(crate) struct Parts {
@@ -196,12 +184,9 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
-    pub fn take(mirror: &mut Mirror) -> Parts {
-        Parts::take_with(mirror, &mut crate::accounting::GrantCopies::default())
-    }
-
-    /// [`Parts::take`], copying only the holds that changed since `copies` last read.
-    pub fn take_with(mirror: &mut Mirror, copies: &mut crate::accounting::GrantCopies) -> Parts {
+    /// Copies the parts, the holds' grants only where they changed since
+    /// `copies` last read (under the mirror's lock).
+    pub fn take(mirror: &mut Mirror, copies: &mut crate::accounting::GrantCopies) -> Parts {
         let cluster = mirror.shared_cluster();
         let ready = (0..cluster.len())
             .map(|i| mirror.facts(tessera_core::NodeId(i as u32)).ready)
@@ -361,7 +346,8 @@ mod tests {
             Ok(Reservation::Write { .. })
         ));
         let (mut ns, mut models) = (Names::default(), Names::default());
-        let (tiles, uuids) = from_mirror(&mut m, &mut ns, &mut models, &TargetWorkload::builtin());
+        let parts = Parts::take(&mut m, &mut Default::default());
+        let (tiles, uuids) = from_parts(&parts, &mut ns, &mut models, &TargetWorkload::builtin());
         assert_eq!(uuids, vec![vec!["GPU-0", "GPU-1", "GPU-2"]]);
         let cells = &tiles[0].gpus;
         assert_eq!(cells[0].flags, MIG);

@@ -184,10 +184,11 @@ impl Observer {
             let held_since = std::time::Instant::now();
             let mut m = crate::binder::lock(&self.mirror);
             let _timer = HoldTimer(&self.lock_held_us, held_since);
-            let parts = mosaic::Parts::take_with(&mut m, &mut inner.copies);
+            let parts = mosaic::Parts::take(&mut m, &mut inner.copies);
             let state = (m.generation(), m.ledger().change_cursor());
             let catalog = m.cluster().catalog.clone();
-            (parts, waiting_pods(&m), state, catalog)
+            let waiting: Vec<Pod> = m.waiting_pods().cloned().collect();
+            (parts, waiting, state, catalog)
         };
         let (tiles, uuids) = mosaic::from_parts(
             &parts,
@@ -195,7 +196,7 @@ impl Observer {
             &mut inner.models,
             &self.workload,
         );
-        let holding = crate::accounting::holding_of(&parts.cluster, &parts.held);
+        let holding = crate::accounting::holding(&parts.cluster, &parts.held);
         let (pending, n_pending) = pending_pods(
             &self.mirror,
             waiting,
@@ -394,19 +395,6 @@ fn summarise(tiles: &[Tile], holding: &Holding, pending: usize) -> Summary {
         frag_milli: tiles.iter().map(|t| u64::from(t.frag_milli)).sum(),
         pending,
     }
-}
-
-/// Pods waiting for a node that Tessera does not hold, copied out of the mirror.
-fn waiting_pods(m: &Mirror) -> Vec<Pod> {
-    m.pods()
-        .filter(|p| {
-            convert::pod_node(p).is_none()
-                && !convert::is_terminal(p)
-                && p.metadata.deletion_timestamp.is_none()
-                && m.held(convert::pod_uid(p)).is_none()
-        })
-        .cloned()
-        .collect()
 }
 
 /// GPU pods waiting for a node, oldest first, with why; and how many there are.
