@@ -17,6 +17,7 @@ pub mod ledger;
 pub mod model;
 pub mod placement;
 pub mod policy;
+pub mod queue;
 pub mod request;
 pub mod workload;
 
