@@ -288,6 +288,9 @@ impl Standalone {
         if let Some(why) = unsupported(pod) {
             return Err((why, "unsupported".to_string()));
         }
+        if let crate::mirror::QuotaCheck::Refused(why) = m.quota(pod, &req) {
+            return Err((why, "queue quota".to_string()));
+        }
         let decided = m.decide(&req, &host, |facts| node_allows(pod, facts));
         self.metrics
             .observe_decision("standalone", started.elapsed());
