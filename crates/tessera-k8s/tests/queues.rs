@@ -319,3 +319,150 @@ async fn standalone_refuses_over_quota_with_an_event() {
         "{notes:?}"
     );
 }
+
+/// A standalone scheduler over one 3-GPU node, its mirror and the mock API's log.
+fn standalone_over(
+    pods: Vec<Pod>,
+    queues: Vec<GpuQueue>,
+    namespaces: Vec<Namespace>,
+) -> (
+    Standalone,
+    Arc<std::sync::Mutex<Mirror>>,
+    tokio::task::JoinHandle<Vec<Seen>>,
+) {
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 3)];
+    let m = mirror("tessera", nodes, inv, pods);
+    {
+        let mut g = lock(&m);
+        g.replace_queues(queues);
+        g.replace_namespaces(namespaces);
+    }
+    let (client, api) = mock_api(|s| {
+        if s.path.ends_with("/binding") {
+            (201, status(201, "", ""))
+        } else {
+            let mut ev = s.body.clone();
+            ev["metadata"]["name"] = "ev".into();
+            (201, ev)
+        }
+    });
+    let leader = Leadership::always();
+    let s = Standalone::new(
+        "tessera".into(),
+        m.clone(),
+        Binder::new(client, m.clone(), leader.clone()),
+        leader,
+        Arc::new(Metrics::new()),
+        None,
+        Default::default(),
+    );
+    (s, m, api)
+}
+
+fn ours(ns: &str, name: &str, gpus: &str) -> Pod {
+    let mut p = gpu_pod(ns, name, gpus);
+    p.spec.as_mut().unwrap().scheduler_name = Some("tessera".into());
+    p
+}
+
+/// The last GPU goes to the queue furthest below its fair share, not to the
+/// pod first in line by name (both queues may take it).
+#[tokio::test]
+async fn standalone_serves_the_queue_furthest_below_its_share_first() {
+    let holder = ours("ml-a", "holder", "2");
+    let a = ours("ml-a", "a-new", "1");
+    let b = ours("ml-b", "b-new", "1");
+    let (mut s, m, api) = standalone_over(
+        vec![holder.clone(), a, b],
+        vec![
+            queue("team-a", "2", None, true),
+            queue("team-b", "1", None, true),
+        ],
+        vec![
+            namespace("ml-a", Some("team-a"), None),
+            namespace("ml-b", Some("team-b"), None),
+        ],
+    );
+    place(&mut lock(&m), &holder);
+    s.pass().await;
+    s.flush().await;
+    drop(s);
+    assert!(
+        lock(&m).held("uid-b-new").is_some(),
+        "team-b holds nothing: it goes first"
+    );
+    assert!(lock(&m).held("uid-a-new").is_none());
+    drop(m);
+    let seen = api.await.unwrap();
+    assert!(seen.iter().any(|s| s.path.ends_with("/pods/b-new/binding")));
+}
+
+/// Kueue interop: a pod behind scheduling gates is never decided, held or bound
+/// (the API server would refuse the binding with a 409 anyway).
+#[tokio::test]
+async fn gated_pods_are_left_alone() {
+    let mut gated = ours("ml", "gated", "1");
+    gated.spec.as_mut().unwrap().scheduling_gates =
+        Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+            name: "kueue.x-k8s.io/admission".into(),
+        }]);
+    let (mut s, m, api) = standalone_over(vec![gated.clone()], vec![], vec![]);
+    s.pass().await;
+    s.flush().await;
+    assert!(lock(&m).held("uid-gated").is_none());
+    // Kueue admits it: the gate is removed and the pod is placed.
+    gated.spec.as_mut().unwrap().scheduling_gates = None;
+    lock(&m).upsert_pod(gated);
+    s.pass().await;
+    s.flush().await;
+    drop(s);
+    assert!(lock(&m).held("uid-gated").is_some());
+    drop(m);
+    let seen = api.await.unwrap();
+    assert_eq!(
+        seen.iter().filter(|s| s.path.ends_with("/binding")).count(),
+        1
+    );
+}
+
+#[test]
+fn metrics_show_each_queue_s_quota_use_share_and_waiting_pods() {
+    let m = setup(
+        vec![
+            queue("team-a", "1", None, true),
+            queue("team-b", "2", None, true),
+        ],
+        vec![namespace("ml", Some("team-a"), None)],
+    );
+    let mut g = lock(&m);
+    place(&mut g, &gpu_pod("ml", "a", "3"));
+    g.upsert_pod(gpu_pod("ml", "waiting", "1"));
+    let metrics = Metrics::new();
+    metrics.update_cluster(&mut g);
+    let text = metrics.encode().unwrap();
+    let line = |q: &str, kind: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("tessera_queue_gpu_equivalents{")
+                    && l.contains(&format!("queue=\"{q}\""))
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .unwrap_or_else(|| panic!("no {q}/{kind} in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert_eq!(line("team-a", "allocated"), 3.0);
+    assert_eq!(line("team-a", "guaranteed"), 1.0);
+    assert_eq!(line("team-a", "borrowed"), 2.0);
+    // team-a wants 3 held + 1 waiting = 4 of 12 GPUs, team-b nothing: it deserves all 4.
+    assert_eq!(line("team-a", "deserved"), 4.0);
+    assert_eq!(line("team-b", "allocated"), 0.0);
+    assert!(
+        text.contains("tessera_queue_pending_pods{queue=\"team-a\"} 1"),
+        "{text}"
+    );
+}

@@ -49,7 +49,7 @@ mod queues;
 mod reservations;
 mod verdicts;
 
-pub use queues::{QuotaCheck, queue_spec};
+pub use queues::{QueueFigures, QuotaCheck, queue_spec};
 pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};
 use verdicts::ShapeCache;
 pub use verdicts::{FilterOutcome, resolvable};

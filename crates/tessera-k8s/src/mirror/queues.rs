@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use tessera_api::GpuQueue;
 use tessera_api::queue::{ALLOWED_QUEUES, QUEUE_ANNOTATION, QUEUE_LABEL, QueueResources};
 use tessera_core::queue::admit::{Admission, QueueUsage, admit};
+use tessera_core::queue::fair::{fair_shares, order_key};
 use tessera_core::queue::{GpuEquivalents, QueueId, QueueSpec, QueueTree, Resources};
 use tessera_core::request::{self, Request};
 
@@ -47,6 +48,19 @@ pub(super) struct Queues {
     /// Usage as of (ledger cursor, mirror generation, queue version).
     usage: Option<((u64, u64, u64), QueueUsage)>,
     version: u64,
+}
+
+/// One queue as of now (see [`Mirror::queue_report`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueFigures {
+    pub name: String,
+    pub parent: Option<String>,
+    pub guaranteed: Resources,
+    pub allocated: Resources,
+    pub deserved: Resources,
+    pub borrowed: Resources,
+    /// Waiting pods whose queue this is (leaves only: a parent's pods are its children's).
+    pub pending_pods: usize,
 }
 
 /// The verdict on one pod's ask.
@@ -288,6 +302,79 @@ impl Mirror {
             self.queues.usage = Some((key, usage.clone()));
         }
         Some(usage)
+    }
+
+    /// Each pod's queue (if any), every queue's usage, and demand (usage plus
+    /// the asks of `pods`, which are waiting), for fair shares.
+    fn demand(
+        &mut self,
+        pods: &[&Pod],
+    ) -> Option<(Vec<Option<QueueId>>, QueueUsage, Vec<Resources>)> {
+        let usage = self.queue_usage(None)?;
+        let queues: Vec<Option<QueueId>> = pods
+            .iter()
+            .map(|p| self.queues.queue_of(p).ok().flatten())
+            .collect();
+        let mut demand: Vec<Resources> = usage.all().to_vec();
+        for (p, q) in pods.iter().zip(&queues) {
+            let (Some(q), Ok(req)) = (q, convert::pod_request(p, &self.cluster.catalog)) else {
+                continue;
+            };
+            demand[usize::from(q.0)] += Resources::new(
+                self.queues.ge.request_upper_bound(&self.cluster, &req),
+                req.cpu_milli,
+                req.memory_mib,
+            );
+        }
+        Some((queues, usage, demand))
+    }
+
+    /// The order in which `pods` (waiting) should be tried, by their queues'
+    /// fair shares: each pod's [`order_key`] (lower first; empty for a pod in no
+    /// queue), or `None` when no queue is defined. Demand is what each queue
+    /// holds plus its waiting pods' asks.
+    pub fn queue_order(&mut self, pods: &[Pod]) -> Option<Vec<Vec<f64>>> {
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let (queues, usage, demand) = self.demand(&refs)?;
+        let tree = self.queues.tree.as_ref()?;
+        let capacity = self.queues.ge.capacity(&self.cluster);
+        let shares = fair_shares(tree, capacity, &demand);
+        Some(
+            queues
+                .iter()
+                .map(|q| q.map_or_else(Vec::new, |q| order_key(tree, usage.all(), &shares, q)))
+                .collect(),
+        )
+    }
+
+    /// Every queue as of now: guarantee, holdings, fair share, borrowed amount
+    /// and waiting pods (for metrics, `GpuQueue` status and the operator's view).
+    pub fn queue_report(&mut self) -> Vec<QueueFigures> {
+        let waiting: Vec<Pod> = self.waiting_pods().cloned().collect();
+        let refs: Vec<&Pod> = waiting.iter().collect();
+        let Some((queues, usage, demand)) = self.demand(&refs) else {
+            return Vec::new();
+        };
+        let Some(tree) = self.queues.tree.as_ref() else {
+            return Vec::new();
+        };
+        let capacity = self.queues.ge.capacity(&self.cluster);
+        let shares = fair_shares(tree, capacity, &demand);
+        tree.ids()
+            .map(|q| {
+                let s = tree.spec(q);
+                let held = usage.of(q);
+                QueueFigures {
+                    name: s.name.clone(),
+                    parent: s.parent.clone(),
+                    guaranteed: s.guaranteed,
+                    allocated: held,
+                    deserved: shares.deserved[usize::from(q.0)],
+                    borrowed: held.saturating_sub(&s.guaranteed),
+                    pending_pods: queues.iter().filter(|x| **x == Some(q)).count(),
+                }
+            })
+            .collect()
     }
 
     /// May `pod` (asking `req`) take more of its queue's quota now?
