@@ -466,3 +466,50 @@ fn metrics_show_each_queue_s_quota_use_share_and_waiting_pods() {
         "{text}"
     );
 }
+
+/// `kubectl get gpuqueues` columns come from status: written as a merge patch of
+/// the status subresource with the watched resourceVersion as precondition, and
+/// not rewritten when unchanged.
+#[tokio::test]
+async fn queue_status_is_written_with_a_precondition_and_only_when_changed() {
+    let mut q = queue("team-a", "1", None, true);
+    q.metadata.resource_version = Some("7".into());
+    let m = setup(vec![q.clone()], vec![namespace("ml", Some("team-a"), None)]);
+    place(&mut lock(&m), &gpu_pod("ml", "a", "2"));
+    let (client, api) = mock_api(|s| {
+        if s.body["metadata"]["resourceVersion"] == "stale" {
+            (409, status(409, "Conflict", "the object has been modified"))
+        } else {
+            let mut obj = s.body.clone();
+            obj["metadata"]["name"] = "team-a".into();
+            obj["spec"] = serde_json::json!({});
+            (200, obj)
+        }
+    });
+    assert_eq!(tessera_k8s::queue_status::publish(&client, &m).await, 1);
+    // The watch brings the written status back: nothing more to write.
+    let written = tessera_k8s::queue_status::changed(&mut lock(&m));
+    assert_eq!(written.len(), 1);
+    q.status = Some(written[0].2.clone());
+    lock(&m).upsert_queue(q.clone());
+    assert_eq!(tessera_k8s::queue_status::publish(&client, &m).await, 0);
+    // A stale object (someone else wrote since): the 409 is not counted as written.
+    q.status = None;
+    q.metadata.resource_version = Some("stale".into());
+    lock(&m).upsert_queue(q);
+    assert_eq!(tessera_k8s::queue_status::publish(&client, &m).await, 0);
+    drop(client);
+    let seen = api.await.unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let first = &seen[0];
+    assert_eq!(first.method, "PATCH");
+    assert_eq!(
+        first.path,
+        "/apis/tessera.io/v1alpha1/gpuqueues/team-a/status"
+    );
+    assert_eq!(first.content_type, "application/merge-patch+json");
+    assert_eq!(first.body["metadata"]["resourceVersion"], "7");
+    assert_eq!(first.body["status"]["allocated"]["gpus"], "2");
+    assert_eq!(first.body["status"]["borrowed"]["gpus"], "1");
+    assert_eq!(first.body["status"]["pendingPods"], 0);
+}

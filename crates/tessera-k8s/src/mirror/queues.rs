@@ -242,6 +242,21 @@ impl Mirror {
         }
     }
 
+    /// Every `GpuQueue` object: name, resourceVersion and the status it carries.
+    pub fn queue_objects(&self) -> Vec<(String, String, Option<tessera_api::GpuQueueStatus>)> {
+        self.queues
+            .objects
+            .iter()
+            .map(|(n, q)| {
+                (
+                    n.clone(),
+                    q.metadata.resource_version.clone().unwrap_or_default(),
+                    q.status.clone(),
+                )
+            })
+            .collect()
+    }
+
     /// The queue tree in force, if any queue is defined.
     pub fn queue_tree(&mut self) -> Option<&QueueTree> {
         self.queues.rebuild();

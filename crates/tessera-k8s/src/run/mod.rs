@@ -250,6 +250,14 @@ pub async fn run(
         tokio::spawn(async move { leader::run(client, lease, flag, stop).await })
     });
 
+    tasks.spawn(crate::queue_status::run(
+        client.clone(),
+        mirror.clone(),
+        leader.clone(),
+        gate.clone(),
+        stopped(),
+    ));
+
     let standalone = (config.mode == Mode::Standalone).then(|| {
         let recorder = Recorder::new(
             client.clone(),
