@@ -513,3 +513,29 @@ async fn queue_status_is_written_with_a_precondition_and_only_when_changed() {
     assert_eq!(first.body["status"]["borrowed"]["gpus"], "1");
     assert_eq!(first.body["status"]["pendingPods"], 0);
 }
+
+/// The documented example (deploy/examples/gpuqueues.yaml) reads as a valid tree.
+#[test]
+fn the_example_queues_form_a_valid_tree() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/examples/gpuqueues.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut specs = Vec::new();
+    for doc in text.split("\n---\n") {
+        let v: serde_json::Value = serde_saphyr::from_str(doc).unwrap();
+        if v["kind"] == "GpuQueue" {
+            let q: GpuQueue = serde_json::from_value(v).unwrap();
+            specs.push(tessera_k8s::mirror::queue_spec(&q).unwrap());
+        }
+    }
+    let tree = tessera_core::queue::QueueTree::new(specs).unwrap();
+    let vision = tree.id("vision").unwrap();
+    assert_eq!(tree.parent(vision), tree.id("research"));
+    assert_eq!(tree.spec(vision).guaranteed.gpu_eq_milli, 8_000);
+    let prod = tree.spec(tree.id("prod").unwrap());
+    assert!(!prod.lend && !prod.borrow);
+    assert_eq!(
+        tree.spec(tree.id("research").unwrap()).guaranteed.memory_mib,
+        1536 * 1024
+    );
+}
