@@ -61,6 +61,10 @@ use tessera_core::{Placement, Scheduler};
 
 use super::replay::{ReplayError, ReplayInput, percentile};
 
+/// Seconds before a reclaim that found no plan is tried again for the same
+/// shape and queue (unless something is released sooner).
+const RECLAIM_RETRY_S: u64 = 60;
+
 /// How the queues are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -156,10 +160,9 @@ pub struct TenantResult {
     pub jain: f64,
     /// Requested milli-GPU in use / capacity, time-weighted over the arrival window, %.
     pub util_mean_pct: f64,
-    /// Pods that waited while within their queue's guarantee.
-    pub guaranteed_waits: usize,
-    pub guaranteed_wait_p99_s: u64,
-    pub guaranteed_wait_max_s: u64,
+    /// Seconds from the returning queue's return until it holds 90 % of what it
+    /// is owed (its guarantee, or its demand if that is less); `None` if never.
+    pub return_delay_s: Option<u64>,
     pub evictions: usize,
     /// GPU time the evicted pods had run (thrown away), GPU-hours.
     pub evicted_gpu_hours: f64,
@@ -242,15 +245,14 @@ struct Engine<'a> {
     pending_demand: Vec<Resources>,
     /// Bumped on every placement and release (keys the candidates cache).
     version: u64,
+    /// Per (shape, queue): the release epoch and time a reclaim last found no plan.
+    reclaim_failed: FxHashMap<(u32, QueueId), (u64, u64)>,
     /// Running pods as the preemption planner reads them, at `version`.
     candidates: Option<(u64, FxHashMap<AllocId, Running>)>,
     usage: QueueUsage,
     live: FxHashMap<AllocId, Live>,
     /// Per pod: how many times it started (more than once after an eviction).
     starts: Vec<u32>,
-    /// Per pod: since when it has waited within its queue's guarantee.
-    guaranteed_since: Vec<Option<u64>>,
-    guaranteed_waits: Vec<u64>,
     /// Per shape: the release epoch it last failed to fit in (releases can make it fit).
     failed_epoch: Vec<u64>,
     epoch: u64,
@@ -309,9 +311,6 @@ impl Engine<'_> {
             },
         );
         self.delays[usize::from(pod.queue.0)].push(t - pod.arrival_s);
-        if let Some(since) = self.guaranteed_since[k as usize].take() {
-            self.guaranteed_waits.push(t - since);
-        }
         self.push(t + pod.run_s, Event::Depart(id.0));
         Ok(())
     }
@@ -408,10 +407,7 @@ impl Engine<'_> {
         match verdict {
             Admission::Refused(_) => return Ok(false),
             Admission::Borrowing if self.discipline == Discipline::Strict => return Ok(false),
-            Admission::Guaranteed => {
-                self.guaranteed_since[k as usize].get_or_insert(t);
-            }
-            Admission::Borrowing => {}
+            Admission::Guaranteed | Admission::Borrowing => {}
         }
         let s = pod.shape as usize;
         if self.failed_epoch[s] == self.epoch {
@@ -439,6 +435,16 @@ impl Engine<'_> {
             return Ok(false);
         }
         let pod = self.pods[k as usize];
+        // A reclaim that found no plan is not retried for the same shape and queue
+        // until something is released or `RECLAIM_RETRY_S` passes (new borrowers'
+        // pods become candidates only once they have run `min_runtime_s`).
+        let memo = (pod.shape, pod.queue);
+        if let Some(&(epoch, at)) = self.reclaim_failed.get(&memo)
+            && epoch == self.epoch
+            && t < at + RECLAIM_RETRY_S
+        {
+            return Ok(false);
+        }
         // Reclaim is about quota, not priority: the owner's pod outranks every
         // borrower's pod, whatever their priorities.
         let owner = PodMeta {
@@ -486,6 +492,7 @@ impl Engine<'_> {
         let req = &self.shapes[pod.shape as usize];
         let plan = preempt::plan(&mut self.scheduler, &ctx, req, &owner, &may_evict);
         let Some(plan) = plan else {
+            self.reclaim_failed.insert(memo, (self.epoch, t));
             return Ok(false);
         };
         for v in &plan.victims {
@@ -624,11 +631,10 @@ pub fn run_tenants(
         pending_demand: vec![Resources::ZERO; lanes],
         version: 0,
         candidates: None,
+        reclaim_failed: FxHashMap::default(),
         usage: QueueUsage::new(&QueueTree::new(Vec::new())?),
         live: FxHashMap::default(),
         starts: vec![0; n],
-        guaranteed_since: vec![None; n],
-        guaranteed_waits: Vec::new(),
         failed_epoch: vec![u64::MAX; input.shapes.len()],
         epoch: 0,
         fits_empty: vec![None; input.shapes.len()],
@@ -651,6 +657,8 @@ pub fn run_tenants(
     let mut util_int = 0f64;
     let mut queue_int = vec![0u128; nq];
     let mut last_t = 0u64;
+    let returner = e.tree.id(&opts.queues[0].0).unwrap_or(QueueId(0));
+    let mut returned_at: Option<u64> = None;
     while let Some(&Reverse((t, _, _))) = e.heap.peek() {
         // Integrate the state that held on [last_t, t).
         let lo = last_t.min(window_s);
@@ -694,6 +702,27 @@ pub fn run_tenants(
             }
         }
         e.schedule(t)?;
+        if returned_at.is_none() && t >= return_s {
+            // What the returning queue waits for (FIFO keeps one lane for everyone).
+            let waiting: u64 = if lanes > 1 {
+                e.pending_demand[usize::from(returner.0)].gpu_eq_milli
+            } else {
+                e.pending[0]
+                    .iter()
+                    .filter(|&&k| e.pods[k as usize].queue == returner)
+                    .map(|&k| e.ask(e.pods[k as usize].shape).gpu_eq_milli)
+                    .sum()
+            };
+            let owed = e
+                .tree
+                .spec(returner)
+                .guaranteed
+                .gpu_eq_milli
+                .min(e.usage.of(returner).gpu_eq_milli + waiting);
+            if e.usage.of(returner).gpu_eq_milli * 10 >= owed * 9 {
+                returned_at = Some(t);
+            }
+        }
     }
 
     let contended = window_s.saturating_sub(return_s).max(1) as f64;
@@ -729,8 +758,6 @@ pub fn run_tenants(
             evicted: e.evicted[qi],
         });
     }
-    let mut waits = std::mem::take(&mut e.guaranteed_waits);
-    waits.sort_unstable();
     let placed = e.starts.iter().filter(|&&s| s > 0).count();
     Ok(TenantResult {
         discipline,
@@ -748,9 +775,7 @@ pub fn run_tenants(
         } else {
             0.0
         },
-        guaranteed_waits: waits.iter().filter(|&&w| w > 0).count(),
-        guaranteed_wait_p99_s: percentile(&waits, 0.99),
-        guaranteed_wait_max_s: waits.last().copied().unwrap_or(0),
+        return_delay_s: returned_at.map(|at| at.saturating_sub(return_s)),
         evictions: e.evicted.iter().sum(),
         evicted_gpu_hours: e.evicted_gpu_milli_s as f64 / 1000.0 / 3600.0,
         queues,

@@ -96,8 +96,8 @@ fn table(workload: &str, opts: &TenantOptions, runs: &[TenantResult]) -> String 
     }
     let _ = writeln!(
         s,
-        "{:<8} {:>14} {:>12} {:>16} {:>16} {:>10} {:>12}  share of entitlement per queue (contended)",
-        "queues", "Jain", "util %", "g-wait p99 s", "g-wait max s", "evictions", "evicted GPU-h"
+        "{:<8} {:>14} {:>12} {:>18} {:>10} {:>13}  share of entitlement per queue (contended)",
+        "queues", "Jain", "util %", "return delay s", "evictions", "evicted GPU-h"
     );
     for d in Discipline::ALL {
         let rs: Vec<&TenantResult> = runs.iter().filter(|r| r.discipline == d).collect();
@@ -109,8 +109,15 @@ fn table(workload: &str, opts: &TenantOptions, runs: &[TenantResult]) -> String 
         };
         let (jm, js) = f(&|r| r.jain);
         let (um, us) = f(&|r| r.util_mean_pct);
-        let (pm, _) = f(&|r| r.guaranteed_wait_p99_s as f64);
-        let (mm, _) = f(&|r| r.guaranteed_wait_max_s as f64);
+        // A run whose returning queue never got 90 % of what it is owed counts as ∞.
+        let never = rs.iter().filter(|r| r.return_delay_s.is_none()).count();
+        let delays: Vec<f64> = rs.iter().filter_map(|r| r.return_delay_s.map(|d| d as f64)).collect();
+        let (dm, ds) = mean_sd(&delays);
+        let delay = if never > 0 {
+            format!("never in {never}")
+        } else {
+            format!("{dm:.0} ± {ds:.0}")
+        };
         let (em, _) = f(&|r| r.evictions as f64);
         let (gm, _) = f(&|r| r.evicted_gpu_hours);
         let per_queue: Vec<String> = rs[0]
@@ -128,14 +135,13 @@ fn table(workload: &str, opts: &TenantOptions, runs: &[TenantResult]) -> String 
             .collect();
         let _ = writeln!(
             s,
-            "{:<8} {:>7.3} ± {:.3} {:>6.1} ± {:>3.1} {:>16.0} {:>16.0} {:>10.0} {:>12.1}  {}",
+            "{:<8} {:>7.3} ± {:.3} {:>6.1} ± {:>3.1} {:>18} {:>10.0} {:>13.1}  {}",
             d.name(),
             jm,
             js,
             um,
             us,
-            pm,
-            mm,
+            delay,
             em,
             gm,
             per_queue.join("  ")
