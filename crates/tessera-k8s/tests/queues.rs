@@ -535,7 +535,9 @@ fn the_example_queues_form_a_valid_tree() {
     let prod = tree.spec(tree.id("prod").unwrap());
     assert!(!prod.lend && !prod.borrow);
     assert_eq!(
-        tree.spec(tree.id("research").unwrap()).guaranteed.memory_mib,
+        tree.spec(tree.id("research").unwrap())
+            .guaranteed
+            .memory_mib,
         1536 * 1024
     );
 }

@@ -486,11 +486,30 @@ impl Engine<'_> {
             now_s: t,
             min_runtime_s: self.min_runtime_s,
         };
-        let (tree, usage) = (&self.tree, &self.usage);
-        let may_evict =
-            |r: &Running| r.meta.queue != pod.queue && usage.is_borrowing(tree, r.meta.queue);
+        // Only what is borrowed is reclaimable: a victim's queue must stay at or
+        // above its guarantee without it, and without all its pods in the plan.
+        let (tree, usage, live) = (&self.tree, &self.usage, &self.live);
+        let above_guarantee = |q: QueueId, taken: Resources| {
+            (usage.of(q).saturating_sub(&taken)).gpu_eq_milli
+                >= tree.spec(q).guaranteed.gpu_eq_milli
+        };
+        let may_evict = |r: &Running| {
+            r.meta.queue != pod.queue
+                && live
+                    .get(&r.alloc)
+                    .is_some_and(|l| above_guarantee(r.meta.queue, l.ask))
+        };
         let req = &self.shapes[pod.shape as usize];
-        let plan = preempt::plan(&mut self.scheduler, &ctx, req, &owner, &may_evict);
+        let plan =
+            preempt::plan(&mut self.scheduler, &ctx, req, &owner, &may_evict).filter(|plan| {
+                let mut taken: FxHashMap<QueueId, Resources> = FxHashMap::default();
+                for v in &plan.victims {
+                    if let (Some(l), Some(r)) = (live.get(v), running.get(v)) {
+                        *taken.entry(r.meta.queue).or_default() += l.ask;
+                    }
+                }
+                taken.iter().all(|(&q, &r)| above_guarantee(q, r))
+            });
         let Some(plan) = plan else {
             self.reclaim_failed.insert(memo, (self.epoch, t));
             return Ok(false);

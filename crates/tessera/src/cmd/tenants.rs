@@ -111,7 +111,10 @@ fn table(workload: &str, opts: &TenantOptions, runs: &[TenantResult]) -> String 
         let (um, us) = f(&|r| r.util_mean_pct);
         // A run whose returning queue never got 90 % of what it is owed counts as ∞.
         let never = rs.iter().filter(|r| r.return_delay_s.is_none()).count();
-        let delays: Vec<f64> = rs.iter().filter_map(|r| r.return_delay_s.map(|d| d as f64)).collect();
+        let delays: Vec<f64> = rs
+            .iter()
+            .filter_map(|r| r.return_delay_s.map(|d| d as f64))
+            .collect();
         let (dm, ds) = mean_sd(&delays);
         let delay = if never > 0 {
             format!("never in {never}")
