@@ -1,6 +1,8 @@
-//! Experiments: *fill* (the FGD paper's protocol) and *replay*.
+//! Experiments: *fill* (the FGD paper's protocol), *replay*, and *preempt*
+//! (device-aware preemption against a kube-scheduler-like baseline).
 
 pub mod cost;
 pub mod fill;
+pub mod preempt;
 pub mod replay;
 pub mod snapshot;
