@@ -173,13 +173,25 @@ struct State {
     running: FxHashMap<AllocId, Running>,
 }
 
-/// Runs the experiment for one seed.
-pub fn run_preempt(
+/// The full cluster and the arrivals of one seed, before either policy runs.
+#[derive(Clone)]
+pub struct Setup {
+    pub ledger: Ledger,
+    /// The fill's pods, by allocation.
+    pub running: FxHashMap<AllocId, Running>,
+    /// Arrival time and request of each high-priority pod, in order.
+    pub arrivals: Vec<(u64, Request)>,
+    /// GPU compute allocated after the fill, % of capacity.
+    pub fill_alloc_pct: f64,
+}
+
+/// Fills the cluster and draws the arrivals (see the module docs) from `seed`.
+pub fn setup(
     cluster: &Cluster,
     pods: &[TracePod],
     seed: u64,
     config: &PreemptConfig,
-) -> Result<PreemptResult, PreemptError> {
+) -> Result<Setup, PreemptError> {
     let capacity = cluster.gpu_count() as u64 * 1000;
     if capacity == 0 {
         return Err(PreemptError::NoGpus);
@@ -193,10 +205,7 @@ pub fn run_preempt(
         return Err(PreemptError::NoGpuPods);
     }
     let workload = Arc::new(typical_pods(pods, 0.95));
-    let make_policy = || fill_policy(cluster, &config.policy, workload.clone());
     let mut rng = SmallRng::seed_from_u64(seed);
-
-    // The full cluster.
     let fill_config = FillConfig {
         tune_ratio: config.tune_ratio,
         ..FillConfig::default()
@@ -210,27 +219,21 @@ pub fn run_preempt(
         .cloned()
         .collect();
     let order = fill::arrival_order(&fill_pods, capacity, &fill_config, &mut rng);
-    let mut scheduler = Scheduler::new(make_policy()?);
-    let mut state = State {
-        ledger: Ledger::new(cluster),
-        running: FxHashMap::default(),
-    };
+    let mut scheduler = Scheduler::new(fill_policy(cluster, &config.policy, workload)?);
+    let mut ledger = Ledger::new(cluster);
+    let mut running = FxHashMap::default();
     for &i in &order {
-        let Some(p) = scheduler.place(cluster, &state.ledger, &fill_pods[i].request, &mut rng)
-        else {
+        let Some(p) = scheduler.place(cluster, &ledger, &fill_pods[i].request, &mut rng) else {
             continue;
         };
-        let alloc = state
-            .ledger
-            .apply(cluster, &p)
-            .map_err(ledger_err("the fill"))?;
+        let alloc = ledger.apply(cluster, &p).map_err(ledger_err("the fill"))?;
         let meta = PodMeta {
             priority: rng.random_range(0..3),
             preemptible: rng.random_range(0..1000) >= config.non_preemptible_permille,
             ..PodMeta::default()
         };
         let started_s = rng.random_range(0..config.fill_span_s.max(1));
-        state.running.insert(
+        running.insert(
             alloc,
             Running {
                 alloc,
@@ -239,21 +242,40 @@ pub fn run_preempt(
             },
         );
     }
-    let fill_pods = state.running.len();
-    let fill_alloc_pct = state.ledger.used_milli() as f64 / capacity as f64 * 100.0;
-
-    // The arrivals, the same for both.
+    let fill_alloc_pct = ledger.used_milli() as f64 / capacity as f64 * 100.0;
     let arrivals: Vec<(u64, Request)> = (0..config.arrivals)
         .map(|k| {
             let t = config.fill_span_s + k as u64 * config.arrival_interval_s;
             (t, gpu_pods[rng.random_range(0..gpu_pods.len())].clone())
         })
         .collect();
+    Ok(Setup {
+        ledger,
+        running,
+        arrivals,
+        fill_alloc_pct,
+    })
+}
 
+/// Runs the experiment for one seed: both policies from the same [`setup`].
+pub fn run_preempt(
+    cluster: &Cluster,
+    pods: &[TracePod],
+    seed: u64,
+    config: &PreemptConfig,
+) -> Result<PreemptResult, PreemptError> {
+    let s = setup(cluster, pods, seed, config)?;
+    let workload = Arc::new(typical_pods(pods, 0.95));
+    let make_policy = || fill_policy(cluster, &config.policy, workload.clone());
+    let state = State {
+        ledger: s.ledger,
+        running: s.running,
+    };
+    let fill_pods = state.running.len();
     let tessera = run_policy(
         cluster,
         state.clone(),
-        &arrivals,
+        &s.arrivals,
         Scheduler::new(make_policy()?),
         config,
         Side::Tessera,
@@ -262,7 +284,7 @@ pub fn run_preempt(
     let kube_like = run_policy(
         cluster,
         state,
-        &arrivals,
+        &s.arrivals,
         Scheduler::new(make_policy()?),
         config,
         Side::KubeLike,
@@ -272,7 +294,7 @@ pub fn run_preempt(
         workload: config.workload.clone(),
         seed,
         fill_pods,
-        fill_alloc_pct,
+        fill_alloc_pct: s.fill_alloc_pct,
         tessera,
         kube_like,
     })
