@@ -12,6 +12,7 @@ pub mod node_agent;
 pub mod place;
 pub mod scheduler;
 pub mod simulate;
+pub mod tenants;
 #[cfg(test)]
 pub mod testkit;
 pub mod trace;

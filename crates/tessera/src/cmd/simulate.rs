@@ -37,9 +37,10 @@ pub struct SimulateArgs {
     /// openb_pod_list_*.csv in the directory. Default: default.
     #[arg(long)]
     pub workload: Option<String>,
-    /// fill, replay, both, or preempt (high-priority arrivals into a full cluster:
-    /// Tessera's device-aware preemption against a kube-scheduler-like baseline).
-    /// Default: fill with --trace, both without.
+    /// fill, replay, both, tenants (queues sharing the replay) or preempt
+    /// (high-priority arrivals into a full cluster: Tessera's device-aware
+    /// preemption against a kube-scheduler-like baseline). Default: fill with
+    /// --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
     /// Policies, comma separated. Default: random,dotprod,clustering,packing,bestfit,fgd,tessera
@@ -228,10 +229,11 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "fill" => (true, false),
         "replay" => (false, true),
         "both" | "fill+replay" => (true, true),
+        "tenants" => (false, false),
         "preempt" => return preempt::run(&args),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay, both or preempt"
+                "--experiment: {other:?} is not fill, replay, both, tenants or preempt"
             )));
         }
     };
@@ -282,11 +284,14 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
     if do_replay {
         check_policies(&replay_policies)?;
     }
-    let time_scale = args.time_scale.unwrap_or(if synthetic_run {
-        1_600.0
-    } else {
-        TRACE_TIME_SCALE
-    });
+    let time_scale = args
+        .time_scale
+        .unwrap_or(match (experiment.as_str(), synthetic_run) {
+            ("tenants", true) => super::tenants::SYNTHETIC_TIME_SCALE,
+            ("tenants", false) => super::tenants::TRACE_TIME_SCALE,
+            (_, true) => 1_600.0,
+            (_, false) => TRACE_TIME_SCALE,
+        });
     if !(time_scale.is_finite() && time_scale > 0.0) {
         return Err(Fail::Usage(format!(
             "--time-scale {time_scale}: must be a positive number"
@@ -303,6 +308,12 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         .num_threads(jobs)
         .build()
         .map_err(|e| Fail::Usage(format!("--jobs {jobs}: {e}")))?;
+
+    if experiment == "tenants" {
+        super::tenants::run(&pool, &workloads, &seeds, time_scale, args.json.as_deref())
+            .map_err(Fail::Usage)?;
+        return Ok(ExitCode::SUCCESS);
+    }
 
     let mut report = Report {
         experiment: match (do_fill, do_replay) {
