@@ -148,6 +148,71 @@ async fn bad_bodies_get_a_clear_400() {
 }
 
 #[tokio::test]
+async fn preempt_answers_with_the_victims_that_free_the_right_gpu() {
+    // What the mirror knows of v2, the one victim that helps: nothing beyond its hold,
+    // its pod with `tessera.io/preemptible: "false"`, its pod with a priority as high as
+    // the preemptor's (1). The last two leave no subset that makes room: n1 is dropped.
+    for (case, v2_pod, want) in [
+        (
+            "hold only",
+            None,
+            json!({"n1": {"Pods": [{"UID": "v2"}], "NumPDBViolations": 1}}),
+        ),
+        ("not preemptible", Some((Some("false"), None)), json!({})),
+        ("equal priority", Some((None, Some(1))), json!({})),
+    ] {
+        let nodes = vec![kube_node("n1", "32", "64Gi")];
+        let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 2)];
+        let m = mirror("binpack", nodes, inv, vec![]);
+        // v1 takes 70 % of one GPU, v2 60 % of the other (70 + 60 > 100), and v3's 30 %
+        // goes beside one of them: free 0 + 40 or 30 + 10, 40 % in total either way.
+        for (uid, cores) in [("v1", "70"), ("v2", "60"), ("v3", "30")] {
+            let mut p = pod(
+                "ml",
+                uid,
+                uid,
+                &[("tessera.io/gpu", "1"), ("tessera.io/gpu-cores", cores)],
+            );
+            tessera_k8s::binder::lock(&m).reserve(&p, "n1").unwrap();
+            if let (true, Some((annotation, priority))) = (uid == "v2", v2_pod) {
+                if let Some(a) = annotation {
+                    p.metadata.annotations =
+                        Some([("tessera.io/preemptible".to_string(), a.to_string())].into());
+                }
+                p.spec.as_mut().unwrap().priority = priority;
+                tessera_k8s::binder::lock(&m).upsert_pod(p);
+            }
+        }
+        // A 50 % share at priority 1 (v1..v3 have none: 0); kube-scheduler, counting
+        // totals, proposes v3 and v2. Without v3 its GPU has 0 + 30 or 10 + 30 = 40 %
+        // free, short of 50; without v2 its GPU has 40 + 60 or 10 + 60 % free.
+        let mut preemptor = pod(
+            "ml",
+            "big",
+            "uid-big",
+            &[("tessera.io/gpu", "1"), ("tessera.io/gpu-cores", "50")],
+        );
+        preemptor.spec.as_mut().unwrap().priority = Some(1);
+        let body = json!({
+            "Pod": preemptor,
+            "NodeNameToVictims": null,
+            "NodeNameToMetaVictims": {
+                "n1": {"Pods": [{"UID": "v3"}, {"UID": "v2"}], "NumPDBViolations": 1}
+            }
+        });
+        let (status, v) = call(
+            router(state(m.clone(), None)),
+            "/preempt",
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{case}: {v}");
+        assert_eq!(v, json!({ "NodeNameToMetaVictims": want }), "{case}");
+        assert_eq!(tessera_k8s::binder::lock(&m).ledger().allocation_count(), 3);
+    }
+}
+
+#[tokio::test]
 async fn preempt_keeps_nodes_where_the_victims_make_room() {
     let nodes = vec![kube_node("n1", "32", "64Gi"), kube_node("n2", "32", "64Gi")];
     let inv = vec![

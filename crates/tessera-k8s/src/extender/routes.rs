@@ -7,7 +7,6 @@
 //! one (filter, bind), so kube-scheduler shows our message; a body that is not
 //! valid JSON for the verb is a `400` naming what is wrong.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -274,14 +273,20 @@ async fn preempt(State(st): State<ExtenderState>, body: Bytes) -> Response {
     }
     let started = Instant::now();
     let candidates = args.meta_victims();
-    let kept = { lock(&st.mirror).preempt(&args.pod, &candidates) };
+    let chosen = if st.ours(&args.pod) {
+        let now_s = u64::try_from(k8s_openapi::jiff::Timestamp::now().as_second()).unwrap_or(0);
+        super::preempt::choose(&mut lock(&st.mirror), &args.pod, &candidates, now_s)
+    } else {
+        // Not a pod of ours: no opinion, kube-scheduler's candidates stand.
+        Ok(candidates
+            .into_iter()
+            .filter(|(_, v)| !v.pods.is_empty())
+            .collect())
+    };
     st.metrics.observe_decision("preempt", started.elapsed());
-    match kept {
+    match chosen {
         Ok(nodes) => json(&ExtenderPreemptionResult {
-            node_name_to_meta_victims: candidates
-                .into_iter()
-                .filter(|(n, v)| nodes.contains(n) && !v.pods.is_empty())
-                .collect::<BTreeMap<_, _>>(),
+            node_name_to_meta_victims: nodes,
         }),
         Err(e) => (StatusCode::BAD_REQUEST, format!("preempt: {e}\n")).into_response(),
     }

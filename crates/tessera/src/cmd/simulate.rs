@@ -20,6 +20,8 @@ use tessera_sim::report::{self, Report};
 use tessera_sim::trace::{TraceError, openb};
 use tessera_sim::workload as synthetic;
 
+mod preempt;
+
 const FILL_POLICIES: &str = "random,dotprod,clustering,packing,bestfit,fgd,tessera";
 const REPLAY_POLICIES: &str = "k8s-default,tessera";
 /// Time-scale at which `k8s-default` queues on openb `default` (single pass).
@@ -35,7 +37,9 @@ pub struct SimulateArgs {
     /// openb_pod_list_*.csv in the directory. Default: default.
     #[arg(long)]
     pub workload: Option<String>,
-    /// fill, replay, both or tenants (queues sharing the replay). Default: fill with
+    /// fill, replay, both, tenants (queues sharing the replay) or preempt
+    /// (high-priority arrivals into a full cluster: Tessera's device-aware
+    /// preemption against a kube-scheduler-like baseline). Default: fill with
     /// --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
@@ -80,6 +84,8 @@ pub struct SimulateArgs {
     /// Seed of the built-in synthetic workload.
     #[arg(long, default_value_t = 42)]
     pub synthetic_seed: u64,
+    #[command(flatten)]
+    pub preempt: preempt::PreemptArgs,
 }
 
 /// Errors the user can fix, with their exit codes.
@@ -224,9 +230,10 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "replay" => (false, true),
         "both" | "fill+replay" => (true, true),
         "tenants" => (false, false),
+        "preempt" => return preempt::run(&args),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay, both or tenants"
+                "--experiment: {other:?} is not fill, replay, both, tenants or preempt"
             )));
         }
     };
