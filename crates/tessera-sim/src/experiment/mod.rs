@@ -1,6 +1,8 @@
-//! Experiments: *fill* (the FGD paper's protocol) and *replay*.
+//! Experiments: *fill* (the FGD paper's protocol), *replay*, *gang* (distributed
+//! jobs, all-or-nothing or member by member) and *defrag* (moves that free whole nodes).
 
 pub mod cost;
 pub mod fill;
+pub mod gang;
 pub mod replay;
 pub mod snapshot;
