@@ -2,6 +2,7 @@
 //! jobs, all-or-nothing or member by member) and *defrag* (moves that free whole nodes).
 
 pub mod cost;
+pub mod defrag;
 pub mod fill;
 pub mod gang;
 pub mod replay;
