@@ -6,7 +6,7 @@
 use tessera_sim::experiment::gang::{GangConfig, Mode, run_seeds};
 use tessera_sim::workload;
 
-/// The documented default: 300 jobs, a 240 s mean gap (≈ 1.2 × the built-in
+/// The documented default: 300 jobs, a 245 s mean gap (1.2 × the built-in
 /// cluster's capacity while jobs arrive).
 fn config() -> GangConfig {
     GangConfig::default()

@@ -112,27 +112,40 @@ pub enum DefragSimError {
     Ledger(#[from] LedgerError),
 }
 
-/// Runs the experiment once.
-pub fn run(
+/// A fill snapshot made ready for planning: who may be disturbed, what each
+/// pod asked for, the budgets, and a scheduler with the fill's policy.
+pub struct World {
+    pub cluster: Cluster,
+    pub ledger: Ledger,
+    pub running: FxHashMap<AllocId, Running>,
+    pub requests: FxHashMap<AllocId, Request>,
+    /// Each allocation's pod name (from the trace).
+    pub names: FxHashMap<AllocId, String>,
+    pub budgets: Budgets,
+    pub scheduler: Scheduler,
+}
+
+/// Fills as the fill experiment does to `config.fill_pct` % and draws each
+/// pod's disturbance rules (see the module docs) from `seed`.
+pub fn prepare(
     cluster: &Cluster,
     pods: &[TracePod],
     workload: &str,
     policy_name: &str,
     config: &DefragConfig,
     seed: u64,
-) -> Result<DefragResult, DefragSimError> {
+) -> Result<World, DefragSimError> {
     let fill = FillConfig::for_workload(workload);
     let snap = fill_until(cluster, pods, policy_name, seed, &fill, config.fill_pct)?;
-    let cluster = snap.cluster;
-    let mut ledger = snap.ledger;
     let by_name: FxHashMap<&str, &Request> =
         pods.iter().map(|p| (p.name.as_str(), &p.request)).collect();
     // Who may be disturbed: drawn per pod in allocation order from its own RNG.
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x00de_f7a6);
-    let mut ids: Vec<AllocId> = ledger.allocations().map(|(id, _)| id).collect();
+    let mut ids: Vec<AllocId> = snap.ledger.allocations().map(|(id, _)| id).collect();
     ids.sort_unstable();
     let mut running: FxHashMap<AllocId, Running> = FxHashMap::default();
     let mut requests: FxHashMap<AllocId, Request> = FxHashMap::default();
+    let mut names: FxHashMap<AllocId, String> = FxHashMap::default();
     for id in ids {
         let x = rng.random_range(0..100u32);
         let meta = PodMeta {
@@ -150,10 +163,11 @@ pub fn run(
                 started_s: 0,
             },
         );
-        if let Some((_, name)) = snap.labels.get(&id)
-            && let Some(r) = by_name.get(name.as_str())
-        {
-            requests.insert(id, (*r).clone());
+        if let Some((_, name)) = snap.labels.get(&id) {
+            if let Some(r) = by_name.get(name.as_str()) {
+                requests.insert(id, (*r).clone());
+            }
+            names.insert(id, name.clone());
         }
     }
     let mut budgets = Budgets::new();
@@ -161,12 +175,40 @@ pub fn run(
         budgets.set(BudgetId(b), config.disruptions_allowed);
     }
     let policy = fill_policy(
-        &cluster,
+        &snap.cluster,
         policy_name,
         Arc::new(typical_pods(pods, fill.typical_coverage)),
     )
     .map_err(FillError::from)?;
-    let mut scheduler = Scheduler::new(policy);
+    Ok(World {
+        cluster: snap.cluster,
+        ledger: snap.ledger,
+        running,
+        requests,
+        names,
+        budgets,
+        scheduler: Scheduler::new(policy),
+    })
+}
+
+/// Runs the experiment once.
+pub fn run(
+    cluster: &Cluster,
+    pods: &[TracePod],
+    workload: &str,
+    policy_name: &str,
+    config: &DefragConfig,
+    seed: u64,
+) -> Result<DefragResult, DefragSimError> {
+    let World {
+        cluster,
+        mut ledger,
+        mut running,
+        mut requests,
+        budgets,
+        mut scheduler,
+        ..
+    } = prepare(cluster, pods, workload, policy_name, config, seed)?;
     let mut place_rng = SmallRng::seed_from_u64(seed);
     let pending = Request::whole(config.pending_gpus, 8_000, 32_768);
     let big = |c: &Cluster, l: &Ledger, idle: bool| {

@@ -81,15 +81,42 @@ impl Default for GangConfig {
     fn default() -> Self {
         GangConfig {
             jobs: 300,
-            // Mean job ≈ 25.5 GPUs × 9,000 s; on the built-in 782-GPU cluster a
-            // gap of 240 s offers ≈ 1.2 × its capacity while jobs arrive.
-            mean_interarrival_s: 240,
+            // The built-in 782-GPU cluster at 1.2 × its capacity: see [`GangConfig::for_load`].
+            mean_interarrival_s: 245,
             min_run_s: 3_600,
             max_run_s: 14_400,
             head_block_after_s: 3_600,
             nodes_per_rack: 8,
         }
     }
+}
+
+impl GangConfig {
+    /// The default mix with the arrival gap that offers `load` × the GPUs of a
+    /// cluster with `gpus` GPUs while jobs arrive. A mean job holds
+    /// 8.8 members × 2.9 GPUs × 9,000 s = 229,680 GPU-seconds, so the gap is
+    /// 229,680 / (`gpus` × `load`): 245 s for 782 GPUs at 1.2, 31 s for openb's 6,212.
+    pub fn for_load(gpus: usize, load: f64) -> GangConfig {
+        let d = GangConfig::default();
+        let mean_job_gpu_s = mean(&MEMBERS, |k| k as f64)
+            * mean(&GPUS, f64::from)
+            * (d.min_run_s + d.max_run_s) as f64
+            / 2.0;
+        let gap = mean_job_gpu_s / (gpus.max(1) as f64 * load.max(1e-3));
+        GangConfig {
+            mean_interarrival_s: (gap.round() as u64).max(1),
+            ..d
+        }
+    }
+}
+
+fn mean<T: Copy>(table: &[(T, u32)], value: impl Fn(T) -> f64) -> f64 {
+    let total: u32 = table.iter().map(|t| t.1).sum();
+    table
+        .iter()
+        .map(|&(v, w)| value(v) * f64::from(w))
+        .sum::<f64>()
+        / f64::from(total.max(1))
 }
 
 /// A job: one or more pods that run together for `run_s`.
@@ -701,5 +728,42 @@ impl GangReport {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gap_offers_the_asked_load() {
+        // 8.8 × 2.9 × 9,000 = 229,680 GPU-s per job; / (782 × 1.2) = 244.75 → 245.
+        assert_eq!(GangConfig::for_load(782, 1.2).mean_interarrival_s, 245);
+        assert_eq!(GangConfig::default().mean_interarrival_s, 245);
+        // / (6,212 × 1.2) = 30.8 → 31.
+        assert_eq!(GangConfig::for_load(6_212, 1.2).mean_interarrival_s, 31);
+    }
+
+    #[test]
+    fn jobs_follow_the_documented_mix() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let jobs = distributed_jobs(
+            &GangConfig {
+                jobs: 4_000,
+                ..GangConfig::default()
+            },
+            &mut rng,
+        );
+        let members = jobs.iter().map(|j| j.members.len()).sum::<usize>() as f64 / 4_000.0;
+        let gpus = jobs
+            .iter()
+            .map(|j| j.members[0].gpu.gpu_count())
+            .sum::<u32>() as f64
+            / 4_000.0;
+        // Means 8.8 and 2.9, within sampling noise.
+        assert!((members - 8.8).abs() < 0.5, "{members}");
+        assert!((gpus - 2.9).abs() < 0.15, "{gpus}");
+        assert!(jobs.iter().all(|j| (2..=32).contains(&j.members.len())));
+        assert!(jobs.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
     }
 }

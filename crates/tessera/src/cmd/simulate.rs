@@ -35,7 +35,8 @@ pub struct SimulateArgs {
     /// openb_pod_list_*.csv in the directory. Default: default.
     #[arg(long)]
     pub workload: Option<String>,
-    /// fill, replay or both. Default: fill with --trace, both without.
+    /// fill, replay or both; gang (distributed jobs: gangs vs member by member) or
+    /// defrag (moves per whole 8-GPU node freed). Default: fill with --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
     /// Policies, comma separated. Default: random,dotprod,clustering,packing,bestfit,fgd,tessera
@@ -222,9 +223,10 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "fill" => (true, false),
         "replay" => (false, true),
         "both" | "fill+replay" => (true, true),
+        "gang" | "defrag" => return Ok(super::simulate_gang::run(&experiment, &args)),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay or both"
+                "--experiment: {other:?} is not fill, replay, both, gang or defrag"
             )));
         }
     };
