@@ -95,7 +95,9 @@ impl GangConfig {
     /// The default mix with the arrival gap that offers `load` × the GPUs of a
     /// cluster with `gpus` GPUs while jobs arrive. A mean job holds
     /// 8.8 members × 2.9 GPUs × 9,000 s = 229,680 GPU-seconds, so the gap is
-    /// 229,680 / (`gpus` × `load`): 245 s for 782 GPUs at 1.2, 31 s for openb's 6,212.
+    /// 229,680 / (`gpus` × `load`): 245 s for 782 GPUs at 1.2, 31 s for openb's
+    /// 6,212. The job count scales with the GPUs (300 per 782), so the arrival
+    /// window (≈ 20 h) is the same on any cluster.
     pub fn for_load(gpus: usize, load: f64) -> GangConfig {
         let d = GangConfig::default();
         let mean_job_gpu_s = mean(&MEMBERS, |k| k as f64)
@@ -105,10 +107,14 @@ impl GangConfig {
         let gap = mean_job_gpu_s / (gpus.max(1) as f64 * load.max(1e-3));
         GangConfig {
             mean_interarrival_s: (gap.round() as u64).max(1),
+            jobs: (d.jobs * gpus / BUILTIN_GPUS).max(1),
             ..d
         }
     }
 }
+
+/// GPUs of the built-in synthetic cluster, for which the default is set.
+const BUILTIN_GPUS: usize = 782;
 
 fn mean<T: Copy>(table: &[(T, u32)], value: impl Fn(T) -> f64) -> f64 {
     let total: u32 = table.iter().map(|t| t.1).sum();
@@ -742,6 +748,9 @@ mod tests {
         assert_eq!(GangConfig::default().mean_interarrival_s, 245);
         // / (6,212 × 1.2) = 30.8 → 31.
         assert_eq!(GangConfig::for_load(6_212, 1.2).mean_interarrival_s, 31);
+        // 300 × 6,212 / 782 = 2,383 jobs.
+        assert_eq!(GangConfig::for_load(6_212, 1.2).jobs, 2_383);
+        assert_eq!(GangConfig::for_load(782, 1.2).jobs, 300);
     }
 
     #[test]
