@@ -3,8 +3,10 @@
 //! live here: no client code, so both sides link it without pulling in the other.
 
 pub mod gpunode;
+pub mod queue;
 
 pub use gpunode::{
     GpuCondition, GpuDevice, GpuHealth, GpuLink, GpuNode, GpuNodeSpec, GpuNodeStatus, LinkKind,
     MigInstance, MigState,
 };
+pub use queue::{GpuQueue, GpuQueueSpec, GpuQueueStatus, QueueResources};

@@ -3,18 +3,26 @@
 
 use std::path::PathBuf;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-use tessera_api::GpuNode;
-
-const HEADER: &str = "# Generated from the GpuNode type in crates/tessera-api; do not edit.\n\
-# Regenerate: TESSERA_BLESS=1 cargo test -p tessera-api --test crd_yaml\n";
+use tessera_api::{GpuNode, GpuQueue};
 
 #[test]
-fn chart_crd_matches_the_type() {
+fn chart_crds_match_the_types() {
+    check("GpuNode", "gpunodes.tessera.io.yaml", GpuNode::crd());
+    check("GpuQueue", "gpuqueues.tessera.io.yaml", GpuQueue::crd());
+}
+
+fn check(kind: &str, file: &str, crd: CustomResourceDefinition) {
+    let header = format!(
+        "# Generated from the {kind} type in crates/tessera-api; do not edit.\n\
+         # Regenerate: TESSERA_BLESS=1 cargo test -p tessera-api --test crd_yaml\n"
+    );
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../deploy/helm/tessera/crds/gpunodes.tessera.io.yaml");
-    let yaml = serde_saphyr::to_string(&GpuNode::crd()).expect("the CRD serialises");
-    let want = format!("{HEADER}{yaml}");
+        .join("../../deploy/helm/tessera/crds")
+        .join(file);
+    let yaml = serde_saphyr::to_string(&crd).expect("the CRD serialises");
+    let want = format!("{header}{yaml}");
     if std::env::var("TESSERA_BLESS").is_ok_and(|v| v == "1") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, &want).unwrap();
@@ -28,7 +36,7 @@ fn chart_crd_matches_the_type() {
     );
     // And it reads back as the same object.
     let back: serde_json::Value = serde_saphyr::from_str(&have).expect("valid YAML");
-    assert_eq!(back, serde_json::to_value(GpuNode::crd()).unwrap());
+    assert_eq!(back, serde_json::to_value(&crd).unwrap());
 }
 
 /// The hand-written example in `deploy/examples/` is a valid GpuNode.

@@ -33,6 +33,8 @@ pub enum Report {
         reasons: BTreeMap<String, usize>,
         nodes: usize,
     },
+    /// Pending because its queue may not take more now (whatever the nodes have free).
+    WaitsForQueue { pod: String, message: String },
     /// Pending although a node fits now (the scheduler will place it on its next pass).
     WouldFit {
         pod: String,
@@ -90,6 +92,12 @@ impl std::fmt::Display for Report {
                 write!(f, "{pod} is pending: its GPU request is invalid: {message}")
             }
             Report::Pending { pod, sentence, .. } => write!(f, "{pod} is pending: {sentence}"),
+            Report::WaitsForQueue { pod, message } => {
+                write!(
+                    f,
+                    "{pod} is pending: it waits for its queue's quota: {message}"
+                )
+            }
             Report::WouldFit {
                 pod,
                 node,
@@ -189,6 +197,9 @@ pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
         }
     };
     let host = asks.host.unwrap_or_default();
+    if let crate::mirror::QuotaCheck::Refused(message) = mirror.quota(pod, &req) {
+        return Report::WaitsForQueue { pod: key, message };
+    }
     match mirror.decide(&req, &host, |facts| node_allows(pod, facts)) {
         Ok((p, e)) => Report::WouldFit {
             pod: key,

@@ -1,5 +1,6 @@
 //! The cache-sync gate: nothing is decided, bound or reported ready before the
-//! mirror holds complete lists of nodes, `GpuNode`s and pods.
+//! mirror holds complete lists of nodes, `GpuNode`s, pods, `GpuQueue`s and
+//! namespaces (quotas are judged on the queues and the namespaces' labels).
 //!
 //! A fresh process that answered `filter` before its pod list was in would see
 //! every GPU free and hand out shares other pods hold (seen on a real control
@@ -20,16 +21,28 @@ pub enum Kind {
     Nodes,
     Inventory,
     Pods,
+    /// `GpuQueue`s (marked at once when the CRD is not installed: no queues).
+    Queues,
+    /// Namespaces (their queue labels).
+    Namespaces,
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::Nodes, Kind::Inventory, Kind::Pods];
+    const ALL: [Kind; 5] = [
+        Kind::Nodes,
+        Kind::Inventory,
+        Kind::Pods,
+        Kind::Queues,
+        Kind::Namespaces,
+    ];
 
     fn bit(self) -> u8 {
         match self {
             Kind::Nodes => 1,
             Kind::Inventory => 2,
             Kind::Pods => 4,
+            Kind::Queues => 8,
+            Kind::Namespaces => 16,
         }
     }
 
@@ -38,11 +51,13 @@ impl Kind {
             Kind::Nodes => "nodes",
             Kind::Inventory => "GpuNodes",
             Kind::Pods => "pods",
+            Kind::Queues => "GpuQueues",
+            Kind::Namespaces => "namespaces",
         }
     }
 }
 
-const ALL_BITS: u8 = 7;
+const ALL_BITS: u8 = 31;
 
 /// Shared, cheap to clone.
 #[derive(Debug, Clone)]
@@ -122,9 +137,14 @@ mod tests {
     async fn opens_only_when_every_kind_is_listed() {
         let g = SyncGate::new();
         assert!(!g.is_synced());
-        assert_eq!(g.missing(), vec!["nodes", "GpuNodes", "pods"]);
+        assert_eq!(
+            g.missing(),
+            vec!["nodes", "GpuNodes", "pods", "GpuQueues", "namespaces"]
+        );
         g.mark(Kind::Nodes);
         g.mark(Kind::Pods);
+        g.mark(Kind::Queues);
+        g.mark(Kind::Namespaces);
         assert!(!g.wait(Duration::from_millis(10)).await);
         assert_eq!(g.missing(), vec!["GpuNodes"]);
         let waiter = {

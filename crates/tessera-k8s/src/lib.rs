@@ -5,7 +5,7 @@
 //! from the API server's pod annotations. On top of it: the kube-scheduler
 //! extender ([`extender`]), the standalone scheduler ([`standalone`]), the
 //! [`binder`] that writes decisions, leader election ([`leader`]), the
-//! admission [`webhook`], [`metrics`], the web view [`ui`] and the GPU
+//! admission [`webhook`], [`metrics`], `GpuQueue` status ([`queue_status`]), the web view [`ui`] and the GPU
 //! [`accounting`] behind chargeback. [`run`] wires them together and stops
 //! when its shutdown future resolves; only the binary owns signals.
 
@@ -22,6 +22,7 @@ pub mod hostfit;
 pub mod leader;
 pub mod metrics;
 pub mod mirror;
+pub mod queue_status;
 pub mod run;
 pub mod standalone;
 pub mod tls;

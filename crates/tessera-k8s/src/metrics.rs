@@ -2,8 +2,9 @@
 //!
 //! Decision latency per verb; pending pods by reason (set by the standalone
 //! loop); allocated and free GPU milli per node and model and FGD fragmentation
-//! per node, recomputed from the mirror at each scrape so they never drift from
-//! the ledger. A granted MIG instance counts as its share of the GPU's compute
+//! per node, and per `GpuQueue` its guarantee, holdings, fair share, borrowed
+//! GPU-equivalents and waiting pods, recomputed from the mirror at each scrape
+//! so they never drift from the ledger. A granted MIG instance counts as its share of the GPU's compute
 //! slices (the ledger holds MIG grants that way: 3g of 7 is 428 milli-GPU).
 
 use std::sync::atomic::AtomicU64;
@@ -42,6 +43,9 @@ pub struct Metrics {
     workload: TargetWorkload,
     gpu_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     gpu_capacity_seconds: Family<Labels, Counter<f64, AtomicU64>>,
+    /// Per queue and kind (guaranteed, allocated, deserved, borrowed): GPU-equivalents.
+    queue_gpus: Family<Labels, Gauge<f64, AtomicU64>>,
+    queue_pending: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -119,7 +123,21 @@ impl Metrics {
             "Healthy GPU time offered, in GPU-seconds, per model (utilisation = gpu_seconds / gpu_capacity_seconds)",
             gpu_capacity_seconds.clone(),
         );
+        let queue_gpus = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let queue_pending = Family::<Labels, Gauge>::default();
+        registry.register(
+            "queue_gpu_equivalents",
+            "GpuQueue quota and use in GPU-equivalents, by queue and kind (guaranteed, allocated, deserved = fair share now, borrowed = held beyond the guarantee)",
+            queue_gpus.clone(),
+        );
+        registry.register(
+            "queue_pending_pods",
+            "Pods waiting for a node, by queue",
+            queue_pending.clone(),
+        );
         Metrics {
+            queue_gpus,
+            queue_pending,
             gpu_seconds,
             gpu_capacity_seconds,
             registry,
@@ -215,6 +233,24 @@ impl Metrics {
                 .set(frag);
         }
         self.cluster_fragmentation.set(total);
+        self.queue_gpus.clear();
+        self.queue_pending.clear();
+        for q in mirror.queue_report() {
+            let queue = ("queue".to_string(), q.name.clone());
+            for (kind, r) in [
+                ("guaranteed", q.guaranteed),
+                ("allocated", q.allocated),
+                ("deserved", q.deserved),
+                ("borrowed", q.borrowed),
+            ] {
+                self.queue_gpus
+                    .get_or_create(&vec![queue.clone(), ("kind".to_string(), kind.to_string())])
+                    .set(r.gpu_eq_milli as f64 / 1000.0);
+            }
+            self.queue_pending
+                .get_or_create(&vec![queue])
+                .set(i64::try_from(q.pending_pods).unwrap_or(i64::MAX));
+        }
     }
 
     /// Adds what the chargeback meter just charged (milli-GPU × ms per

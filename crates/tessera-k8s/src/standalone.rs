@@ -251,19 +251,29 @@ impl Standalone {
         self
     }
 
-    /// Pods of ours waiting for a node, oldest (then highest priority) first.
-    /// A pod whose bind is in flight is held in the mirror and not listed.
+    /// Pods of ours waiting for a node, in the order they are tried: the pods
+    /// of the queue furthest below its fair share first (when queues are
+    /// defined), then highest priority, then oldest. A pod whose bind is in
+    /// flight is held in the mirror and not listed; a pod behind scheduling
+    /// gates (Kueue's admission, for one) is not ours to place until they are gone.
     pub fn pending(&self) -> Vec<Pod> {
-        let m = lock(&self.mirror);
-        let mut pods: Vec<Pod> = m
+        let mut m = lock(&self.mirror);
+        let pods: Vec<Pod> = m
             .waiting_pods()
-            .filter(|p| convert::scheduler_name(p) == self.scheduler_name)
+            .filter(|p| convert::scheduler_name(p) == self.scheduler_name && !convert::is_gated(p))
             .cloned()
             .collect();
+        let keys = m.queue_order(&pods);
+        drop(m);
         let priority = |p: &Pod| p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
-        pods.sort_by(|a, b| {
-            priority(b)
-                .cmp(&priority(a))
+        let mut order: Vec<(Vec<f64>, Pod)> = match keys {
+            Some(k) => k.into_iter().zip(pods).collect(),
+            None => pods.into_iter().map(|p| (Vec::new(), p)).collect(),
+        };
+        order.sort_by(|(ka, a), (kb, b)| {
+            ka.partial_cmp(kb)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| priority(b).cmp(&priority(a)))
                 .then_with(|| {
                     a.metadata
                         .creation_timestamp
@@ -271,7 +281,7 @@ impl Standalone {
                 })
                 .then_with(|| convert::pod_key(a).cmp(&convert::pod_key(b)))
         });
-        pods
+        order.into_iter().map(|(_, p)| p).collect()
     }
 
     /// Decides a pod's node and holds the placement in the mirror, in one
@@ -287,6 +297,9 @@ impl Standalone {
         let host = asks.host.map_err(invalid)?;
         if let Some(why) = unsupported(pod) {
             return Err((why, "unsupported".to_string()));
+        }
+        if let crate::mirror::QuotaCheck::Refused(why) = m.quota(pod, &req) {
+            return Err((why, "queue quota".to_string()));
         }
         let decided = m.decide(&req, &host, |facts| node_allows(pod, facts));
         self.metrics

@@ -50,6 +50,8 @@ async fn nothing_is_judged_or_ready_before_the_initial_lists_are_in() {
     st.gate = SyncGate::new();
     st.gate.mark(Kind::Nodes);
     st.gate.mark(Kind::Inventory);
+    st.gate.mark(Kind::Queues);
+    st.gate.mark(Kind::Namespaces);
     let app = router(st.clone());
     let newcomer = pod("ml", "b", "uid-b", &SHARE);
     let (status, v) = call(app.clone(), "/filter", filter_body(&newcomer, &["n1"])).await;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::Resources;
 use crate::model::{Cluster, ModelId, NodeId, spec::Catalog};
 use crate::placement::{GpuGrant, Placement};
+use crate::request::{GpuAsk, Request};
 
 /// A factor per GPU model, in milli (1000 = one GPU-equivalent per whole GPU).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +29,12 @@ pub enum EquivError {
     UnknownModel(String),
     #[error("gpuEquivalents.{model}: factor {factor} must be a finite number between 0 and 1000")]
     BadFactor { model: String, factor: f64 },
+}
+
+impl Default for GpuEquivalents {
+    fn default() -> Self {
+        GpuEquivalents::uniform()
+    }
 }
 
 impl GpuEquivalents {
@@ -112,6 +119,57 @@ impl GpuEquivalents {
             cpu_milli: p.cpu_milli,
             memory_mib: p.memory_mib,
         }
+    }
+
+    /// The most a request can count once placed, in milli GPU-equivalents: the
+    /// largest over the models in `cluster` it may land on. Admission checks this
+    /// bound before the node is known, so a queue never passes its quota whichever
+    /// GPU the pod gets; usage then counts the real grant.
+    pub fn request_upper_bound(&self, cluster: &Cluster, req: &Request) -> u64 {
+        let count = u64::from(req.gpu.gpu_count());
+        if count == 0 {
+            return 0;
+        }
+        let mut models: Vec<ModelId> = cluster
+            .nodes()
+            .iter()
+            .flat_map(|n| n.gpus.iter().map(|g| g.model))
+            .filter(|m| req.constraints.model_set.contains(*m))
+            .collect();
+        models.sort_unstable();
+        models.dedup();
+        let per_gpu = models
+            .iter()
+            .map(|&m| {
+                let spec = cluster.catalog.spec(m);
+                let frac = match &req.gpu {
+                    GpuAsk::None => 0,
+                    GpuAsk::Whole { .. } => 1000,
+                    GpuAsk::Shared {
+                        memory,
+                        cores_milli,
+                        ..
+                    } => per_mille(memory.resolve(spec.memory_mib), spec.memory_mib)
+                        .max((*cores_milli).min(1000)),
+                    GpuAsk::Mig { profile } => spec
+                        .mig
+                        .as_ref()
+                        .and_then(|geo| {
+                            geo.profile(profile).map(|(_, p)| {
+                                per_mille(u64::from(p.memory_slices), u64::from(geo.memory_slices))
+                                    .max(per_mille(
+                                        u64::from(p.compute_slices),
+                                        u64::from(geo.compute_slices),
+                                    ))
+                            })
+                        })
+                        .unwrap_or(0),
+                };
+                u64::from(frac) * u64::from(self.factor_milli(m)) / 1000
+            })
+            .max()
+            .unwrap_or(0);
+        per_gpu * count
     }
 
     /// The whole cluster's capacity in the same units (healthy or not: quota is
@@ -200,6 +258,26 @@ mod tests {
             }),
         };
         assert_eq!(ge.grant_milli(&c, NodeId(0), &g), 500);
+    }
+
+    #[test]
+    fn the_upper_bound_takes_the_dearest_model_a_request_may_get() {
+        let c = cluster();
+        let ge = GpuEquivalents::from_factors(&c.catalog, [("H100-80GB", 1.0), ("T4", 0.1)], 0.5)
+            .unwrap();
+        // Two whole GPUs, any model: the H100 counts most → 2 × 1000.
+        assert_eq!(ge.request_upper_bound(&c, &Request::whole(2, 0, 0)), 2_000);
+        // Only T4 allowed → 2 × 100.
+        let t4_only = Request::whole(2, 0, 0)
+            .with_models(&["T4"], &c.catalog)
+            .unwrap();
+        assert_eq!(ge.request_upper_bound(&c, &t4_only), 200);
+        // A 30 % share: 300 of an H100 (factor 1.0) beats 300 of a T4 (0.1).
+        assert_eq!(
+            ge.request_upper_bound(&c, &Request::share_milli(300, 0, 0)),
+            300
+        );
+        assert_eq!(ge.request_upper_bound(&c, &Request::cpu_only(1000, 10)), 0);
     }
 
     #[test]

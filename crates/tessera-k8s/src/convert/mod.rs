@@ -67,6 +67,16 @@ pub fn is_terminal(pod: &Pod) -> bool {
     )
 }
 
+/// Held back by scheduling gates (Kueue's admission gate, for one): the API
+/// server refuses to bind it (409) until every gate is removed, and no
+/// scheduler may place it before then.
+pub fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| !g.is_empty())
+}
+
 /// The pod's annotations as `(key, value)` pairs.
 pub fn annotations(pod: &Pod) -> impl Iterator<Item = (&str, &str)> {
     pod.metadata

@@ -22,7 +22,8 @@
 //!
 //! Parts: [`ingest`] (watch events and holds), [`reservations`] (assumed
 //! placements with deadlines), [`verdicts`] (per-shape node judgements for the
-//! extender and the standalone loop); this file holds the state and its reads.
+//! extender and the standalone loop), [`queues`] (queues and quota admission);
+//! this file holds the state and its reads.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -44,9 +45,11 @@ use crate::hostfit::{self, HostAsk};
 
 mod ingest;
 mod learning;
+mod queues;
 mod reservations;
 mod verdicts;
 
+pub use queues::{QueueFigures, QuotaCheck, queue_spec};
 pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};
 use verdicts::ShapeCache;
 pub use verdicts::{FilterOutcome, resolvable};
@@ -88,6 +91,8 @@ pub struct Mirror {
     /// there until the next rebuild finds them consistent, since the ledger
     /// could not count what they hold.
     blocked: FxHashMap<NodeId, String>,
+    /// Queues, namespaces' queue labels and quota usage (see [`queues`]).
+    queues: queues::Queues,
 }
 
 impl Mirror {
@@ -117,6 +122,7 @@ impl Mirror {
             host_used: FxHashMap::default(),
             next_expiry: None,
             blocked: FxHashMap::default(),
+            queues: Default::default(),
         }
     }
 
@@ -281,6 +287,7 @@ impl Mirror {
             .collect();
         pods.sort();
         v.extend(pods.into_iter().cloned());
+        v.extend(self.queues_problems_as_of_now());
         v
     }
 

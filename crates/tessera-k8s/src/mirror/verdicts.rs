@@ -182,6 +182,12 @@ impl Mirror {
             out.passed = names.to_vec();
             return Ok(out);
         }
+        if let super::QuotaCheck::Refused(why) = self.quota(pod, &req) {
+            // Its queue may not take more now: no node, whatever it has free.
+            let why: Arc<str> = Arc::from(why);
+            out.failed = names.iter().map(|n| (*n, why.clone())).collect();
+            return Ok(out);
+        }
         let ids = self.ids_of(names);
         let key = (req, host);
         self.ensure_verdicts(&key, &ids);

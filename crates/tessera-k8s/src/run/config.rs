@@ -54,6 +54,9 @@ pub struct RawConfig {
     pub webhook_key: Option<PathBuf>,
     pub webhook_set_scheduler_name: Option<bool>,
     pub allocation_writers: Vec<String>,
+    /// How GPU models count against queue quotas: `MODEL=FACTOR`, comma
+    /// separated (`H100-80GB=1,A100-80GB=0.6,T4=0.1`); unnamed models count 1.
+    pub gpu_equivalents: Option<String>,
 }
 
 /// A configuration field that is wrong, by name.
@@ -102,6 +105,8 @@ pub struct Config {
     /// `None`: no election, this replica always leads.
     pub lease: Option<LeaseConfig>,
     pub webhook: Option<WebhookServe>,
+    /// GPU-equivalent factors for queue quotas.
+    pub gpu_equivalents: tessera_core::queue::GpuEquivalents,
 }
 
 impl RawConfig {
@@ -270,6 +275,30 @@ impl RawConfig {
                 ));
             }
         };
+        let gpu_equivalents = match self.gpu_equivalents.as_deref() {
+            None => tessera_core::queue::GpuEquivalents::uniform(),
+            Some(text) => {
+                let mut pairs = Vec::new();
+                for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    let (model, factor) = item.split_once('=').ok_or_else(|| {
+                        invalid("gpu-equivalents", format!("{item:?} is not MODEL=FACTOR"))
+                    })?;
+                    let factor: f64 = factor.trim().parse().map_err(|_| {
+                        invalid(
+                            "gpu-equivalents",
+                            format!("{item:?}: {factor:?} is not a number"),
+                        )
+                    })?;
+                    pairs.push((model.trim().to_string(), factor));
+                }
+                tessera_core::queue::GpuEquivalents::from_factors(
+                    &tessera_core::model::Catalog::default(),
+                    pairs.iter().map(|(m, f)| (m.as_str(), *f)),
+                    1.0,
+                )
+                .map_err(|e| invalid("gpu-equivalents", e.to_string()))?
+            }
+        };
         let mut scheduler_names = vec![scheduler_name.clone()];
         for n in self.serve_scheduler_names {
             if !scheduler_names.contains(&n) {
@@ -287,6 +316,7 @@ impl RawConfig {
             scheduler_names,
             lease,
             webhook,
+            gpu_equivalents,
         })
     }
 }

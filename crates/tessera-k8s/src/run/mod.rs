@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
-use tessera_api::GpuNode;
+use tessera_api::{GpuNode, GpuQueue};
 use tessera_core::policy::{self, PolicyArgs};
 use tokio::sync::{Notify, watch};
 
@@ -89,6 +89,14 @@ async fn feed<K, F>(
 }
 
 /// One change from a watch stream.
+/// Whether the API server serves `GpuQueue`s: false only on a 404 (the CRD is
+/// not installed; Helm does not add new CRDs on upgrade). Any other answer —
+/// including an error — leaves the watch to decide, and the gate closed until it lists.
+async fn queues_served(api: &Api<GpuQueue>) -> bool {
+    let listed = api.list(&kube::api::ListParams::default().limit(1)).await;
+    !matches!(listed, Err(kube::Error::Api(e)) if e.code == 404)
+}
+
 pub enum Change<K> {
     Replace(Vec<K>),
     Upsert(K),
@@ -116,7 +124,9 @@ pub async fn run(
     };
     let policy = policy::by_name(&config.policy, &PolicyArgs::default())
         .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
-    let mirror = Arc::new(Mutex::new(Mirror::new(policy, config.signing_key.clone())));
+    let mut m = Mirror::new(policy, config.signing_key.clone());
+    m.set_gpu_equivalents(config.gpu_equivalents.clone());
+    let mirror = Arc::new(Mutex::new(m));
     let metrics = Arc::new(Metrics::new());
     let wake = Arc::new(Notify::new());
     let gate = SyncGate::new();
@@ -159,6 +169,36 @@ pub async fn run(
             Change::Delete(p) => m.remove_pod(p.metadata.uid.as_deref().unwrap_or("")),
         },
     ));
+    tasks.spawn(feed(
+        Api::<Namespace>::all(client.clone()),
+        mirror.clone(),
+        wake.clone(),
+        (gate.clone(), Kind::Namespaces),
+        |m, c| match c {
+            Change::Replace(v) => m.replace_namespaces(v),
+            Change::Upsert(n) => m.upsert_namespace(n),
+            Change::Delete(n) => m.remove_namespace(n.metadata.name.as_deref().unwrap_or("")),
+        },
+    ));
+    let queues = Api::<GpuQueue>::all(client.clone());
+    if queues_served(&queues).await {
+        tasks.spawn(feed(
+            queues,
+            mirror.clone(),
+            wake.clone(),
+            (gate.clone(), Kind::Queues),
+            |m, c| match c {
+                Change::Replace(v) => m.replace_queues(v),
+                Change::Upsert(q) => m.upsert_queue(q),
+                Change::Delete(q) => m.remove_queue(q.metadata.name.as_deref().unwrap_or("")),
+            },
+        ));
+    } else {
+        tracing::warn!(
+            "the GpuQueue CRD is not installed: no queue quotas (kubectl apply -f deploy/helm/tessera/crds/gpuqueues.tessera.io.yaml, then restart)"
+        );
+        gate.mark(Kind::Queues);
+    }
 
     let binder = Binder::new(client.clone(), mirror.clone(), leader.clone())
         .with_gate(gate.clone())
@@ -209,6 +249,14 @@ pub async fn run(
         let (client, flag, stop) = (client.clone(), leader.clone(), stopped());
         tokio::spawn(async move { leader::run(client, lease, flag, stop).await })
     });
+
+    tasks.spawn(crate::queue_status::run(
+        client.clone(),
+        mirror.clone(),
+        leader.clone(),
+        gate.clone(),
+        stopped(),
+    ));
 
     let standalone = (config.mode == Mode::Standalone).then(|| {
         let recorder = Recorder::new(

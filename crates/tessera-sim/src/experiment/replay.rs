@@ -53,18 +53,18 @@ use crate::trace::TracePod;
 
 /// A pod as the replay sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ReplayPod {
+pub(crate) struct ReplayPod {
     /// Creation − start, unscaled (0 for pods created before the start).
-    offset_s: u64,
-    run_s: u64,
-    shape: u32,
+    pub(crate) offset_s: u64,
+    pub(crate) run_s: u64,
+    pub(crate) shape: u32,
 }
 
 /// A trace made ready for replay (shared by every policy and time-scale).
 #[derive(Debug, Clone)]
 pub struct ReplayInput {
-    pods: Vec<ReplayPod>,
-    shapes: Vec<Request>,
+    pub(crate) pods: Vec<ReplayPod>,
+    pub(crate) shapes: Vec<Request>,
     /// Trace time the replay starts at.
     pub start_s: u64,
     /// Pods that run for deletion − creation because the trace has no scheduled time.
@@ -410,7 +410,7 @@ impl Engine<'_> {
 }
 
 /// Whether `node` passes the filter and the policy for `req`.
-fn accepts(
+pub(crate) fn accepts(
     cluster: &Cluster,
     ledger: &Ledger,
     policy: &dyn Policy,
@@ -429,7 +429,7 @@ fn accepts(
     }
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }

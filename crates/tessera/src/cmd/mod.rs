@@ -14,6 +14,7 @@ pub mod place;
 pub mod scheduler;
 pub mod simulate;
 pub mod simulate_gang;
+pub mod tenants;
 #[cfg(test)]
 pub mod testkit;
 pub mod trace;

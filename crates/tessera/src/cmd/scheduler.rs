@@ -73,6 +73,10 @@ pub struct SchedulerArgs {
     /// A user allowed to write tessera.io/allocation (repeatable; the scheduler's service account).
     #[arg(long = "allocation-writer")]
     pub allocation_writers: Vec<String>,
+    /// How GPU models count against queue quotas (GpuQueue): MODEL=FACTOR, comma
+    /// separated, e.g. `H100-80GB=1,A100-80GB=0.6,T4=0.1`; unnamed models count 1.
+    #[arg(long)]
+    pub gpu_equivalents: Option<String>,
 }
 
 pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
@@ -107,6 +111,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         webhook_key: a.webhook_key,
         webhook_set_scheduler_name: Some(a.webhook_set_scheduler_name),
         allocation_writers: a.allocation_writers,
+        gpu_equivalents: a.gpu_equivalents,
         ..RawConfig::default()
     };
     let config = match raw.resolve() {

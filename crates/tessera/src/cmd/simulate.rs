@@ -35,8 +35,9 @@ pub struct SimulateArgs {
     /// openb_pod_list_*.csv in the directory. Default: default.
     #[arg(long)]
     pub workload: Option<String>,
-    /// fill, replay or both; gang (distributed jobs: gangs vs member by member) or
-    /// defrag (moves per whole 8-GPU node freed). Default: fill with --trace, both without.
+    /// fill, replay, both or tenants (queues sharing the replay); gang (distributed
+    /// jobs: gangs vs member by member) or defrag (moves per whole 8-GPU node freed).
+    /// Default: fill with --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
     /// Policies, comma separated. Default: random,dotprod,clustering,packing,bestfit,fgd,tessera
@@ -223,10 +224,11 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "fill" => (true, false),
         "replay" => (false, true),
         "both" | "fill+replay" => (true, true),
+        "tenants" => (false, false),
         "gang" | "defrag" => return Ok(super::simulate_gang::run(&experiment, &args)),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay, both, gang or defrag"
+                "--experiment: {other:?} is not fill, replay, both, tenants, gang or defrag"
             )));
         }
     };
@@ -277,11 +279,14 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
     if do_replay {
         check_policies(&replay_policies)?;
     }
-    let time_scale = args.time_scale.unwrap_or(if synthetic_run {
-        1_600.0
-    } else {
-        TRACE_TIME_SCALE
-    });
+    let time_scale = args
+        .time_scale
+        .unwrap_or(match (experiment.as_str(), synthetic_run) {
+            ("tenants", true) => super::tenants::SYNTHETIC_TIME_SCALE,
+            ("tenants", false) => super::tenants::TRACE_TIME_SCALE,
+            (_, true) => 1_600.0,
+            (_, false) => TRACE_TIME_SCALE,
+        });
     if !(time_scale.is_finite() && time_scale > 0.0) {
         return Err(Fail::Usage(format!(
             "--time-scale {time_scale}: must be a positive number"
@@ -298,6 +303,12 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         .num_threads(jobs)
         .build()
         .map_err(|e| Fail::Usage(format!("--jobs {jobs}: {e}")))?;
+
+    if experiment == "tenants" {
+        super::tenants::run(&pool, &workloads, &seeds, time_scale, args.json.as_deref())
+            .map_err(Fail::Usage)?;
+        return Ok(ExitCode::SUCCESS);
+    }
 
     let mut report = Report {
         experiment: match (do_fill, do_replay) {
