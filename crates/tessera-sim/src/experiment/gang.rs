@@ -13,7 +13,8 @@
 //!   When several jobs each hold part of what the others need and nothing runs
 //!   that could free it, no job ever starts again: a deadlock. This baseline
 //!   has no timeout that gives the GPUs back (the stock scheduler has none), so
-//!   it does deadlock; the run reports it and stops when nothing can change.
+//!   it can deadlock (on the built-in cluster at 1.2 × load every seed does; on
+//!   openb `default` none did); the run reports it and stops when nothing can change.
 //!
 //! **Jobs** (seeded, [`distributed_jobs`]): members per job from
 //! {2, 4, 8, 16, 32} with weights {30, 25, 20, 15, 10} %; GPUs per member from
