@@ -242,18 +242,44 @@ impl Scheduler {
         } else {
             self.decide_scan(cluster, ledger, req, rng)
         };
-        best.map(|(id, scored)| {
-            let view = Self::view(cluster, ledger, id);
-            Placement {
-                node: id,
-                grants: fit::grants(view, req, &scored.gpus),
-                cpu_milli: req.cpu_milli,
-                memory_mib: req.memory_mib,
-                class: request_class(req),
-                score: scored.score,
-                terms: scored.terms.to_vec(),
-            }
-        })
+        best.map(|(id, scored)| Self::placement(cluster, ledger, req, id, scored))
+    }
+
+    /// Like [`Scheduler::place`], but only on `nodes` (a topology domain for a gang,
+    /// the nodes a defragmentation move may go to). Scans them without the score cache.
+    pub fn place_within(
+        &self,
+        cluster: &Cluster,
+        ledger: &Ledger,
+        req: &Request,
+        nodes: &[NodeId],
+        rng: &mut dyn RngCore,
+    ) -> Option<Placement> {
+        let ids = nodes
+            .iter()
+            .copied()
+            .filter(|id| (id.0 as usize) < cluster.len());
+        self.scan(cluster, ledger, req, ids, rng)
+            .map(|(id, scored)| Self::placement(cluster, ledger, req, id, scored))
+    }
+
+    fn placement(
+        cluster: &Cluster,
+        ledger: &Ledger,
+        req: &Request,
+        id: NodeId,
+        scored: Scored,
+    ) -> Placement {
+        let view = Self::view(cluster, ledger, id);
+        Placement {
+            node: id,
+            grants: fit::grants(view, req, &scored.gpus),
+            cpu_milli: req.cpu_milli,
+            memory_mib: req.memory_mib,
+            class: request_class(req),
+            score: scored.score,
+            terms: scored.terms.to_vec(),
+        }
     }
 
     fn decide_scan(
@@ -263,8 +289,19 @@ impl Scheduler {
         req: &Request,
         rng: &mut dyn RngCore,
     ) -> Option<(NodeId, Scored)> {
+        self.scan(cluster, ledger, req, cluster.ids(), rng)
+    }
+
+    fn scan(
+        &self,
+        cluster: &Cluster,
+        ledger: &Ledger,
+        req: &Request,
+        ids: impl Iterator<Item = NodeId>,
+        rng: &mut dyn RngCore,
+    ) -> Option<(NodeId, Scored)> {
         let mut best: Option<(NodeId, Scored)> = None;
-        for id in cluster.ids() {
+        for id in ids {
             let view = Self::view(cluster, ledger, id);
             let Ok(fit) = fit::check(view, req) else {
                 continue;

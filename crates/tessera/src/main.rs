@@ -25,6 +25,8 @@ enum Command {
     Trace(cmd::trace::TraceCommand),
     /// Place one request on a cluster and show the score breakdown or why nothing fits.
     Place(cmd::place::PlaceArgs),
+    /// Plan moves that free GPUs for pods that do not fit (on a fill snapshot; --dry-run).
+    Defrag(cmd::defrag::DefragArgs),
     /// Measure decision speed.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Command::Simulate(a) => cmd::simulate::run(a),
         Command::Trace(c) => cmd::trace::run(c),
         Command::Place(a) => cmd::place::run(a),
+        Command::Defrag(a) => cmd::defrag::run(a),
         Command::Bench(c) => cmd::bench::run(c),
         Command::Scheduler(a) => cmd::scheduler::run(a),
         Command::NodeAgent(a) => cmd::node_agent::run(a),

@@ -1,9 +1,12 @@
 //! Experiments: *fill* (the FGD paper's protocol), *replay*, *tenants* (queues
-//! sharing the replay) and *preempt* (device-aware preemption against a
-//! kube-scheduler-like baseline).
+//! sharing the replay), *preempt* (device-aware preemption against a
+//! kube-scheduler-like baseline), *gang* (distributed jobs, all-or-nothing or
+//! member by member) and *defrag* (moves that free whole nodes).
 
 pub mod cost;
+pub mod defrag;
 pub mod fill;
+pub mod gang;
 pub mod preempt;
 pub mod replay;
 pub mod snapshot;

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod bench_extender;
 pub mod chargeback;
+pub mod defrag;
 pub mod doctor;
 pub mod explain;
 pub mod kubectl;
@@ -12,6 +13,7 @@ pub mod node_agent;
 pub mod place;
 pub mod scheduler;
 pub mod simulate;
+pub mod simulate_gang;
 pub mod tenants;
 #[cfg(test)]
 pub mod testkit;

@@ -37,10 +37,11 @@ pub struct SimulateArgs {
     /// openb_pod_list_*.csv in the directory. Default: default.
     #[arg(long)]
     pub workload: Option<String>,
-    /// fill, replay, both, tenants (queues sharing the replay) or preempt
+    /// fill, replay, both, tenants (queues sharing the replay), preempt
     /// (high-priority arrivals into a full cluster: Tessera's device-aware
-    /// preemption against a kube-scheduler-like baseline). Default: fill with
-    /// --trace, both without.
+    /// preemption against a kube-scheduler-like baseline), gang (distributed jobs:
+    /// gangs vs member by member) or defrag (moves per whole 8-GPU node freed).
+    /// Default: fill with --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
     /// Policies, comma separated. Default: random,dotprod,clustering,packing,bestfit,fgd,tessera
@@ -231,9 +232,10 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "both" | "fill+replay" => (true, true),
         "tenants" => (false, false),
         "preempt" => return preempt::run(&args),
+        "gang" | "defrag" => return Ok(super::simulate_gang::run(&experiment, &args)),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay, both, tenants or preempt"
+                "--experiment: {other:?} is not fill, replay, both, tenants, preempt, gang or defrag"
             )));
         }
     };
