@@ -245,6 +245,8 @@ mod tests {
             start: 4,
             size: 4,
             uuid: String::new(),
+            create: false,
+            enable_mig_mode: false,
         });
         let a = alloc(Isolation::Mig, vec![m.clone()]);
         let mig = Resource::Mig {
@@ -279,6 +281,8 @@ mod tests {
                 start,
                 size: 4,
                 uuid: uuid.into(),
+                create: false,
+                enable_mig_mode: false,
             });
             alloc(Isolation::Mig, vec![m])
         };
