@@ -20,6 +20,8 @@ use tessera_sim::report::{self, Report};
 use tessera_sim::trace::{TraceError, openb};
 use tessera_sim::workload as synthetic;
 
+mod isolation;
+
 const FILL_POLICIES: &str = "random,dotprod,clustering,packing,bestfit,fgd,tessera";
 const REPLAY_POLICIES: &str = "k8s-default,tessera";
 /// Time-scale at which `k8s-default` queues on openb `default` (single pass).
@@ -35,7 +37,7 @@ pub struct SimulateArgs {
     /// openb_pod_list_*.csv in the directory. Default: default.
     #[arg(long)]
     pub workload: Option<String>,
-    /// fill, replay or both. Default: fill with --trace, both without.
+    /// fill, replay, both or isolation. Default: fill with --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
     /// Policies, comma separated. Default: random,dotprod,clustering,packing,bestfit,fgd,tessera
@@ -213,6 +215,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
+    if args.experiment.as_deref() == Some("isolation") {
+        return isolation::run(&args);
+    }
     let synthetic_run = args.trace.is_none();
     let experiment = args
         .experiment
@@ -224,7 +229,7 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "both" | "fill+replay" => (true, true),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay or both"
+                "--experiment: {other:?} is not fill, replay, both or isolation"
             )));
         }
     };
