@@ -12,6 +12,7 @@ pub mod deviceplugin;
 pub mod health;
 pub mod inventory;
 pub mod metrics;
+pub mod migplan;
 pub mod pods;
 pub mod proto;
 pub mod run;
