@@ -427,6 +427,31 @@ pub fn mig_intent(gpu: &Gpu, slot: &MigSlot) -> (bool, bool) {
     (!exists, !gpu.mig_enabled)
 }
 
+/// Why an allocated GPU got its mechanism, from the allocation annotation, for a
+/// request asked at an isolation level (`None` for one that named a mechanism).
+pub fn explain_allocated(
+    spec: &GpuSpec,
+    req: &Request,
+    isolation: Isolation,
+    mig: Option<&crate::allocation::MigGrant>,
+) -> Option<String> {
+    req.level?;
+    let choice = match mig {
+        Some(m) => {
+            let geo = spec.mig.as_ref()?;
+            let (pi, _) = geo.profile(&m.profile)?;
+            Choice::Mig {
+                slot: slot_of(geo, pi, m.start),
+                create: m.create,
+                enable_mig_mode: m.enable_mig_mode,
+            }
+        }
+        None if isolation == Isolation::Exclusive => Choice::Whole,
+        None => Choice::Share,
+    };
+    Some(describe(spec, req, choice))
+}
+
 /// One sentence on why the grant on this GPU is what it is (for `tessera explain`).
 pub fn describe(spec: &GpuSpec, req: &Request, choice: Choice) -> String {
     let level = req.level.map_or("", IsolationLevel::name);
