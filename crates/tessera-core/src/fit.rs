@@ -213,6 +213,9 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
             GpuAsk::None => Reason::TooFewGpus { want: need },
         });
     }
+    if need == 1 && req.level == Some(crate::request::IsolationLevel::Hard) {
+        usable = mig_layout::least_fragmenting(view, req, &usable);
+    }
     if req.constraints.single_architecture && need > 1 {
         usable = largest_architecture_group(node, catalog, &usable, need)
             .ok_or(Reason::MixedArchitecture)?;

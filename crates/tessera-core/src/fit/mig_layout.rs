@@ -376,6 +376,89 @@ pub fn choose(
     }
 }
 
+/// How good a choice is for the cluster, lower first: reuse an instance of the
+/// right size; else create one on a GPU already in MIG mode, where it strands the
+/// least compute and packs tightest; else a larger free instance; else switch an
+/// idle GPU into MIG mode; a whole GPU last.
+fn choice_rank(
+    gpu: &Gpu,
+    gu: &GpuUse,
+    spec: &GpuSpec,
+    req: &Request,
+    choice: Choice,
+) -> (u8, u8, u8) {
+    match choice {
+        Choice::Mig {
+            create: false,
+            slot,
+            ..
+        } => {
+            let exact = match (&spec.mig, &req.gpu) {
+                (
+                    Some(geo),
+                    GpuAsk::Shared {
+                        memory,
+                        cores_milli,
+                        ..
+                    },
+                ) => covering_profiles(geo, memory.resolve(spec.memory_mib), *cores_milli)
+                    .first()
+                    .is_some_and(|&pi| {
+                        let (a, b) = (&geo.profiles[pi], &geo.profiles[slot.profile as usize]);
+                        (a.compute_slices, a.memory_slices) == (b.compute_slices, b.memory_slices)
+                    }),
+                _ => false,
+            };
+            (if exact { 0 } else { 2 }, 0, 0)
+        }
+        Choice::Mig {
+            slot,
+            enable_mig_mode: false,
+            ..
+        } => {
+            let Some(geo) = spec.mig.as_ref() else {
+                return (5, 0, 0);
+            };
+            let held = Held::of(gu);
+            let after = held.with(geo, slot.profile as usize, slot.start);
+            let free = geo.compute_slices - after.compute;
+            let (usable, _) = usable_compute(geo, after);
+            (1, free - usable.min(free), free)
+        }
+        Choice::Mig { .. } => (3, 0, 0),
+        Choice::Share => (1, 0, 0),
+        Choice::Whole if gpu.mig_enabled => (5, 0, 0),
+        Choice::Whole => (4, 0, 0),
+    }
+}
+
+/// For a one-GPU hard share: the usable GPUs whose choice ranks best
+/// ([`choice_rank`]), so that every policy picks among those only.
+pub(super) fn least_fragmenting(
+    view: super::NodeView<'_>,
+    req: &Request,
+    usable: &super::GpuSet,
+) -> super::GpuSet {
+    let ranked: Vec<(u8, (u8, u8, u8))> = usable
+        .iter()
+        .filter_map(|&g| {
+            let gpu = view.node.gpus.get(g as usize)?;
+            let gu = view.used.gpus.get(g as usize)?;
+            let spec = view.catalog.spec(gpu.model);
+            let c = choose(view.node, gpu, gu, spec, req)?;
+            Some((g, choice_rank(gpu, gu, spec, req, c)))
+        })
+        .collect();
+    let Some(best) = ranked.iter().map(|(_, r)| *r).min() else {
+        return usable.clone();
+    };
+    ranked
+        .into_iter()
+        .filter(|(_, r)| *r == best)
+        .map(|(g, _)| g)
+        .collect()
+}
+
 /// The grant for a choice on GPU position `g`.
 pub fn choice_grant(g: u8, spec: &GpuSpec, req: &Request, choice: Choice) -> Option<GpuGrant> {
     match (choice, &req.gpu) {
