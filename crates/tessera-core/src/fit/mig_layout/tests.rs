@@ -257,6 +257,43 @@ fn dynamic_mig_creates_instances_and_switches_modes_only_where_allowed() {
 }
 
 #[test]
+fn a_hard_share_goes_where_its_instance_strands_least() {
+    // Both GPUs in MIG mode, instances may be created. GPU 0 holds a 3g at 4 (a
+    // new 3g at 0 would strand the seventh compute slice); GPU 1 holds a 4g at 0
+    // (a 3g at 4 fills it exactly). The lowest usable GPU is GPU 1.
+    let cat = Catalog::default();
+    let h100 = cat.find("H100-80GB").unwrap();
+    let mut n = Node::uniform("n", 256_000, 1 << 21, h100, 2);
+    n.labels
+        .insert(LABEL_MIG_DYNAMIC.into(), "instances".into());
+    n.gpus[0].mig_enabled = true;
+    n.gpus[1].mig_enabled = true;
+    let c = Cluster::new(cat, vec![n]).unwrap();
+    let g = geo("H100-80GB");
+    let mut l = Ledger::new(&c);
+    for (gpu, name, start) in [(0u8, "3g.40gb", 4u8), (1, "4g.40gb", 0)] {
+        let pi = pi(&g, name) as usize;
+        let held = Placement {
+            node: NodeId(0),
+            grants: [super::super::mig_grant(
+                gpu,
+                &g,
+                &g.profiles[pi],
+                slot_of(&g, pi, start),
+            )]
+            .into_iter()
+            .collect(),
+            ..Placement::default()
+        };
+        l.apply(&c, &held).unwrap();
+    }
+    let hard = Request::share_level(300, Hard, 0, 0);
+    let p = place(&c, &l, &hard).unwrap();
+    let s = p.grants[0].mig.unwrap();
+    assert_eq!((p.grants[0].gpu, s.start), (1, 4));
+}
+
+#[test]
 fn parse_levels() {
     let p = |ann: &str, res: &[(&str, &str)]| {
         crate::request::parse(
