@@ -685,6 +685,17 @@ pub fn parse<'a>(
     // time slicing without a compute ask) and the scheduler chooses per GPU.
     match (&req.gpu, level) {
         (_, None) => {}
+        // One pod gets one mechanism (the allocation records one): a share of
+        // several GPUs could be given MIG on one and MPS on another, so only `soft`.
+        (GpuAsk::Shared { count, .. }, Some(l @ (IsolationLevel::Hard | IsolationLevel::Any)))
+            if *count > 1 =>
+        {
+            return Err(err(
+                ANN_ISOLATION,
+                l.name(),
+                "hard and any isolation are for a share of one GPU; ask for whole GPUs, or soft isolation",
+            ));
+        }
         (GpuAsk::Shared { .. }, Some(l)) => req.level = Some(l),
         // Whole GPUs are as hard as isolation gets; any other level would share them.
         (GpuAsk::Whole { .. }, Some(IsolationLevel::Hard)) => {}

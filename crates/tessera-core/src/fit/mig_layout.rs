@@ -362,9 +362,10 @@ pub fn choose(
     };
     match level {
         IsolationLevel::Soft => share_ok.then_some(Choice::Share),
-        IsolationLevel::Hard => {
-            mig().or_else(|| (!in_mig && gu.is_idle()).then_some(Choice::Whole))
-        }
+        // A whole GPU only when it holds the share at all.
+        IsolationLevel::Hard => mig().or_else(|| {
+            (!in_mig && gu.is_idle() && memory_mib <= spec.memory_mib).then_some(Choice::Whole)
+        }),
         IsolationLevel::Any if in_mig => mig(),
         IsolationLevel::Any => {
             if share_ok {

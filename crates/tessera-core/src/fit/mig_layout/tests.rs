@@ -215,6 +215,14 @@ fn dynamic_mig_creates_instances_and_switches_modes_only_where_allowed() {
     let l = Ledger::new(&c);
     let p = place(&c, &l, &hard).unwrap();
     assert!(p.grants[0].exclusive);
+    // ... but not a share larger than the GPU.
+    let mut huge = hard.clone();
+    huge.gpu = GpuAsk::Shared {
+        count: 1,
+        memory: crate::request::GpuMemory::Mib(90_000),
+        cores_milli: 100,
+    };
+    assert!(place(&c, &l, &huge).is_none());
     // Without the label the ledger refuses a planned switch outright.
     let c = node_cluster(None, &[]);
     let mut l = Ledger::new(&c);
@@ -327,6 +335,10 @@ fn parse_levels() {
     assert_eq!((w.level, w.isolation), (None, Isolation::Exclusive));
     assert!(p("soft", &[("tessera.io/gpu", "1")]).is_err());
     assert!(p("any", &[]).is_err());
+    // One mechanism per pod: hard and any only for a share of one GPU.
+    let two = [("tessera.io/gpu", "2"), ("tessera.io/gpu-milli", "300")];
+    assert!(p("hard", &two).is_err() && p("any", &two).is_err());
+    assert_eq!(p("soft", &two).unwrap().level, Some(Soft));
     // The old values parse as before, with no level.
     let m = p("mps", &[("tessera.io/gpu-milli", "300")]).unwrap();
     assert_eq!((m.level, m.isolation), (None, Isolation::Mps));
