@@ -271,6 +271,31 @@ pub async fn run(
         None => None,
     };
 
+    // The GpuNode spec again whenever the GPUs' layout changes (dynamic MIG), so the
+    // scheduler's inventory shows the instances the agent created or destroyed.
+    let spec_task = deps.inventory.clone().map(|inv| {
+        let mut rx = view_rx.clone();
+        let node = config.node_name.clone();
+        let stop = stopped();
+        tokio::spawn(async move {
+            let mut stop = std::pin::pin!(stop);
+            let mut last = gpu_node_spec(&node, &rx.borrow_and_update());
+            loop {
+                tokio::select! {
+                    _ = &mut stop => break,
+                    changed = rx.changed() => if changed.is_err() { break },
+                }
+                let spec = gpu_node_spec(&node, &rx.borrow_and_update());
+                if spec != last {
+                    if let Err(e) = inv.publish_spec(&spec).await {
+                        tracing::warn!(error = %e, "inventory not republished");
+                    }
+                    last = spec;
+                }
+            }
+        })
+    });
+
     // Dynamic MIG: planned instances are created at Allocate, reaped after the grace.
     let planner = Arc::new(MigPlanner::new(
         backend.clone(),
@@ -337,6 +362,9 @@ pub async fn run(
     halt.store(true, Ordering::Relaxed);
     let _ = health_task.await;
     let _ = reap_task.await;
+    if let Some(t) = spec_task {
+        let _ = t.await;
+    }
     if let Some(t) = metrics_task {
         let _ = t.await;
     }
