@@ -81,6 +81,9 @@ pub struct SimulateArgs {
     /// Seed of the built-in synthetic workload.
     #[arg(long, default_value_t = 42)]
     pub synthetic_seed: u64,
+    /// Isolation: per cent of one-GPU shares that ask for hard isolation (the rest soft).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub hard_pct: u32,
 }
 
 /// Errors the user can fix, with their exit codes.

@@ -5,7 +5,8 @@
 //! The workload is derived from `--trace DIR`'s `openb_pod_list_<--workload>.csv`
 //! (default `default`), or from the built-in synthetic workload without `--trace`.
 //! `--seeds` sets the fill orders averaged (default 5), `--policies` the one
-//! placement policy of every arm (default bestfit), `--json` writes the result.
+//! placement policy of every arm (default bestfit), `--hard-pct` the share of
+//! one-GPU shares asking hard isolation (default 50), `--json` writes the result.
 
 use std::process::ExitCode;
 
@@ -56,6 +57,7 @@ pub(super) fn run(args: &SimulateArgs) -> Result<ExitCode, Fail> {
     let config = IsolationConfig {
         policy,
         fill_seeds,
+        hard_pct: args.hard_pct,
         ..config_default
     };
     let pods = derive_workload(&trace, config.seed, config.hard_pct);
