@@ -460,6 +460,28 @@ pub(super) fn least_fragmenting(
         .collect()
 }
 
+/// Score subtracted from a node's policy score for a one-GPU `hard` share, so that
+/// nodes rank first by their best GPU's [`choice_rank`] tier (reuse an instance,
+/// create one on a GPU in MIG mode, a larger instance, switch an idle GPU, a whole
+/// GPU) and only then by the policy: a policy sees a share of, say, 30 % and
+/// cannot tell that one node would hand it a whole GPU where another has a free
+/// instance. 0 for every other request, so their scores are the policy's own.
+pub fn hard_rank_penalty(view: super::NodeView<'_>, req: &Request, fit: &super::Fit) -> f64 {
+    if fit.need != 1 || req.level != Some(IsolationLevel::Hard) {
+        return 0.0;
+    }
+    // After [`least_fragmenting`] every usable GPU has the node's best rank.
+    let tier = fit.usable.first().and_then(|&g| {
+        let gpu = view.node.gpus.get(g as usize)?;
+        let gu = view.used.gpus.get(g as usize)?;
+        let spec = view.catalog.spec(gpu.model);
+        let c = choose(view.node, gpu, gu, spec, req)?;
+        Some(choice_rank(gpu, gu, spec, req, c).0)
+    });
+    // Far beyond any policy's score range, so the tier decides first.
+    f64::from(tier.unwrap_or(0)) * 1.0e9
+}
+
 /// The grant for a choice on GPU position `g`.
 pub fn choice_grant(g: u8, spec: &GpuSpec, req: &Request, choice: Choice) -> Option<GpuGrant> {
     match (choice, &req.gpu) {
@@ -509,6 +531,25 @@ pub fn mig_intent(gpu: &Gpu, slot: &MigSlot) -> (bool, bool) {
             .iter()
             .any(|m| m.profile == slot.profile && m.start == slot.start);
     (!exists, !gpu.mig_enabled)
+}
+
+/// Why a grant on `gpu` (before it is applied) has its mechanism, for a request
+/// asked at an isolation level (`None` for one that named a mechanism).
+pub fn explain_grant(gpu: &Gpu, spec: &GpuSpec, req: &Request, grant: &GpuGrant) -> Option<String> {
+    req.level?;
+    let choice = match grant.mig {
+        Some(slot) => {
+            let (create, enable_mig_mode) = mig_intent(gpu, &slot);
+            Choice::Mig {
+                slot,
+                create,
+                enable_mig_mode,
+            }
+        }
+        None if grant.exclusive => Choice::Whole,
+        None => Choice::Share,
+    };
+    Some(describe(spec, req, choice))
 }
 
 /// Why an allocated GPU got its mechanism, from the allocation annotation, for a

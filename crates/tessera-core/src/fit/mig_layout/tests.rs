@@ -262,6 +262,13 @@ fn dynamic_mig_creates_instances_and_switches_modes_only_where_allowed() {
         .unwrap(),
     );
     assert!(why.contains("3g.40gb") && why.contains("creates"), "{why}");
+    // The same sentence from the grant itself (before it is applied).
+    let gpu = &c.nodes()[0].gpus[0];
+    assert_eq!(explain_grant(gpu, spec, &hard, &p.grants[0]), Some(why));
+    assert_eq!(
+        explain_grant(gpu, spec, &Request::share_milli(300, 0, 0), &p.grants[0]),
+        None
+    );
 }
 
 #[test]
@@ -436,5 +443,35 @@ proptest::proptest! {
     ) {
         let g = geo("A100-40GB");
         proptest::prop_assert_eq!(validate(&g, &layout).is_ok(), valid_by_table(&g, &layout));
+    }
+}
+
+/// Across nodes, a hard share goes where it gets a free instance before any node
+/// that would hand it a whole GPU, whatever the policy thinks of a 30 % share.
+#[test]
+fn nodes_rank_by_isolation_tier_before_the_policy() {
+    use crate::placement::{Decision, Scheduler};
+    use crate::policy::{PolicyArgs, by_name};
+    use rand::SeedableRng;
+    let c = crate::model::demo::demo_cluster();
+    let l = Ledger::new(&c);
+    let hard = Request::share_level(300, Hard, 0, 0);
+    for policy in ["tessera", "bestfit", "binpack", "spread"] {
+        let mut s = Scheduler::new(by_name(policy, &PolicyArgs::default()).unwrap());
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let Decision::Place(p) = s.decide(&c, &l, &hard, &mut rng) else {
+            panic!("{policy}: a hard share fits the demo cluster");
+        };
+        assert_eq!(c.node(p.node).name, "dgx-a100-2", "{policy}");
+        assert!(p.grants[0].mig.is_some(), "{policy}");
+        // Requests without a level keep the policy's own scores.
+        let plain = Request::share_milli(300, 0, 0);
+        let Decision::Place(q) = s.decide(&c, &l, &plain, &mut rng) else {
+            panic!("{policy}: a share fits");
+        };
+        assert!(
+            q.terms.iter().all(|t| t.name != "isolation-tier"),
+            "{policy}"
+        );
     }
 }
