@@ -166,7 +166,9 @@ pub fn usable_compute(geo: &MigGeometry, held: Held) -> (u8, u8) {
         }
         let mut top = best(geo, held, slice + 1);
         for pi in 0..geo.profiles.len().min(8) {
-            if held.room_for(geo, pi, slice).is_some() {
+            // A profile of no memory slices (never in NVIDIA's tables) would not
+            // advance the search; it cannot hold a share anyway.
+            if geo.profiles[pi].memory_slices > 0 && held.room_for(geo, pi, slice).is_some() {
                 let p = &geo.profiles[pi];
                 let next = held.with(geo, pi, slice);
                 top = top.max(p.compute_slices + best(geo, next, slice + p.memory_slices));
