@@ -105,6 +105,19 @@ pub struct MigGrant {
     /// UUID of the MIG device (`MIG-…`) when it exists already.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uuid: String,
+    /// The scheduler planned this instance: the node agent creates it (GPU instance
+    /// and compute instance at exactly `start`) before handing it out. Left out of
+    /// the JSON when false, so annotations of existing instances keep their bytes and
+    /// signatures; an agent that predates the field refuses it (fail closed).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub create: bool,
+    /// The GPU must first be switched into MIG mode (it is idle: nothing runs on it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub enable_mig_mode: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Why an annotation value was refused.
@@ -344,6 +357,38 @@ mod tests {
             .unwrap_err();
             assert!(e.to_string().contains(words), "{e}");
         }
+    }
+
+    #[test]
+    fn planned_mig_instances_are_signed_and_old_grants_keep_their_bytes() {
+        let mut a = sample();
+        a.isolation = Isolation::Mig;
+        a.gpus[0].mig = Some(MigGrant {
+            profile: "3g.40gb".into(),
+            start: 4,
+            size: 4,
+            uuid: String::new(),
+            create: false,
+            enable_mig_mode: false,
+        });
+        // An existing instance writes neither flag: older agents read it unchanged.
+        let existing = a.encode_signed(b"secret");
+        assert!(!existing.contains("create") && !existing.contains("enableMigMode"));
+        a.gpus[0].mig.as_mut().unwrap().create = true;
+        a.gpus[0].mig.as_mut().unwrap().enable_mig_mode = true;
+        let planned = a.encode_signed(b"secret");
+        assert!(
+            planned.contains(r#""create":true,"enableMigMode":true"#),
+            "{planned}"
+        );
+        let back = Allocation::decode_verified(&planned, b"secret", "uid-1", "gpu-node-1").unwrap();
+        assert!(back.gpus[0].mig.as_ref().unwrap().create);
+        // Dropping the plan from a signed annotation breaks the signature.
+        let dropped = planned.replace(r#","create":true"#, "");
+        assert_eq!(
+            Allocation::decode_verified(&dropped, b"secret", "uid-1", "gpu-node-1"),
+            Err(AllocationError::BadSignature)
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!
 //! MIG requests take only an instance that exists on a GPU ([`free_mig_instance`]):
 //! the node agent hands a container an existing instance and Tessera does not create
-//! them, so a free placement with no instance behind it is worth nothing.
+//! them, so a free placement with no instance behind it is worth nothing. Shares asked
+//! at an isolation level (`hard`, `soft`, `any`) are different: [`mig_layout::choose`]
+//! picks the mechanism per GPU and may plan a new instance where the node allows it.
 
 use smallvec::SmallVec;
 
@@ -19,6 +21,7 @@ use crate::placement::GpuGrant;
 use crate::request::{GpuAsk, Request, Wish};
 
 mod mig;
+pub mod mig_layout;
 
 use mig::pinned_here;
 pub use mig::{free_mig_instance, instance_slot, mig_grant};
@@ -128,12 +131,15 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
                 }
                 !gpu.mig_enabled && gu.is_idle()
             }
+            GpuAsk::Shared { .. } if req.level.is_some() => {
+                mig_layout::choose(node, gpu, gu, spec, req).is_some()
+            }
             GpuAsk::Shared {
                 memory,
                 cores_milli,
                 ..
             } => {
-                if gpu.mig_enabled || gu.exclusive {
+                if mig_layout::in_mig_mode(gpu, gu) || gu.exclusive {
                     false
                 } else {
                     mode_ok += 1;
@@ -206,6 +212,9 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
             },
             GpuAsk::None => Reason::TooFewGpus { want: need },
         });
+    }
+    if need == 1 && req.level == Some(crate::request::IsolationLevel::Hard) {
+        usable = mig_layout::least_fragmenting(view, req, &usable);
     }
     if req.constraints.single_architecture && need > 1 {
         usable = largest_architecture_group(node, catalog, &usable, need)
@@ -373,6 +382,11 @@ pub fn grants(view: NodeView<'_>, req: &Request, chosen: &[u8]) -> SmallVec<[Gpu
             match &req.gpu {
                 GpuAsk::None => None,
                 GpuAsk::Whole { .. } => Some(GpuGrant::whole(g, spec.memory_mib)),
+                GpuAsk::Shared { .. } if req.level.is_some() => {
+                    let gu = view.used.gpus.get(g as usize)?;
+                    let choice = mig_layout::choose(view.node, gpu, gu, spec, req)?;
+                    mig_layout::choice_grant(g, spec, req, choice)
+                }
                 GpuAsk::Shared {
                     memory,
                     cores_milli,

@@ -11,6 +11,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
+use crate::fit::mig_layout::MigDynamic;
 use crate::model::{Cluster, Health, NodeId};
 use crate::placement::{GpuGrant, Placement};
 
@@ -293,7 +294,13 @@ impl Ledger {
             match &grant.mig {
                 Some(slot) => {
                     let spec = cluster.catalog.spec(gpu.model);
-                    let Some(geo) = spec.mig.as_ref().filter(|_| gpu.mig_enabled) else {
+                    // A planned switch into MIG mode: only where the node allows it and
+                    // nothing but MIG instances is on the GPU.
+                    let mig_grants: u16 = gu.mig_instances.iter().map(|&n| u16::from(n)).sum();
+                    let switch_ok =
+                        MigDynamic::of(node) == MigDynamic::Mode && gu.tenants == mig_grants;
+                    let Some(geo) = spec.mig.as_ref().filter(|_| gpu.mig_enabled || switch_ok)
+                    else {
                         return fail("not in MIG mode");
                     };
                     let Some(profile) = geo.profiles.get(slot.profile as usize) else {
@@ -313,7 +320,7 @@ impl Ledger {
                     }
                 }
                 None => {
-                    if gpu.mig_enabled {
+                    if gpu.mig_enabled || gu.mig_memory_slices != 0 {
                         return fail("in MIG mode");
                     }
                     if grant.exclusive && !gu.is_idle() {

@@ -209,7 +209,29 @@ impl Scheduler {
             return None;
         }
         let fit = fit::check_gpus(view, shape).ok()?;
-        self.policy.score(view, shape, &fit, rng)
+        self.score(view, shape, &fit, rng)
+    }
+
+    /// The policy's score, ranked first by how well the node can isolate a `hard`
+    /// share ([`fit::mig_layout::hard_rank_penalty`]; 0 for every other request).
+    fn score(
+        &self,
+        view: NodeView<'_>,
+        req: &Request,
+        fit: &fit::Fit,
+        rng: &mut dyn RngCore,
+    ) -> Option<Scored> {
+        let penalty = fit::mig_layout::hard_rank_penalty(view, req, fit);
+        self.policy.score(view, req, fit, rng).map(|mut s| {
+            if penalty > 0.0 {
+                s.score -= penalty;
+                s.terms.push(ScoreTerm {
+                    name: "isolation-tier",
+                    value: -penalty,
+                });
+            }
+            s
+        })
     }
 
     /// Decides where `req` goes.
@@ -306,7 +328,7 @@ impl Scheduler {
             let Ok(fit) = fit::check(view, req) else {
                 continue;
             };
-            if let Some(s) = self.policy.score(view, req, &fit, rng)
+            if let Some(s) = self.score(view, req, &fit, rng)
                 && best.as_ref().is_none_or(|(_, b)| s.score > b.score)
             {
                 best = Some((id, s));
@@ -438,7 +460,7 @@ impl Scheduler {
             .filter_map(|id| {
                 let view = Self::view(cluster, ledger, id);
                 let fit = fit::check(view, req).ok()?;
-                self.policy.score(view, req, &fit, rng).map(|s| (id, s))
+                self.score(view, req, &fit, rng).map(|s| (id, s))
             })
             .collect();
         v.sort_by(|a, b| Key(a.1.score).cmp(&Key(b.1.score)).then(a.0.cmp(&b.0)));

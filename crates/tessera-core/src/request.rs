@@ -63,6 +63,34 @@ impl Isolation {
     }
 }
 
+/// How strongly a GPU share must be isolated when the pod leaves the mechanism to
+/// the scheduler (`tessera.io/isolation: hard | soft | any`).
+///
+/// The request's [`Isolation`] stays the mechanism the pod would get on a plain
+/// GPU, so every reader of it keeps working; the scheduler chooses the actual
+/// mechanism per GPU ([`crate::fit::mig_layout::choose`]) and the grant records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IsolationLevel {
+    /// Hardware isolation: a MIG instance (the smallest profile whose memory and
+    /// compute cover the share) or a whole GPU.
+    Hard,
+    /// Software isolation: MPS with per-client limits, or time slicing.
+    Soft,
+    /// Whichever the scheduler finds leaves the cluster less fragmented.
+    Any,
+}
+
+impl IsolationLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            IsolationLevel::Hard => "hard",
+            IsolationLevel::Soft => "soft",
+            IsolationLevel::Any => "any",
+        }
+    }
+}
+
 /// Memory asked of each GPU in a shared request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -189,6 +217,9 @@ pub struct Request {
     pub gpu: GpuAsk,
     pub constraints: Constraints,
     pub isolation: Isolation,
+    /// Set when the pod asked for `hard`, `soft` or `any` isolation instead of a mechanism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<IsolationLevel>,
 }
 
 impl Request {
@@ -225,6 +256,19 @@ impl Request {
             },
             isolation: Isolation::Mps,
             ..Request::default()
+        }
+    }
+    /// One GPU shared at `milli` per-mille of memory and compute, isolated at `level`
+    /// (the scheduler picks the mechanism).
+    pub fn share_level(
+        milli: u32,
+        level: IsolationLevel,
+        cpu_milli: u64,
+        memory_mib: u64,
+    ) -> Request {
+        Request {
+            level: Some(level),
+            ..Request::share_milli(milli, cpu_milli, memory_mib)
         }
     }
     /// Restricts the request to these models (names already validated against `catalog`).
@@ -522,6 +566,7 @@ pub fn parse<'a>(
     }
 
     let mut isolation: Option<Isolation> = None;
+    let mut level: Option<IsolationLevel> = None;
     for (key, value) in annotations {
         match key {
             ANN_GPU_MODEL => {
@@ -557,11 +602,19 @@ pub fn parse<'a>(
                     "mps" => Isolation::Mps,
                     "time-slice" | "timeslice" => Isolation::TimeSlice,
                     "mig" => Isolation::Mig,
+                    "hard" | "soft" | "any" => {
+                        level = Some(match value.trim() {
+                            "hard" => IsolationLevel::Hard,
+                            "soft" => IsolationLevel::Soft,
+                            _ => IsolationLevel::Any,
+                        });
+                        continue;
+                    }
                     _ => {
                         return Err(err(
                             key,
                             value,
-                            "expected exclusive, mps, time-slice or mig",
+                            "expected hard, soft, any, exclusive, mps, time-slice or mig",
                         ));
                     }
                 })
@@ -628,6 +681,33 @@ pub fn parse<'a>(
         };
     }
 
+    // A level names no mechanism: the share keeps its plain-GPU default (MPS, or
+    // time slicing without a compute ask) and the scheduler chooses per GPU.
+    match (&req.gpu, level) {
+        (_, None) => {}
+        // One pod gets one mechanism (the allocation records one): a share of
+        // several GPUs could be given MIG on one and MPS on another, so only `soft`.
+        (GpuAsk::Shared { count, .. }, Some(l @ (IsolationLevel::Hard | IsolationLevel::Any)))
+            if *count > 1 =>
+        {
+            return Err(err(
+                ANN_ISOLATION,
+                l.name(),
+                "hard and any isolation are for a share of one GPU; ask for whole GPUs, or soft isolation",
+            ));
+        }
+        (GpuAsk::Shared { .. }, Some(l)) => req.level = Some(l),
+        // Whole GPUs are as hard as isolation gets; any other level would share them.
+        (GpuAsk::Whole { .. }, Some(IsolationLevel::Hard)) => {}
+        (GpuAsk::Mig { .. }, Some(IsolationLevel::Hard | IsolationLevel::Any)) => {}
+        (_, Some(l)) => {
+            return Err(err(
+                ANN_ISOLATION,
+                l.name(),
+                "hard, soft and any choose how a GPU share is isolated; ask for a share (gpu-memory, gpu-cores or gpu-milli)",
+            ));
+        }
+    }
     req.isolation = match (&req.gpu, isolation) {
         (GpuAsk::Mig { .. }, None | Some(Isolation::Mig)) => Isolation::Mig,
         (GpuAsk::Mig { .. }, Some(other)) => {
@@ -700,6 +780,9 @@ impl fmt::Display for Request {
         write!(f, ", {} mCPU, {} MiB", self.cpu_milli, self.memory_mib)?;
         if !self.constraints.models.is_empty() {
             write!(f, ", model {}", self.constraints.models.join("|"))?;
+        }
+        if let Some(level) = self.level {
+            write!(f, ", {} isolation", level.name())?;
         }
         Ok(())
     }

@@ -23,6 +23,9 @@ pub enum Report {
         node: String,
         allocation: Option<Allocation>,
         note: Option<String>,
+        /// For a share asked at an isolation level: why each GPU got its mechanism.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        why: Vec<String>,
     },
     /// Pending and its request does not parse.
     Invalid { pod: String, message: String },
@@ -51,6 +54,7 @@ impl std::fmt::Display for Report {
                 node,
                 allocation,
                 note,
+                why,
             } => {
                 write!(f, "{pod} is on node {node}")?;
                 if let Some(a) = allocation {
@@ -82,6 +86,9 @@ impl std::fmt::Display for Report {
                     }
                 } else {
                     write!(f, " (no Tessera GPU allocation)")?;
+                }
+                for w in why {
+                    write!(f, "\n  why: {w}")?;
                 }
                 if let Some(n) = note {
                     write!(f, "\n  note: {n}")?;
@@ -178,11 +185,16 @@ pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
             Some(Ok(a)) => (Some(a), None),
             Some(Err(e)) => (None, Some(e.to_string())),
         };
+        let why = allocation
+            .as_ref()
+            .map(|a| why_mechanism(mirror, pod, node, a))
+            .unwrap_or_default();
         return Report::Placed {
             pod: key,
             node: node.to_string(),
             allocation,
             note,
+            why,
         };
     }
     let catalog = mirror.cluster().catalog.clone();
@@ -217,6 +229,30 @@ pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
             nodes: e.total,
         },
     }
+}
+
+/// Why each GPU of a pod asked at an isolation level got its mechanism.
+fn why_mechanism(mirror: &mut Mirror, pod: &Pod, node: &str, a: &Allocation) -> Vec<String> {
+    let cluster = mirror.cluster();
+    let Ok(req) = convert::pod_asks(pod, &cluster.catalog).request else {
+        return Vec::new();
+    };
+    let Some(n) = cluster.node_id(node).map(|id| cluster.node(id)) else {
+        return Vec::new();
+    };
+    a.gpus
+        .iter()
+        .filter_map(|g| {
+            let gpu = n.gpus.iter().find(|x| x.index == g.index)?;
+            let spec = cluster.catalog.spec(gpu.model);
+            tessera_core::fit::mig_layout::explain_allocated(
+                spec,
+                &req,
+                a.isolation,
+                g.mig.as_ref(),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -343,11 +379,75 @@ mod tests {
         p.metadata.annotations = Some([(ANNOTATION.to_string(), annotation)].into());
         p.spec.as_mut().unwrap().node_name = Some("a".into());
         let text = report(&mut m, &p).to_string();
+        assert!(!text.contains("why:"), "{text}");
         // 3 of 7 compute slices, rounded down to per-mille: 428, shown as 42.8 %.
         assert!(
             text.contains(
                 "GPU 0 GPU-0: MIG 3g.40gb MIG-8a2f at memory slices 4-7, 40192 MiB, 42.8% compute"
             ),
+            "{text}"
+        );
+    }
+
+    /// A hard share on a node that allows dynamic MIG: the scheduler plans a MIG
+    /// instance on a plain GPU, the annotation says to create it (switching MIG mode
+    /// first), and explain says which mechanism and why.
+    #[test]
+    fn a_hard_share_gets_a_planned_instance_and_explain_says_why() {
+        let inv: GpuNode = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"nodeName": "a", "gpus": [{
+                "index": 0, "uuid": "GPU-0", "model": "H100-80GB", "memoryMiB": 81559
+            }]}
+        }))
+        .unwrap();
+        let mut n = node("a");
+        n.metadata.labels = Some(
+            [(
+                tessera_core::fit::mig_layout::LABEL_MIG_DYNAMIC.to_string(),
+                "mode".to_string(),
+            )]
+            .into(),
+        );
+        let policy = by_name("tessera", &PolicyArgs::default()).unwrap();
+        let mut m = Mirror::from_objects(policy, b"k".to_vec(), vec![n], vec![inv], vec![]);
+        let mut p = pod("hard", "1");
+        let res = p.spec.as_mut().unwrap().containers[0]
+            .resources
+            .as_mut()
+            .unwrap();
+        res.requests = Some(
+            [
+                ("tessera.io/gpu".to_string(), Quantity("1".into())),
+                ("tessera.io/gpu-milli".to_string(), Quantity("300".into())),
+            ]
+            .into(),
+        );
+        p.metadata.annotations =
+            Some([("tessera.io/isolation".to_string(), "hard".to_string())].into());
+        let Ok(crate::mirror::Reservation::Write {
+            annotation: Some(annotation),
+        }) = m.reserve(&p, "a")
+        else {
+            panic!("a hard share fits an idle H100 that may switch into MIG mode");
+        };
+        let a = Allocation::decode_unverified(&annotation).unwrap();
+        assert_eq!(a.isolation, tessera_core::request::Isolation::Mig);
+        let grant = a.gpus[0].mig.clone().unwrap();
+        assert_eq!(
+            (grant.profile.as_str(), grant.create, grant.enable_mig_mode),
+            ("3g.40gb", true, true)
+        );
+        p.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION.to_string(), annotation);
+        p.spec.as_mut().unwrap().node_name = Some("a".into());
+        let text = report(&mut m, &p).to_string();
+        assert!(
+            text.contains("why: hard isolation: MIG 3g.40gb, the smallest profile covering")
+                && text.contains("switches the idle GPU into MIG mode"),
             "{text}"
         );
     }

@@ -17,6 +17,7 @@ use crate::deviceplugin::{NodeView, Resource};
 use crate::health::{GpuHealth, HealthTracker, XidPolicy};
 use crate::inventory::{Inventory, gpu_node_spec, gpu_node_status, node_labels};
 use crate::metrics::{Collector, PodResourcesSource, XidStats};
+use crate::migplan::MigPlanner;
 
 /// How often the `GpuNode` status (free memory) is refreshed without a health change.
 const STATUS_REFRESH: Duration = Duration::from_secs(60);
@@ -44,6 +45,9 @@ pub struct AgentConfig {
     pub nvidia_gpu: bool,
     /// Write GFD-style labels on the Node.
     pub node_labels: bool,
+    /// How long a MIG instance the agent created for a decision is kept after no
+    /// decision holds it (for reuse) before it is destroyed.
+    pub mig_grace: Duration,
 }
 
 /// The agent's collaborators.
@@ -100,6 +104,7 @@ pub async fn run(
         gpus: gpus.clone(),
         health: tracker.all(),
     });
+    let view_tx_mig = view_tx.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -266,16 +271,79 @@ pub async fn run(
         None => None,
     };
 
-    // Device plugins.
-    let allocator = Arc::new(Allocator::new(
-        config.node_name.clone(),
-        config.allocation_key.clone(),
-        deps.pods.clone(),
-        Handover {
-            mps: config.mps.clone(),
-            device_list: config.device_list.clone(),
-        },
+    // The GpuNode spec again whenever the GPUs' layout changes (dynamic MIG), so the
+    // scheduler's inventory shows the instances the agent created or destroyed.
+    let spec_task = deps.inventory.clone().map(|inv| {
+        let mut rx = view_rx.clone();
+        let node = config.node_name.clone();
+        let stop = stopped();
+        tokio::spawn(async move {
+            let mut stop = std::pin::pin!(stop);
+            let mut last = gpu_node_spec(&node, &rx.borrow_and_update());
+            loop {
+                tokio::select! {
+                    _ = &mut stop => break,
+                    changed = rx.changed() => if changed.is_err() { break },
+                }
+                let spec = gpu_node_spec(&node, &rx.borrow_and_update());
+                if spec != last {
+                    if let Err(e) = inv.publish_spec(&spec).await {
+                        tracing::warn!(error = %e, "inventory not republished");
+                    }
+                    last = spec;
+                }
+            }
+        })
+    });
+
+    // Dynamic MIG: planned instances are created at Allocate, reaped after the grace.
+    let planner = Arc::new(MigPlanner::new(
+        backend.clone(),
+        view_tx_mig,
+        config.mig_grace,
     ));
+    let reap_task = {
+        let planner = planner.clone();
+        let pods = deps.pods.clone();
+        let node = config.node_name.clone();
+        let key = config.allocation_key.clone();
+        let interval = config.health_interval.max(Duration::from_millis(50));
+        let stop = stopped();
+        tokio::spawn(async move {
+            let mut stop = std::pin::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => break,
+                    _ = tokio::time::sleep(interval) => {}
+                }
+                // Without a pod list nothing is known to be unheld: keep everything.
+                let Ok(list) = pods.pods_on_node(&node).await else {
+                    continue;
+                };
+                let (p, k, n) = (planner.clone(), key.clone(), node.clone());
+                let reaped =
+                    tokio::task::spawn_blocking(move || p.reap(&list, &k, &n, Instant::now()))
+                        .await;
+                if let Ok(Err(e)) = reaped {
+                    tracing::warn!(error = %e, "MIG instance not destroyed");
+                }
+            }
+        })
+    };
+
+    // Device plugins.
+    let allocator = Arc::new(
+        Allocator::new(
+            config.node_name.clone(),
+            config.allocation_key.clone(),
+            deps.pods.clone(),
+            Handover {
+                mps: config.mps.clone(),
+                device_list: config.device_list.clone(),
+            },
+        )
+        .with_mig(planner),
+    );
     let resources = Resource::for_node(&view_rx.borrow(), config.slots, config.nvidia_gpu);
     tracing::info!(device_list = %config.device_list, "devices are handed over by");
     tracing::info!(resources = ?resources.iter().map(Resource::name).collect::<Vec<_>>(), dir = %config.plugin.dir.display(), "serving device plugins");
@@ -293,6 +361,10 @@ pub async fn run(
     let _ = stop_tx.send(true);
     halt.store(true, Ordering::Relaxed);
     let _ = health_task.await;
+    let _ = reap_task.await;
+    if let Some(t) = spec_task {
+        let _ = t.await;
+    }
     if let Some(t) = metrics_task {
         let _ = t.await;
     }

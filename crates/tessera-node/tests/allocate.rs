@@ -211,6 +211,8 @@ async fn cdi_strategy_names_the_devices() {
         start: 1,
         size: 1,
         uuid: MIG2.into(),
+        create: false,
+        enable_mig_mode: false,
     });
     let mig = decision("uid-mig", NODE, Isolation::Mig, vec![m]);
     let whole = decision(
@@ -282,6 +284,8 @@ async fn allocate_answers_from_the_scheduler_decision() {
         start: 1,
         size: 1,
         uuid: String::new(),
+        create: false,
+        enable_mig_mode: false,
     });
     let mig = decision("uid-mig", NODE, Isolation::Mig, vec![m]);
     let forged = decision(

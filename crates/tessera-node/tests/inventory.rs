@@ -186,6 +186,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         device_list: Default::default(),
         nvidia_gpu: true,
         node_labels: false,
+        mig_grace: Duration::from_millis(300),
     };
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),

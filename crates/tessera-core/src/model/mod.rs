@@ -320,6 +320,36 @@ impl Cluster {
         }
     }
 
+    /// Replaces one GPU's MIG mode and instances, as a node agent reports them after
+    /// applying a planned layout (MIG layout is static state, like health). Refused,
+    /// changing nothing, when the layout is not valid for the GPU's model.
+    pub fn set_mig_layout(
+        &mut self,
+        node: NodeId,
+        gpu: usize,
+        enabled: bool,
+        instances: Vec<MigInstance>,
+    ) -> Result<(), ClusterError> {
+        let Some(n) = self.nodes.get_mut(node.0 as usize) else {
+            return Ok(());
+        };
+        let Some(g) = n.gpus.get_mut(gpu) else {
+            return Ok(());
+        };
+        let mut next = g.clone();
+        next.mig_enabled = enabled;
+        next.mig_instances = instances;
+        if let Some(problem) = mig_instance_problem(&self.catalog, &next) {
+            return Err(ClusterError::BadMigInstance {
+                node: n.name.clone(),
+                gpu: next.index,
+                problem,
+            });
+        }
+        *g = next;
+        Ok(())
+    }
+
     /// Ids of all nodes in order.
     pub fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
         (0..self.nodes.len() as u32).map(NodeId)

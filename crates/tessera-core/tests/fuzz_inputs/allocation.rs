@@ -61,6 +61,8 @@ fn seed_allocations() -> Vec<Allocation> {
                     start: 4,
                     size: 4,
                     uuid: "MIG-8a2f".into(),
+                    create: false,
+                    enable_mig_mode: false,
                 }),
             )],
         ),
@@ -133,6 +135,8 @@ fn random_allocation(rng: &mut SmallRng) -> Allocation {
                 start: rng.random(),
                 size: rng.random(),
                 uuid: text(rng),
+                create: rng.random(),
+                enable_mig_mode: rng.random(),
             }),
         })
         .collect();

@@ -430,6 +430,10 @@ pub fn allocation_of(
                     .find(|m| m.profile == slot.profile && m.start == slot.start)
                     .map(|m| m.uuid.clone())
                     .unwrap_or_default(),
+                // A share at an isolation level may get an instance the scheduler
+                // planned: the agent creates it (and switches the GPU's mode first).
+                create: fit::mig_layout::mig_intent(gpu, &slot).0,
+                enable_mig_mode: fit::mig_layout::mig_intent(gpu, &slot).1,
             });
             AllocatedGpu {
                 index: gpu.index,
@@ -454,7 +458,11 @@ pub fn allocation_of(
         pod: pod_key(pod),
         node: node.name.clone(),
         policy: policy.to_string(),
-        isolation: req.isolation,
+        // The mechanism the scheduler chose when the pod asked for a level only.
+        isolation: match (req.level, placement.grants.first()) {
+            (Some(_), Some(g)) => fit::mig_layout::mechanism(req, g),
+            _ => req.isolation,
+        },
         gpus,
         containers,
         signature: String::new(),

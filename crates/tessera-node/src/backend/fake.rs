@@ -19,6 +19,8 @@
 //!       instances: [ { uuid: MIG-..., profile: 1g.10gb, start: 0 } ]
 //! ```
 
+mod mig;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -144,6 +146,8 @@ struct State {
     config: FakeConfig,
     xids: VecDeque<XidEvent>,
     recovered: BTreeMap<String, bool>,
+    /// MIG instances created so far (names the next one's UUID).
+    mig_created: u64,
 }
 
 /// The fake backend. Cheap to clone; clones share state, so a test keeps one
@@ -223,6 +227,7 @@ impl Fake {
                     config,
                     xids: VecDeque::new(),
                     recovered: BTreeMap::new(),
+                    mig_created: 0,
                 }),
                 Condvar::new(),
             )),
@@ -434,6 +439,23 @@ impl GpuBackend for Fake {
             .wait_timeout_while(st, timeout, |s| s.xids.is_empty())
             .unwrap_or_else(|p| p.into_inner());
         Ok(st.xids.drain(..).collect())
+    }
+
+    fn set_mig_mode(&self, gpu: &str, enabled: bool) -> Result<(), BackendError> {
+        mig::set_mode(self, gpu, enabled)
+    }
+
+    fn create_mig_instance(
+        &self,
+        gpu: &str,
+        profile: &str,
+        start: u8,
+    ) -> Result<MigInstance, BackendError> {
+        mig::create(self, gpu, profile, start)
+    }
+
+    fn destroy_mig_instance(&self, gpu: &str, mig_uuid: &str) -> Result<(), BackendError> {
+        mig::destroy(self, gpu, mig_uuid)
     }
 }
 

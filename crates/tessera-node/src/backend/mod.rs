@@ -170,6 +170,23 @@ pub enum BackendError {
     UnknownGpu(String),
     #[error("fake backend config {path}: {message}")]
     FakeConfig { path: String, message: String },
+    /// A MIG change the driver refused; `code` is NVML's name for the error. The
+    /// GPU's layout is as it was.
+    #[error("MIG on GPU {gpu}: {code}: {message}")]
+    Mig {
+        gpu: String,
+        code: &'static str,
+        message: String,
+    },
+}
+
+/// The error of a backend that cannot change MIG layouts.
+fn mig_unsupported(gpu: &str) -> BackendError {
+    BackendError::Mig {
+        gpu: gpu.to_string(),
+        code: "NVML_ERROR_NOT_SUPPORTED",
+        message: "this backend does not change MIG layouts".into(),
+    }
 }
 
 /// A source of GPU facts, readings and XID events.
@@ -188,6 +205,30 @@ pub trait GpuBackend: Send + Sync {
     fn read(&self, uuid: &str) -> Result<GpuReadings, BackendError>;
     /// XID events since the last call, waiting up to `timeout` for the first one.
     fn wait_xid_events(&self, timeout: Duration) -> Result<Vec<XidEvent>, BackendError>;
+    /// Switches MIG mode on or off. The GPU must run nothing, and hold no instance
+    /// to be switched off.
+    fn set_mig_mode(&self, gpu: &str, enabled: bool) -> Result<(), BackendError> {
+        let _ = enabled;
+        Err(mig_unsupported(gpu))
+    }
+    /// Creates a GPU instance of `profile` at memory slice `start` and one compute
+    /// instance filling it (what a container is handed), as planned by the
+    /// scheduler. Refused, changing nothing, when the placement is not allowed or
+    /// touches an existing instance.
+    fn create_mig_instance(
+        &self,
+        gpu: &str,
+        profile: &str,
+        start: u8,
+    ) -> Result<MigInstance, BackendError> {
+        let _ = (profile, start);
+        Err(mig_unsupported(gpu))
+    }
+    /// Destroys a MIG instance (compute and GPU instance). Refused while a process runs on it.
+    fn destroy_mig_instance(&self, gpu: &str, mig_uuid: &str) -> Result<(), BackendError> {
+        let _ = mig_uuid;
+        Err(mig_unsupported(gpu))
+    }
 }
 
 /// A backend with no GPUs, used when NVML cannot be loaded so that the agent

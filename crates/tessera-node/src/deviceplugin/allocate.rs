@@ -216,6 +216,8 @@ pub enum AllocateError {
         profile: String,
         start: u8,
     },
+    #[error("pod {pod}: the MIG instance its decision plans could not be created: {message}")]
+    MigCreate { pod: String, message: String },
     #[error(transparent)]
     Pods(#[from] PodSourceError),
 }
@@ -240,6 +242,9 @@ pub struct Allocator {
     pods: Arc<dyn PodSource>,
     pub handover: Handover,
     state: Mutex<Answered>,
+    /// Creates the MIG instances decisions plan (none: planned instances are refused
+    /// as missing).
+    mig: Option<Arc<crate::migplan::MigPlanner>>,
 }
 
 /// What has been answered so far.
@@ -268,7 +273,48 @@ impl Allocator {
             pods,
             handover,
             state: Mutex::new(Answered::default()),
+            mig: None,
         }
+    }
+
+    /// Lets the allocator create the MIG instances decisions plan before answering.
+    pub fn with_mig(mut self, planner: Arc<crate::migplan::MigPlanner>) -> Self {
+        self.mig = Some(planner);
+        self
+    }
+
+    /// The view to answer `pod` from: with its planned MIG instances created first.
+    async fn with_planned(
+        &self,
+        pod: &PodInfo,
+        view: &NodeView,
+    ) -> Result<NodeView, AllocateError> {
+        let Some(planner) = &self.mig else {
+            return Ok(view.clone());
+        };
+        // An unreadable or forged decision is refused by `decide` with its reason;
+        // only a verified one may change the GPUs.
+        let Some(alloc) = pod
+            .annotations
+            .get(ANNOTATION)
+            .and_then(|v| Allocation::decode_verified(v, &self.key, &pod.uid, &self.node).ok())
+            .filter(|a| {
+                a.gpus
+                    .iter()
+                    .any(|g| g.mig.as_ref().is_some_and(|m| m.create))
+            })
+        else {
+            return Ok(view.clone());
+        };
+        let (planner, v) = (planner.clone(), view.clone());
+        let fail = |message: String| AllocateError::MigCreate {
+            pod: pod.key(),
+            message,
+        };
+        tokio::task::spawn_blocking(move || planner.apply(&alloc, &v))
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| fail(e.to_string()))
     }
 
     /// Answers one `ContainerAllocateRequest` for `resource`.
@@ -306,7 +352,10 @@ impl Allocator {
                 resource: resource_name,
             });
         };
-        let result = self.decide(&pod, &container, resource, count, view);
+        let result = match self.with_planned(&pod, view).await {
+            Ok(v) => self.decide(&pod, &container, resource, count, &v),
+            Err(e) => Err(e),
+        };
         match &result {
             Ok(r) => {
                 tracing::info!(pod = %pod.key(), container = %container, resource = %resource_name, envs = ?r.envs, cdi = ?r.cdi_devices, "allocated")

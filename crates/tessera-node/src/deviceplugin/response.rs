@@ -109,7 +109,13 @@ pub fn container_response(
 ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
     let fits = match resource {
         Resource::Mig { .. } => alloc.isolation == Isolation::Mig,
-        Resource::Gpu { .. } => alloc.isolation != Isolation::Mig,
+        // A share asked at an isolation level (`hard`, `any`) takes `tessera.io/gpu`
+        // tokens and may be given a MIG instance: the decision then names one for
+        // every GPU it grants.
+        Resource::Gpu { .. } => {
+            alloc.isolation != Isolation::Mig
+                || (!gpus.is_empty() && gpus.iter().all(|g| g.mig.is_some()))
+        }
         // Whole devices: a share or a MIG slice would let more pods use one GPU
         // than the kubelet counts for nvidia.com/gpu.
         Resource::NvidiaGpu => alloc.isolation == Isolation::Exclusive,
@@ -245,6 +251,8 @@ mod tests {
             start: 4,
             size: 4,
             uuid: String::new(),
+            create: false,
+            enable_mig_mode: false,
         });
         let a = alloc(Isolation::Mig, vec![m.clone()]);
         let mig = Resource::Mig {
@@ -268,6 +276,30 @@ mod tests {
     }
 
     #[test]
+    fn a_hard_share_gets_its_mig_instance_through_gpu_tokens() {
+        let mut m = g(4, "GPU-4", 40_192, 428);
+        m.mig = Some(MigGrant {
+            profile: "3g.40gb".into(),
+            start: 4,
+            size: 4,
+            uuid: String::new(),
+            create: false,
+            enable_mig_mode: false,
+        });
+        let gpu = Resource::Gpu { slots: 4 };
+        let r = answer(&alloc(Isolation::Mig, vec![m]), &gpu).unwrap();
+        assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-x");
+        assert_eq!(r.envs["TESSERA_ISOLATION"], "mig");
+        // A MIG decision without an instance for its GPU is still refused there.
+        let e = answer(
+            &alloc(Isolation::Mig, vec![g(4, "GPU-4", 40_192, 428)]),
+            &gpu,
+        )
+        .unwrap_err();
+        assert!(matches!(e, AllocateError::WrongResource { .. }), "{e}");
+    }
+
+    #[test]
     fn mig_grant_by_uuid_hands_out_that_instance() {
         let mig = Resource::Mig {
             profile: "3g.40gb".into(),
@@ -279,6 +311,8 @@ mod tests {
                 start,
                 size: 4,
                 uuid: uuid.into(),
+                create: false,
+                enable_mig_mode: false,
             });
             alloc(Isolation::Mig, vec![m])
         };

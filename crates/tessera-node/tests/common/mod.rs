@@ -157,6 +157,7 @@ pub fn start_agent_with(dir: &Path, quiet: Duration, device_list: &str) -> Agent
         device_list: device_list.parse().unwrap(),
         nvidia_gpu: true,
         node_labels: false,
+        mig_grace: Duration::from_millis(300),
     };
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),

@@ -1,12 +1,14 @@
 //! Experiments: *fill* (the FGD paper's protocol), *replay*, *tenants* (queues
 //! sharing the replay), *preempt* (device-aware preemption against a
 //! kube-scheduler-like baseline), *gang* (distributed jobs, all-or-nothing or
-//! member by member) and *defrag* (moves that free whole nodes).
+//! member by member), *defrag* (moves that free whole nodes) and *isolation*
+//! (hard and soft shares under static MIG, MPS only and dynamic MIG).
 
 pub mod cost;
 pub mod defrag;
 pub mod fill;
 pub mod gang;
+pub mod isolation;
 pub mod preempt;
 pub mod replay;
 pub mod snapshot;

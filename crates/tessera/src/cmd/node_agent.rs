@@ -291,6 +291,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         device_list: args.device_list_strategy.clone(),
         nvidia_gpu: !args.no_nvidia_gpu_resource,
         node_labels: !args.no_node_labels,
+        mig_grace: tessera_node::migplan::DEFAULT_GRACE,
     };
 
     rt.block_on(async move {

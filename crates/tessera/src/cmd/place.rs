@@ -201,6 +201,15 @@ pub fn run(args: PlaceArgs) -> anyhow::Result<ExitCode> {
                 .map(|t| format!("{} = {:.4}", t.name, t.value))
                 .collect();
             println!("score {:.4}: {}", p.score, terms.join(", "));
+            let node = cluster.node(p.node);
+            for g in &p.grants {
+                let gpu = &node.gpus[g.gpu as usize];
+                let spec = cluster.catalog.spec(gpu.model);
+                if let Some(why) = tessera_core::fit::mig_layout::explain_grant(gpu, spec, &req, g)
+                {
+                    println!("GPU {}: {why}", gpu.index);
+                }
+            }
             let explanation = scheduler.explain(&cluster, &ledger, &req, &mut rng);
             println!("{explanation}");
             if args.top > 0 {

@@ -20,6 +20,7 @@ use tessera_sim::report::{self, Report};
 use tessera_sim::trace::{TraceError, openb};
 use tessera_sim::workload as synthetic;
 
+mod isolation;
 mod preempt;
 
 const FILL_POLICIES: &str = "random,dotprod,clustering,packing,bestfit,fgd,tessera";
@@ -40,7 +41,8 @@ pub struct SimulateArgs {
     /// fill, replay, both, tenants (queues sharing the replay), preempt
     /// (high-priority arrivals into a full cluster: Tessera's device-aware
     /// preemption against a kube-scheduler-like baseline), gang (distributed jobs:
-    /// gangs vs member by member) or defrag (moves per whole 8-GPU node freed).
+    /// gangs vs member by member), defrag (moves per whole 8-GPU node freed) or
+    /// isolation (hard and soft shares: static MIG, MPS only, dynamic MIG).
     /// Default: fill with --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
@@ -87,6 +89,9 @@ pub struct SimulateArgs {
     pub synthetic_seed: u64,
     #[command(flatten)]
     pub preempt: preempt::PreemptArgs,
+    /// Isolation: per cent of one-GPU shares that ask for hard isolation (the rest soft).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub hard_pct: u32,
 }
 
 /// Errors the user can fix, with their exit codes.
@@ -221,6 +226,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
+    if args.experiment.as_deref() == Some("isolation") {
+        return isolation::run(&args);
+    }
     let synthetic_run = args.trace.is_none();
     let experiment = args
         .experiment
@@ -235,7 +243,7 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "gang" | "defrag" => return Ok(super::simulate_gang::run(&experiment, &args)),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay, both, tenants, preempt, gang or defrag"
+                "--experiment: {other:?} is not fill, replay, both, tenants, preempt, gang, defrag or isolation"
             )));
         }
     };

@@ -156,6 +156,8 @@ pub fn allocation(
                     start,
                     size: 4,
                     uuid: String::new(),
+                    create: false,
+                    enable_mig_mode: false,
                 }),
             })
             .collect(),

@@ -1,0 +1,190 @@
+//! Shares asked at an isolation level (issue 13), through the real device-plugin
+//! gRPC over a unix socket: a `hard` share the scheduler gave a MIG instance is
+//! answered with that instance although the pod took `tessera.io/gpu` tokens, and
+//! `soft` shares on one GPU get their own, unequal MPS per-client limits.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tessera_core::allocation::MigGrant;
+use tessera_core::request::Isolation;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hard_share_gets_its_mig_instance_and_soft_shares_their_mps_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut kubelet = start_kubelet(dir.path());
+    let agent = start_agent(dir.path(), Duration::from_secs(3600));
+    registered(&mut kubelet, 3).await;
+    // The hard share: a 1g.10gb instance (the smallest covering a 10 % share) on GPU 2.
+    let mut m = grant(2, GPU2, 9_728, 142);
+    m.mig = Some(MigGrant {
+        profile: "1g.10gb".into(),
+        start: 1,
+        size: 1,
+        uuid: MIG2.into(),
+        create: false,
+        enable_mig_mode: false,
+    });
+    let hard = decision("uid-hard", NODE, Isolation::Mig, vec![m]);
+    // Two soft shares of GPU 0 with different limits.
+    let small = decision(
+        "uid-small",
+        NODE,
+        Isolation::Mps,
+        vec![grant(0, GPU0, 16_384, 200)],
+    );
+    let large = decision(
+        "uid-large",
+        NODE,
+        Isolation::Mps,
+        vec![grant(0, GPU0, 49_152, 600)],
+    );
+    let res = "tessera.io/gpu";
+    agent.pods.set(vec![
+        pod("uid-hard", "hard", 1, res, 1, Some(hard.encode_signed(KEY))),
+        pod(
+            "uid-small",
+            "small",
+            2,
+            res,
+            1,
+            Some(small.encode_signed(KEY)),
+        ),
+        pod(
+            "uid-large",
+            "large",
+            3,
+            res,
+            1,
+            Some(large.encode_signed(KEY)),
+        ),
+    ]);
+    let mut gpu = dial(&dir.path().join("tessera-gpu.sock")).await.unwrap();
+
+    // The kubelet picked a GPU 0 token; the decision says the MIG instance.
+    let r = allocate(&mut gpu, &[&format!("{GPU0}::0")]).await.unwrap();
+    assert_eq!(mounted_devices(&r), [MIG2]);
+    assert_eq!(r.envs["TESSERA_ISOLATION"], "mig");
+    assert!(!r.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+
+    let r = allocate(&mut gpu, &[&format!("{GPU0}::1")]).await.unwrap();
+    assert_eq!(mounted_devices(&r), [GPU0]);
+    assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "20");
+    assert_eq!(r.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=16384M");
+
+    let r = allocate(&mut gpu, &[&format!("{GPU0}::2")]).await.unwrap();
+    assert_eq!(mounted_devices(&r), [GPU0]);
+    assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "60");
+    assert_eq!(r.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=49152M");
+
+    stop_agent(agent).await;
+    let _ = kubelet.stop.send(());
+}
+
+/// Dynamic MIG on the fake backend: a decision that plans an instance on a plain
+/// GPU gets it created at Allocate (MIG mode switched on first), the device
+/// plugin stops advertising that GPU's share tokens and the node's GpuNode spec
+/// shows the layout; a plan at an invalid placement is refused with the driver's
+/// error and changes nothing; once no pod holds the instance it is destroyed after
+/// the grace period and the GPU leaves MIG mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
+    use tessera_node::backend::GpuBackend;
+    use tessera_node::deviceplugin::NodeView;
+    use tessera_node::proto::deviceplugin as pb;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut kubelet = start_kubelet(dir.path());
+    let agent = start_agent(dir.path(), Duration::from_secs(3600));
+    registered(&mut kubelet, 3).await;
+    let planned = |start: u8| {
+        let mut m = grant(1, GPU1, 40_192, 428);
+        m.mig = Some(MigGrant {
+            profile: "3g.40gb".into(),
+            start,
+            size: 4,
+            uuid: String::new(),
+            create: true,
+            enable_mig_mode: true,
+        });
+        m
+    };
+    let hard = decision("uid-hard", NODE, Isolation::Mig, vec![planned(4)]);
+    let bad = decision("uid-bad", NODE, Isolation::Mig, vec![planned(2)]);
+    let res = "tessera.io/gpu";
+    let hard_pod = pod("uid-hard", "hard", 1, res, 1, Some(hard.encode_signed(KEY)));
+    let bad_pod = pod("uid-bad", "bad", 2, res, 1, Some(bad.encode_signed(KEY)));
+    agent.pods.set(vec![hard_pod.clone(), bad_pod.clone()]);
+
+    let mut gpu = dial(&dir.path().join("tessera-gpu.sock")).await.unwrap();
+    let mut stream = gpu.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
+    let tokens = |m: pb::ListAndWatchResponse| -> Vec<String> {
+        m.devices.into_iter().map(|d| d.id).collect()
+    };
+    let first = tokens(stream.message().await.unwrap().unwrap());
+    assert!(first.iter().any(|id| id.starts_with(GPU1)), "{first:?}");
+
+    // Allocate creates the instance and answers with it.
+    let r = allocate(&mut gpu, &[&format!("{GPU0}::0")]).await.unwrap();
+    let gpus = agent.fake.discover().unwrap();
+    assert!(gpus[1].mig_enabled);
+    assert_eq!(gpus[1].mig_instances.len(), 1);
+    let inst = gpus[1].mig_instances[0].clone();
+    assert_eq!((inst.profile.as_str(), inst.start), ("3g.40gb", Some(4)));
+    assert_eq!(mounted_devices(&r), [inst.uuid.as_str()]);
+    // Advertised without a restart: GPU 1 left the share tokens.
+    let next = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let next = tokens(next);
+    assert!(!next.iter().any(|id| id.starts_with(GPU1)), "{next:?}");
+    assert!(next.iter().any(|id| id.starts_with(GPU0)), "{next:?}");
+    // The GpuNode spec the agent publishes from that view shows the layout.
+    let spec = tessera_node::inventory::gpu_node_spec(
+        NODE,
+        &NodeView {
+            gpus: gpus.clone(),
+            health: Default::default(),
+        },
+    );
+    let shown = serde_json::to_string(&spec).unwrap();
+    assert!(
+        shown.contains(&inst.uuid) && shown.contains("3g.40gb"),
+        "{shown}"
+    );
+
+    // An invalid placement: refused with the driver's reason, nothing changes.
+    let e = allocate(&mut gpu, &[&format!("{GPU0}::1")])
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains("ml/bad") && e.message().contains("NVML_ERROR_INVALID_ARGUMENT"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(agent.fake.discover().unwrap(), gpus);
+
+    // The pod finishes: after the grace period the instance goes, and MIG mode with it.
+    let mut done = hard_pod;
+    done.phase = "Succeeded".into();
+    agent.pods.set(vec![done, bad_pod]);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let g = &agent.fake.discover().unwrap()[1];
+        if !g.mig_enabled && g.mig_instances.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "instance not reaped: {g:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(stream);
+    stop_agent(agent).await;
+    let _ = kubelet.stop.send(());
+}
