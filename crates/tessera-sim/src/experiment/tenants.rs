@@ -13,9 +13,10 @@
 //!   `away_fraction` of the arrival window; its pods from that time arrive
 //!   together when it returns (their run times unchanged). While it is away its
 //!   guarantee is lent; when it returns, it is owed it back.
-//! - **Load**: `time_scale` divides arrival offsets, as in the replay; the
-//!   default (see [`TenantOptions`]) offers well above capacity, so every queue
-//!   wants more than its quota once `a` is back.
+//! - **Load**: `time_scale` divides arrival offsets, as in the replay, and the
+//!   arrivals repeat `cycles` times so that the window is long against run
+//!   times; the defaults (see [`TenantOptions`]) offer more than the cluster
+//!   holds, so every queue wants more than its quota once `a` is back.
 //!
 //! Four disciplines, same placement policy (`tessera`):
 //! - `fifo`: no queues, the replay's FIFO with backfill (what a cluster without
@@ -26,7 +27,9 @@
 //! - `tessera`: `borrow` plus *reclaim*: a pod within its queue's guarantee that
 //!   does not fit evicts pods of queues above their guarantee (the preemption
 //!   planner's fewest victims / least GPU time lost, none younger than
-//!   `min_runtime_s`); evicted pods go back to their queue and start over.
+//!   `min_runtime_s`), taking only what is borrowed: a victim's queue stays at
+//!   or above its guarantee without the victims. Evicted pods go back to their
+//!   queue and start over.
 //!
 //! Measured:
 //! - **Fairness**: each queue's GPU time divided by its entitlement (quota share
@@ -35,9 +38,9 @@
 //!   of those ratios: (Σx)² / (n·Σx²), 1 = perfectly proportional.
 //! - **Utilisation**: requested milli-GPU in use / capacity, time-weighted over the
 //!   whole arrival window.
-//! - **Guaranteed wait**: for every pod that waited while its queue was within its
-//!   guarantee, how long it waited from then on — how fast lent capacity comes
-//!   back to its owner.
+//! - **Return delay**: from the away team's return until it holds 90 % of what it
+//!   is owed (its guarantee, or its demand if less) — how fast lent capacity
+//!   comes back to its owner.
 //! - Evictions and the GPU time they threw away.
 
 use std::cmp::Reverse;
@@ -112,7 +115,7 @@ pub struct TenantOptions {
 impl Default for TenantOptions {
     fn default() -> Self {
         TenantOptions {
-            time_scale: 400.0,
+            time_scale: 4_000.0,
             queues: vec![
                 ("a".into(), 40),
                 ("b".into(), 30),
