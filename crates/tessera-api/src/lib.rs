@@ -3,10 +3,12 @@
 //! live here: no client code, so both sides link it without pulling in the other.
 
 pub mod gpunode;
+pub mod podgroup;
 pub mod queue;
 
 pub use gpunode::{
     GpuCondition, GpuDevice, GpuHealth, GpuLink, GpuNode, GpuNodeSpec, GpuNodeStatus, LinkKind,
     MigInstance, MigState,
 };
+pub use podgroup::{POD_GROUP_LABEL, PodGroup, PodGroupSpec};
 pub use queue::{GpuQueue, GpuQueueSpec, GpuQueueStatus, QueueResources};

@@ -16,6 +16,10 @@
 //! judges them): host ports, required inter-pod (anti-)affinity, hard topology
 //! spread constraints, and volumes whose PersistentVolumes may carry node
 //! affinity (persistentVolumeClaim, ephemeral). Preferred (soft) terms are ignored.
+//!
+//! Gangs: pods labelled `scheduling.x-k8s.io/pod-group` (scheduler-plugins'
+//! `PodGroup`, so coscheduling manifests work unchanged) are placed all or
+//! nothing, at least `minMember` of them together; see [`Standalone::pass`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -33,7 +37,7 @@ use crate::events::EventSink;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::mirror::{Mirror, Reservation};
+use crate::mirror::{Mirror, Reservation, gang_of};
 
 /// First retry delay after a failed attempt.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -200,6 +204,46 @@ struct Decided {
 /// What a finished bind task reports.
 type Finished = (Pod, String, Result<(), crate::binder::BindError>);
 
+/// [`Standalone::decide`] on a mirror the caller has locked (a gang decides
+/// all its members under one lock).
+fn decide_locked(
+    m: &mut Mirror,
+    metrics: &Metrics,
+    pod: &Pod,
+) -> Result<Decided, (String, String)> {
+    let started = Instant::now();
+    let catalog = m.cluster().catalog.clone();
+    let invalid = |e: String| (e, "invalid request".to_string());
+    let asks = convert::pod_asks(pod, &catalog);
+    let req = asks.request.map_err(|e| invalid(e.to_string()))?;
+    let host = asks.host.map_err(invalid)?;
+    if let Some(why) = unsupported(pod) {
+        return Err((why, "unsupported".to_string()));
+    }
+    if let crate::mirror::QuotaCheck::Refused(why) = m.quota(pod, &req) {
+        return Err((why, "queue quota".to_string()));
+    }
+    let decided = m.decide(&req, &host, |facts| node_allows(pod, facts));
+    metrics.observe_decision("standalone", started.elapsed());
+    let (placement, _) = decided.map_err(|e| {
+        let reason = e
+            .ranked()
+            .first()
+            .map(|(r, _)| r.to_string())
+            .unwrap_or_else(|| "no nodes".into());
+        (e.to_string(), reason)
+    })?;
+    let node = m.cluster().node(placement.node).name.clone();
+    match m.hold(pod, placement, req, host) {
+        Ok(Reservation::Write { annotation }) => Ok(Decided { node, annotation }),
+        Ok(Reservation::AlreadyBound) => Err((
+            format!("pod {} is bound already", convert::pod_key(pod)),
+            "bound".to_string(),
+        )),
+        Err(e) => Err((e.to_string(), "ledger refused".to_string())),
+    }
+}
+
 /// The standalone scheduler loop.
 pub struct Standalone {
     pub scheduler_name: String,
@@ -288,38 +332,91 @@ impl Standalone {
     /// critical section (the ledger is the one truth: the next decision sees
     /// this one). `Err` carries the event sentence and the metrics reason.
     fn decide(&self, pod: &Pod) -> Result<Decided, (String, String)> {
-        let started = Instant::now();
+        decide_locked(&mut lock(&self.mirror), &self.metrics, pod)
+    }
+
+    fn spawn_bind(&mut self, pod: Pod, d: Decided) {
+        let binder = self.binder.clone();
+        self.binds.spawn(async move {
+            let outcome = binder.write(&pod, &d.node, d.annotation).await;
+            (pod, d.node, outcome)
+        });
+    }
+
+    /// Places gang `key` (`namespace/name` of its `PodGroup`) all or nothing:
+    /// every waiting member is decided and held under one lock, largest first;
+    /// unless at least `minMember` members (counting those already placed) are
+    /// then held, every hold of this attempt is dropped before the lock is
+    /// released and each member gets an event saying why. A waiting gang holds
+    /// nothing, so two gangs can never deadlock holding half each.
+    fn attempt_gang(&mut self, key: &str, mut members: Vec<Pod>) {
         let mut m = lock(&self.mirror);
+        let Some(spec) = m.pod_group(key).cloned() else {
+            drop(m);
+            let why = format!(
+                "waits for PodGroup {key}, which does not exist (scheduling.x-k8s.io/v1alpha1, the scheduler-plugins CRD)"
+            );
+            for p in &members {
+                self.failed(p, why.clone(), "gang".into());
+            }
+            return;
+        };
+        let min = usize::try_from(spec.min_member.unwrap_or(1).max(1)).unwrap_or(1);
+        let held = m.gang_held(key);
+        let need = min.saturating_sub(held);
+        if members.len() < need {
+            drop(m);
+            let why = format!(
+                "gang {key}: {} of its {min} members exist ({held} placed, {} waiting); waiting for the rest",
+                held + members.len(),
+                members.len()
+            );
+            for p in &members {
+                self.failed(p, why.clone(), "gang incomplete".into());
+            }
+            return;
+        }
         let catalog = m.cluster().catalog.clone();
-        let invalid = |e: String| (e, "invalid request".to_string());
-        let asks = convert::pod_asks(pod, &catalog);
-        let req = asks.request.map_err(|e| invalid(e.to_string()))?;
-        let host = asks.host.map_err(invalid)?;
-        if let Some(why) = unsupported(pod) {
-            return Err((why, "unsupported".to_string()));
+        let size = |p: &Pod| {
+            convert::pod_request(p, &catalog).map_or(0, |r| {
+                r.gpu.total_milli().max(u64::from(r.gpu.gpu_count()) * 1000)
+            })
+        };
+        members.sort_by_key(|p| (std::cmp::Reverse(size(p)), convert::pod_key(p)));
+        let mut placed: Vec<(Pod, Decided)> = Vec::new();
+        let mut refused: Vec<(Pod, String, String)> = Vec::new();
+        for p in members {
+            match decide_locked(&mut m, &self.metrics, &p) {
+                Ok(d) => placed.push((p, d)),
+                Err((message, reason)) => refused.push((p, message, reason)),
+            }
         }
-        if let crate::mirror::QuotaCheck::Refused(why) = m.quota(pod, &req) {
-            return Err((why, "queue quota".to_string()));
+        if placed.len() < need {
+            for (p, _) in &placed {
+                m.unreserve(convert::pod_uid(p));
+            }
+            drop(m);
+            let (first, msg, _) = &refused[0];
+            let why = format!(
+                "gang {key} does not fit ({} of the {need} members it still needs fit now); member {} does not fit: {msg}",
+                placed.len(),
+                convert::pod_key(first)
+            );
+            for p in placed
+                .iter()
+                .map(|(p, _)| p)
+                .chain(refused.iter().map(|(p, _, _)| p))
+            {
+                self.failed(p, why.clone(), "gang does not fit".into());
+            }
+            return;
         }
-        let decided = m.decide(&req, &host, |facts| node_allows(pod, facts));
-        self.metrics
-            .observe_decision("standalone", started.elapsed());
-        let (placement, _) = decided.map_err(|e| {
-            let reason = e
-                .ranked()
-                .first()
-                .map(|(r, _)| r.to_string())
-                .unwrap_or_else(|| "no nodes".into());
-            (e.to_string(), reason)
-        })?;
-        let node = m.cluster().node(placement.node).name.clone();
-        match m.hold(pod, placement, req, host) {
-            Ok(Reservation::Write { annotation }) => Ok(Decided { node, annotation }),
-            Ok(Reservation::AlreadyBound) => Err((
-                format!("pod {} is bound already", convert::pod_key(pod)),
-                "bound".to_string(),
-            )),
-            Err(e) => Err((e.to_string(), "ledger refused".to_string())),
+        drop(m);
+        for (p, message, reason) in refused {
+            self.failed(&p, message, reason);
+        }
+        for (p, d) in placed {
+            self.spawn_bind(p, d);
         }
     }
 
@@ -374,6 +471,14 @@ impl Standalone {
             .map(|p| convert::pod_uid(p).to_string())
             .collect();
         self.retries.retain(|uid, _| live.contains(uid));
+        // A gang's waiting members, in the order of the pending list; the gang is
+        // tried where its first member comes.
+        let mut gangs: HashMap<String, Vec<Pod>> = HashMap::new();
+        for p in &pending {
+            if let Some(g) = gang_of(p) {
+                gangs.entry(g).or_default().push(p.clone());
+            }
+        }
         for pod in pending {
             if self.binds.len() >= MAX_BINDS_IN_FLIGHT {
                 // The loop wakes when one finishes.
@@ -383,15 +488,15 @@ impl Standalone {
             if self.retries.get(&uid).is_some_and(|(_, at, _)| *at > now) {
                 continue;
             }
+            if let Some(g) = gang_of(&pod) {
+                if let Some(members) = gangs.remove(&g) {
+                    self.attempt_gang(&g, members);
+                }
+                continue;
+            }
             match self.decide(&pod) {
                 Err((message, reason)) => self.failed(&pod, message, reason),
-                Ok(d) => {
-                    let binder = self.binder.clone();
-                    self.binds.spawn(async move {
-                        let outcome = binder.write(&pod, &d.node, d.annotation).await;
-                        (pod, d.node, outcome)
-                    });
-                }
+                Ok(d) => self.spawn_bind(pod, d),
             }
         }
         let mut waiting: BTreeMap<&str, i64> = BTreeMap::new();

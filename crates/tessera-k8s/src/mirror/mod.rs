@@ -22,7 +22,8 @@
 //!
 //! Parts: [`ingest`] (watch events and holds), [`reservations`] (assumed
 //! placements with deadlines), [`verdicts`] (per-shape node judgements for the
-//! extender and the standalone loop), [`queues`] (queues and quota admission);
+//! extender and the standalone loop), [`queues`] (queues and quota admission),
+//! [`groups`] (gangs);
 //! this file holds the state and its reads.
 
 use std::collections::{BTreeMap, HashMap};
@@ -43,12 +44,14 @@ use tokio::time::Instant;
 use crate::convert::{self, NodeFacts};
 use crate::hostfit::{self, HostAsk};
 
+mod groups;
 mod ingest;
 mod learning;
 mod queues;
 mod reservations;
 mod verdicts;
 
+pub use groups::gang_of;
 pub use queues::{QueueFigures, QuotaCheck, queue_spec};
 pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};
 use verdicts::ShapeCache;
@@ -93,6 +96,8 @@ pub struct Mirror {
     blocked: FxHashMap<NodeId, String>,
     /// Queues, namespaces' queue labels and quota usage (see [`queues`]).
     queues: queues::Queues,
+    /// `PodGroup` specs by `namespace/name` (see [`groups`]).
+    groups: BTreeMap<String, tessera_api::PodGroupSpec>,
 }
 
 impl Mirror {
@@ -123,6 +128,7 @@ impl Mirror {
             next_expiry: None,
             blocked: FxHashMap::default(),
             queues: Default::default(),
+            groups: BTreeMap::new(),
         }
     }
 

@@ -12,7 +12,7 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
-use tessera_api::{GpuNode, GpuQueue};
+use tessera_api::{GpuNode, GpuQueue, PodGroup};
 use tessera_core::policy::{self, PolicyArgs};
 use tokio::sync::{Notify, watch};
 
@@ -89,10 +89,13 @@ async fn feed<K, F>(
 }
 
 /// One change from a watch stream.
-/// Whether the API server serves `GpuQueue`s: false only on a 404 (the CRD is
-/// not installed; Helm does not add new CRDs on upgrade). Any other answer —
-/// including an error — leaves the watch to decide, and the gate closed until it lists.
-async fn queues_served(api: &Api<GpuQueue>) -> bool {
+/// Whether the API server serves a custom resource: false only on a 404 (the
+/// CRD is not installed; Helm does not add new CRDs on upgrade). Any other
+/// answer — including an error — leaves the watch to decide.
+async fn served<K>(api: &Api<K>) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let listed = api.list(&kube::api::ListParams::default().limit(1)).await;
     !matches!(listed, Err(kube::Error::Api(e)) if e.code == 404)
 }
@@ -181,7 +184,7 @@ pub async fn run(
         },
     ));
     let queues = Api::<GpuQueue>::all(client.clone());
-    if queues_served(&queues).await {
+    if served(&queues).await {
         tasks.spawn(feed(
             queues,
             mirror.clone(),
@@ -198,6 +201,27 @@ pub async fn run(
             "the GpuQueue CRD is not installed: no queue quotas (kubectl apply -f deploy/helm/tessera/crds/gpuqueues.tessera.io.yaml, then restart)"
         );
         gate.mark(Kind::Queues);
+    }
+    // Gangs (scheduler-plugins' PodGroup): without its CRD, gang pods wait with
+    // an event saying their PodGroup does not exist. PodGroups do not hold the
+    // sync gate (hence a gate of their own, open): until a group is listed its
+    // members only wait, nothing is placed wrongly.
+    let groups = Api::<PodGroup>::all(client.clone());
+    if served(&groups).await {
+        let (group_gate, wake) = (SyncGate::synced(), wake.clone());
+        tasks.spawn(feed(
+            groups,
+            mirror.clone(),
+            wake,
+            (group_gate, Kind::Pods),
+            |m, c| match c {
+                Change::Replace(v) => m.replace_pod_groups(v),
+                Change::Upsert(g) => m.upsert_pod_group(g),
+                Change::Delete(g) => m.remove_pod_group(&g),
+            },
+        ));
+    } else {
+        tracing::info!("no PodGroup CRD (scheduling.x-k8s.io): gangs are off");
     }
 
     let binder = Binder::new(client.clone(), mirror.clone(), leader.clone())
