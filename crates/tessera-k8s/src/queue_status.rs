@@ -1,5 +1,7 @@
-//! Writes each `GpuQueue`'s status (what it holds, deserves and borrows, and
-//! its waiting pods) so that `kubectl get gpuqueues` shows them.
+//! Each `GpuQueue`'s figures (what it holds, deserves and borrows, and its
+//! waiting pods): written to its status so that `kubectl get gpuqueues` shows
+//! them, and computed from the cluster's objects for `kubectl tessera queues`
+//! ([`read`]), which needs no scheduler.
 //!
 //! Only the leader writes, and only after the initial lists are in. Each write
 //! is a merge patch of the status subresource carrying the object's
@@ -18,6 +20,8 @@ use crate::binder::lock;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::mirror::Mirror;
+use crate::mirror::QueueFigures;
+use crate::view::ViewError;
 
 /// How often statuses are refreshed.
 pub const INTERVAL: Duration = Duration::from_secs(15);
@@ -113,4 +117,42 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Every queue's figures and the queue problems, computed from the objects a
+/// read-only client lists (nodes, GpuNodes, pods, GpuQueues, namespaces), with
+/// `ge` as the GPU-equivalent factors. No queues (or no CRD): an empty list.
+pub async fn read(
+    client: &kube::Client,
+    ge: tessera_core::queue::GpuEquivalents,
+) -> Result<(Vec<QueueFigures>, Vec<String>), ViewError> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::ListParams;
+    let lp = ListParams::default();
+    let queues = match Api::<GpuQueue>::all(client.clone()).list(&lp).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(source) => {
+            return Err(ViewError::List {
+                what: "gpuqueues",
+                source,
+            });
+        }
+    };
+    if queues.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(|source| ViewError::List {
+            what: "namespaces",
+            source,
+        })?;
+    let (nodes, inventory, pods) = crate::view::read_cluster(client).await?;
+    let mut m = crate::view::mirror(nodes, inventory, pods);
+    m.set_gpu_equivalents(ge);
+    m.replace_queues(queues);
+    m.replace_namespaces(namespaces.items);
+    Ok((m.queue_report(), m.queue_problems()))
 }

@@ -447,7 +447,7 @@ pub(crate) async fn read_cluster(
     Ok((nodes.items, inventory, pods.items))
 }
 
-fn mirror(nodes: Vec<Node>, inventory: Vec<GpuNode>, pods: Vec<Pod>) -> Mirror {
+pub(crate) fn mirror(nodes: Vec<Node>, inventory: Vec<GpuNode>, pods: Vec<Pod>) -> Mirror {
     // The built-in policy name always resolves; the policy does not affect usage.
     let policy = by_name("tessera", &PolicyArgs::default())
         .unwrap_or_else(|e| unreachable!("built-in policy: {e}"));

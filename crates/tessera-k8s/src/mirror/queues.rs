@@ -51,7 +51,8 @@ pub(super) struct Queues {
 }
 
 /// One queue as of now (see [`Mirror::queue_report`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct QueueFigures {
     pub name: String,
     pub parent: Option<String>,

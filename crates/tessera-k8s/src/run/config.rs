@@ -277,27 +277,7 @@ impl RawConfig {
         };
         let gpu_equivalents = match self.gpu_equivalents.as_deref() {
             None => tessera_core::queue::GpuEquivalents::uniform(),
-            Some(text) => {
-                let mut pairs = Vec::new();
-                for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                    let (model, factor) = item.split_once('=').ok_or_else(|| {
-                        invalid("gpu-equivalents", format!("{item:?} is not MODEL=FACTOR"))
-                    })?;
-                    let factor: f64 = factor.trim().parse().map_err(|_| {
-                        invalid(
-                            "gpu-equivalents",
-                            format!("{item:?}: {factor:?} is not a number"),
-                        )
-                    })?;
-                    pairs.push((model.trim().to_string(), factor));
-                }
-                tessera_core::queue::GpuEquivalents::from_factors(
-                    &tessera_core::model::Catalog::default(),
-                    pairs.iter().map(|(m, f)| (m.as_str(), *f)),
-                    1.0,
-                )
-                .map_err(|e| invalid("gpu-equivalents", e.to_string()))?
-            }
+            Some(text) => parse_gpu_equivalents(text).map_err(|e| invalid("gpu-equivalents", e))?,
         };
         let mut scheduler_names = vec![scheduler_name.clone()];
         for n in self.serve_scheduler_names {
@@ -319,6 +299,28 @@ impl RawConfig {
             gpu_equivalents,
         })
     }
+}
+
+/// `MODEL=FACTOR,…` (e.g. `H100-80GB=1,A100-80GB=0.6,T4=0.1`) against the
+/// built-in catalog; models not named count 1. Errors name the item.
+pub fn parse_gpu_equivalents(text: &str) -> Result<tessera_core::queue::GpuEquivalents, String> {
+    let mut pairs = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (model, factor) = item
+            .split_once('=')
+            .ok_or_else(|| format!("{item:?} is not MODEL=FACTOR"))?;
+        let factor: f64 = factor
+            .trim()
+            .parse()
+            .map_err(|_| format!("{item:?}: {factor:?} is not a number"))?;
+        pairs.push((model.trim().to_string(), factor));
+    }
+    tessera_core::queue::GpuEquivalents::from_factors(
+        &tessera_core::model::Catalog::default(),
+        pairs.iter().map(|(m, f)| (m.as_str(), *f)),
+        1.0,
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {

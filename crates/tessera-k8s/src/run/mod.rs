@@ -27,7 +27,7 @@ use crate::tls::{TlsError, TlsListener};
 use crate::webhook::{self};
 
 mod config;
-pub use config::{Config, ConfigError, Mode, RawConfig, WebhookServe};
+pub use config::{Config, ConfigError, Mode, RawConfig, WebhookServe, parse_gpu_equivalents};
 
 /// Why the scheduler stopped.
 #[derive(Debug, thiserror::Error)]

@@ -83,5 +83,4 @@ impl Standalone {
             self.spawn_bind(p, d);
         }
     }
-
 }

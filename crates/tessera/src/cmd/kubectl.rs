@@ -1,6 +1,6 @@
 //! `kubectl tessera`: the kubectl plugin. `top` (nodes and GPUs with their
 //! shares, models, health and fragmentation), `pods` (GPU pods with their exact
-//! grants) and `explain NS/POD`, with the flags kubectl users expect:
+//! grants), `explain NS/POD` and `queues` (GpuQueues in GPU-equivalents), with the flags kubectl users expect:
 //! `--kubeconfig`, `--context`, `-n/--namespace`, `-A/--all-namespaces`, `-o`.
 //!
 //! The reading is [`tessera_k8s::view`] and [`tessera_k8s::explain`]; this
@@ -51,6 +51,18 @@ pub enum KubectlCommand {
     Pods(OutputArgs),
     /// Where a pod went and why, or why it is pending.
     Explain(ExplainArgs),
+    /// GpuQueues: guarantee, what each holds, deserves now and borrows, and its waiting pods.
+    Queues(QueuesArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct QueuesArgs {
+    /// Output format: json (default: a table).
+    #[arg(short = 'o', long)]
+    pub output: Option<Output>,
+    /// How GPU models count (the scheduler's --gpu-equivalents), e.g. `H100-80GB=1,T4=0.1`.
+    #[arg(long)]
+    pub gpu_equivalents: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -138,6 +150,7 @@ pub async fn run_with(
                 .map(|rows| render_pods(&rows, o.output, scope.is_none()))
         }
         KubectlCommand::Explain(a) => return explain(client, namespace, a).await,
+        KubectlCommand::Queues(a) => return queues(client, a).await,
     };
     match result {
         Ok(Ok(text)) => (Ok(text), 0),
@@ -172,6 +185,84 @@ async fn explain(
         }
         Err(e) => (Err(e.to_string()), 1),
     }
+}
+
+async fn queues(client: kube::Client, a: &QueuesArgs) -> (Result<String, String>, u8) {
+    let ge = match a.gpu_equivalents.as_deref() {
+        None => Default::default(),
+        Some(t) => match tessera_k8s::run::parse_gpu_equivalents(t) {
+            Ok(ge) => ge,
+            Err(e) => return (Err(format!("--gpu-equivalents: {e}")), EXIT_BAD_INPUT),
+        },
+    };
+    match tessera_k8s::queue_status::read(&client, ge).await {
+        Ok((rows, problems)) => match render_queues(&rows, &problems, a.output) {
+            Ok(s) => (Ok(s), 0),
+            Err(e) => (Err(format!("rendering: {e}")), 1),
+        },
+        Err(e) => (Err(e.to_string()), 1),
+    }
+}
+
+/// The queue tree as a table (children indented under their parent), or JSON.
+pub fn render_queues(
+    rows: &[tessera_k8s::mirror::QueueFigures],
+    problems: &[String],
+    output: Option<Output>,
+) -> Result<String, serde_json::Error> {
+    if output == Some(Output::Json) {
+        let v = serde_json::json!({"queues": rows, "problems": problems});
+        return Ok(serde_json::to_string_pretty(&v)? + "\n");
+    }
+    if rows.is_empty() && problems.is_empty() {
+        return Ok("No GpuQueues found.\n".to_string());
+    }
+    let mut t = vec![
+        [
+            "QUEUE",
+            "GUARANTEED",
+            "ALLOCATED",
+            "DESERVED",
+            "BORROWED",
+            "PENDING",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    // Depth-first from the top-level queues, in name order.
+    fn walk<'a>(
+        rows: &'a [tessera_k8s::mirror::QueueFigures],
+        parent: Option<&str>,
+        depth: usize,
+        out: &mut Vec<(usize, &'a tessera_k8s::mirror::QueueFigures)>,
+    ) {
+        let mut kids: Vec<_> = rows
+            .iter()
+            .filter(|r| r.parent.as_deref() == parent)
+            .collect();
+        kids.sort_by(|a, b| a.name.cmp(&b.name));
+        for k in kids {
+            out.push((depth, k));
+            walk(rows, Some(&k.name), depth + 1, out);
+        }
+    }
+    let mut ordered = Vec::new();
+    walk(rows, None, 0, &mut ordered);
+    for (depth, q) in ordered {
+        t.push(vec![
+            format!("{}{}", "  ".repeat(depth), q.name),
+            milli(q.guaranteed.gpu_eq_milli),
+            milli(q.allocated.gpu_eq_milli),
+            milli(q.deserved.gpu_eq_milli),
+            milli(q.borrowed.gpu_eq_milli),
+            q.pending_pods.to_string(),
+        ]);
+    }
+    let mut out = table(&t);
+    for p in problems {
+        let _ = writeln!(out, "problem: {p}");
+    }
+    Ok(out)
 }
 
 /// Milli-GPU as kubectl prints CPU: `1500m`, or `2` for whole GPUs.

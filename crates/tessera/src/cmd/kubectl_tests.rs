@@ -214,3 +214,44 @@ contexts:\n- name: one\n  context: {cluster: c, user: u}\n- name: two\n  context
         .to_string();
     assert!(e.contains("nope"), "{e}");
 }
+
+#[tokio::test]
+async fn queues_show_the_tree_with_use_share_and_waiting_pods() {
+    let mut c = cluster();
+    let q = |name: &str, parent: Option<&str>, gpus: &str| {
+        serde_json::json!({"apiVersion": "tessera.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": name}, "spec": {"parent": parent, "guaranteed": {"gpus": gpus}}})
+    };
+    c.gpuqueues = vec![
+        q("research", None, "2"),
+        q("research-ml", Some("research"), "1"),
+        q("prod", None, "1"),
+    ];
+    let ns = |name: &str, queue: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"tessera.io/queue": queue}}})
+    };
+    c.namespaces = vec![ns("ml", "research-ml"), ns("team", "prod")];
+    let (text, code, _) = run(&["queues"], c.clone()).await;
+    assert_eq!(code, 0, "{text}");
+    // ml/train holds a whole GPU (1), ml/infer 500m of compute and half the memory (500m):
+    // 1500m, beyond research-ml's guarantee of 1 by 500m; ml/waiting (4 GPUs) waits.
+    let ml: Vec<&str> = line_of(&text, "  research-ml").split_whitespace().collect();
+    assert_eq!(
+        ml,
+        ["research-ml", "1", "1500m", ml[3], "500m", "1"],
+        "{text}"
+    );
+    let research: Vec<&str> = line_of(&text, "research ").split_whitespace().collect();
+    assert_eq!(&research[..3], ["research", "2", "1500m"]);
+    let prod: Vec<&str> = line_of(&text, "prod").split_whitespace().collect();
+    assert_eq!(prod[5], "0", "{text}");
+    let (json, _, _) = run(&["queues", "-o", "json"], c.clone()).await;
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["queues"].as_array().unwrap().len(), 3);
+    let (bad, code, _) = run(&["queues", "--gpu-equivalents", "Z9=1"], c).await;
+    assert_eq!(code, EXIT_BAD_INPUT, "{bad}");
+    assert!(bad.contains("Z9"), "{bad}");
+    let (none, _, _) = run(&["queues"], cluster()).await;
+    assert_eq!(none, "No GpuQueues found.\n");
+}

@@ -21,7 +21,9 @@ pub struct MockCluster {
     pub gpunodes: Vec<Value>,
     pub pods: Vec<Value>,
     pub events: Vec<Value>,
-    /// Answer 404 for GpuNodes, as a cluster without the CRD does.
+    pub gpuqueues: Vec<Value>,
+    pub namespaces: Vec<Value>,
+    /// Answer 404 for GpuNodes and GpuQueues, as a cluster without the CRDs does.
     pub no_crd: bool,
 }
 
@@ -67,6 +69,17 @@ impl MockCluster {
                 }
                 (200, list("EventList", "v1", items))
             }
+            ["api", "v1", "namespaces"] => {
+                (200, list("NamespaceList", "v1", self.namespaces.clone()))
+            }
+            ["apis", "tessera.io", "v1alpha1", "gpuqueues"] if !self.no_crd => (
+                200,
+                list(
+                    "GpuQueueList",
+                    "tessera.io/v1alpha1",
+                    self.gpuqueues.clone(),
+                ),
+            ),
             ["apis", "tessera.io", "v1alpha1", "gpunodes"] if !self.no_crd => (
                 200,
                 list("GpuNodeList", "tessera.io/v1alpha1", self.gpunodes.clone()),
@@ -249,5 +262,7 @@ pub fn cluster() -> MockCluster {
         ],
         events: Vec::new(),
         no_crd: false,
+        gpuqueues: Vec::new(),
+        namespaces: Vec::new(),
     }
 }
