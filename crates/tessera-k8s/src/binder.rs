@@ -133,6 +133,11 @@ impl Drop for Pending<'_> {
 
 impl Binder {
     /// A binder with an open sync gate and no scheduler-name restriction (tests, tools).
+    /// The API client binds (and standalone mode's evictions) go through.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
     pub fn new(client: kube::Client, mirror: Arc<Mutex<Mirror>>, leader: Leadership) -> Binder {
         Binder {
             client,

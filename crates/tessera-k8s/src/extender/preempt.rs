@@ -33,11 +33,11 @@ use crate::mirror::Mirror;
 /// or none, leaves it preemptible.
 pub const PREEMPTIBLE_ANNOTATION: &str = "tessera.io/preemptible";
 
-fn priority(pod: &Pod) -> i32 {
+pub(crate) fn priority(pod: &Pod) -> i32 {
     pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
-fn preemptible(pod: &Pod) -> bool {
+pub(crate) fn preemptible(pod: &Pod) -> bool {
     pod.metadata
         .annotations
         .as_ref()
@@ -45,7 +45,7 @@ fn preemptible(pod: &Pod) -> bool {
         .is_none_or(|v| v.trim() != "false")
 }
 
-fn started_s(pod: &Pod) -> Option<u64> {
+pub(crate) fn started_s(pod: &Pod) -> Option<u64> {
     let t = pod.status.as_ref()?.start_time.as_ref()?;
     u64::try_from(t.0.as_second()).ok()
 }

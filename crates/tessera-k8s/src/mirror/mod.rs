@@ -47,11 +47,13 @@ use crate::hostfit::{self, HostAsk};
 mod groups;
 mod ingest;
 mod learning;
+mod preemption;
 mod queues;
 mod reservations;
 mod verdicts;
 
 pub use groups::gang_of;
+pub use preemption::{PreemptionPlan, Victim, may_preempt_for, victims_text};
 pub use queues::{QueueFigures, QuotaCheck, queue_spec};
 pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};
 use verdicts::ShapeCache;
@@ -98,6 +100,8 @@ pub struct Mirror {
     queues: queues::Queues,
     /// `PodGroup` specs by `namespace/name` (see [`groups`]).
     groups: BTreeMap<String, tessera_api::PodGroupSpec>,
+    /// PodDisruptionBudgets (see [`preemption`]).
+    disruption: preemption::Disruption,
 }
 
 impl Mirror {
@@ -129,6 +133,7 @@ impl Mirror {
             blocked: FxHashMap::default(),
             queues: Default::default(),
             groups: BTreeMap::new(),
+            disruption: Default::default(),
         }
     }
 

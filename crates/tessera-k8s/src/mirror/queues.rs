@@ -41,10 +41,10 @@ pub(super) struct Queues {
     objects: BTreeMap<String, GpuQueue>,
     namespaces: BTreeMap<String, NamespaceQueues>,
     /// The last tree that held together; `None` before the first (no quotas).
-    tree: Option<QueueTree>,
+    pub(super) tree: Option<QueueTree>,
     problems: Vec<String>,
     stale: bool,
-    ge: GpuEquivalents,
+    pub(super) ge: GpuEquivalents,
     /// Usage as of (ledger cursor, mirror generation, queue version).
     usage: Option<((u64, u64, u64), QueueUsage)>,
     version: u64,
@@ -143,7 +143,7 @@ impl Queues {
     }
 
     /// The queue a pod belongs to: `Ok(None)` when it is in none.
-    fn queue_of(&self, pod: &Pod) -> Result<Option<QueueId>, String> {
+    pub(super) fn queue_of(&self, pod: &Pod) -> Result<Option<QueueId>, String> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let asked = pod
             .metadata

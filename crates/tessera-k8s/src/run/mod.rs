@@ -202,6 +202,19 @@ pub async fn run(
         );
         gate.mark(Kind::Queues);
     }
+    // PodDisruptionBudgets, for preemption: nothing is preempted until they are
+    // listed (the mirror says so), so they need no place in the sync gate.
+    tasks.spawn(feed(
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::all(client.clone()),
+        mirror.clone(),
+        wake.clone(),
+        (SyncGate::synced(), Kind::Pods),
+        |m, c| match c {
+            Change::Replace(v) => m.replace_pdbs(v),
+            Change::Upsert(p) => m.upsert_pdb(p),
+            Change::Delete(p) => m.remove_pdb(&p),
+        },
+    ));
     // Gangs (scheduler-plugins' PodGroup): without its CRD, gang pods wait with
     // an event saying their PodGroup does not exist. PodGroups do not hold the
     // sync gate (hence a gate of their own, open): until a group is listed its

@@ -40,6 +40,9 @@ use crate::metrics::Metrics;
 use crate::mirror::{Mirror, Reservation, gang_of};
 
 mod gang;
+mod preempt;
+
+pub use preempt::PREEMPTION_WAIT;
 
 /// First retry delay after a failed attempt.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -197,6 +200,9 @@ pub const MAX_BINDS_IN_FLIGHT: usize = 128;
 /// How long a shutdown waits for binds in flight and queued events.
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
 
+/// Pods that have run less than this are not evicted for others.
+pub const DEFAULT_MIN_RUNTIME: Duration = Duration::from_secs(60);
+
 /// A decision held in the mirror, to be written.
 struct Decided {
     node: String,
@@ -263,6 +269,10 @@ pub struct Standalone {
     binds: JoinSet<Finished>,
     /// Closed until the initial lists are in.
     gate: SyncGate,
+    /// Preemptors whose victims are leaving: their UIDs and how long to wait.
+    preempting: HashMap<String, (Vec<String>, Instant)>,
+    /// Pods younger than this are never evicted for others.
+    min_runtime: Duration,
 }
 
 impl Standalone {
@@ -288,7 +298,16 @@ impl Standalone {
             retries: HashMap::new(),
             binds: JoinSet::new(),
             gate: SyncGate::synced(),
+            preempting: HashMap::new(),
+            min_runtime: DEFAULT_MIN_RUNTIME,
         }
+    }
+
+    /// Pods younger than `d` are never evicted for others (default
+    /// [`DEFAULT_MIN_RUNTIME`]).
+    pub fn with_min_runtime(mut self, d: Duration) -> Standalone {
+        self.min_runtime = d;
+        self
     }
 
     /// Places nothing before `gate` opens.
@@ -396,6 +415,7 @@ impl Standalone {
             .map(|p| convert::pod_uid(p).to_string())
             .collect();
         self.retries.retain(|uid, _| live.contains(uid));
+        self.preempting.retain(|uid, _| live.contains(uid));
         // A gang's waiting members, in the order of the pending list; the gang is
         // tried where its first member comes.
         let mut gangs: HashMap<String, Vec<Pod>> = HashMap::new();
@@ -420,8 +440,18 @@ impl Standalone {
                 continue;
             }
             match self.decide(&pod) {
-                Err((message, reason)) => self.failed(&pod, message, reason),
-                Ok(d) => self.spawn_bind(pod, d),
+                Err((message, reason)) => match self.preempt_for(&pod, &reason).await {
+                    Some(preempting) => self.failed(
+                        &pod,
+                        format!("{message}; {preempting}"),
+                        "preempting".into(),
+                    ),
+                    None => self.failed(&pod, message, reason),
+                },
+                Ok(d) => {
+                    self.preempting.remove(&uid);
+                    self.spawn_bind(pod, d)
+                }
             }
         }
         let mut waiting: BTreeMap<&str, i64> = BTreeMap::new();

@@ -1,0 +1,291 @@
+//! Preemption and reclaim decided by Tessera itself (standalone mode), on the
+//! core's device-aware planner ([`tessera_core::queue::preempt::plan`]).
+//!
+//! Two kinds, as KAI-Scheduler and Kueue separate them:
+//! - **Preemption** by priority, *within* a queue (or among pods in no queue):
+//!   victims have strictly lower priority than the pod.
+//! - **Reclaim**, *across* queues, for a pod whose queue is within its guarantee:
+//!   victims are pods of queues holding more than their guarantee, and only what
+//!   is borrowed is taken (each victim's queue stays at or above its guarantee
+//!   without all its victims), whatever the priorities.
+//!
+//! Never a pod annotated `tessera.io/preemptible: "false"`, one that has run less
+//! than the minimum run time, one being deleted already, or one whose
+//! PodDisruptionBudget (watched here, its `status.disruptionsAllowed`) would be
+//! overdrawn by the plan. Until the PodDisruptionBudgets are listed nothing is
+//! planned. The eviction API enforces the budgets again when the victims are
+//! evicted (429), so a budget that changed since cannot be violated.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::core::{Selector, SelectorExt};
+use rustc_hash::FxHashMap;
+use tessera_core::Scheduler;
+use tessera_core::ledger::AllocId;
+use tessera_core::policy::{self, PolicyArgs};
+use tessera_core::queue::preempt::{Context, plan};
+use tessera_core::queue::{BudgetId, Budgets, PodMeta, QueueId, Resources, Running};
+use tessera_core::request::Request;
+
+use super::{Mirror, QuotaCheck};
+use crate::convert;
+use crate::extender::preempt::{preemptible, priority, started_s};
+
+/// The queue id that stands for "in no queue" in the planner's metadata.
+const NO_QUEUE: QueueId = QueueId(u16::MAX);
+
+/// One PodDisruptionBudget: its namespace, selector (`None` when it does not
+/// read: it then covers every pod of its namespace, the safe reading) and the
+/// disruptions it allows now.
+#[derive(Debug, Clone)]
+struct Pdb {
+    namespace: String,
+    selector: Option<Selector>,
+    allowed: u32,
+}
+
+/// The budgets the mirror watches.
+#[derive(Debug, Default)]
+pub(super) struct Disruption {
+    pdbs: BTreeMap<String, Pdb>,
+    synced: bool,
+}
+
+/// A pod to evict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Victim {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What to evict for a pod, and where it then goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreemptionPlan {
+    pub node: String,
+    pub victims: Vec<Victim>,
+    /// Reclaim of borrowed quota (across queues) rather than preemption by priority.
+    pub reclaim: bool,
+}
+
+fn pdb_entry(p: &PodDisruptionBudget) -> Option<(String, Pdb)> {
+    let name = p.metadata.name.clone()?;
+    let namespace = p
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let selector = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .and_then(|s| Selector::try_from(s).ok());
+    let allowed = p
+        .status
+        .as_ref()
+        .map_or(0, |s| u32::try_from(s.disruptions_allowed).unwrap_or(0));
+    Some((
+        format!("{namespace}/{name}"),
+        Pdb {
+            namespace,
+            selector,
+            allowed,
+        },
+    ))
+}
+
+impl Mirror {
+    pub fn replace_pdbs(&mut self, items: impl IntoIterator<Item = PodDisruptionBudget>) {
+        self.disruption.pdbs = items.into_iter().filter_map(|p| pdb_entry(&p)).collect();
+        self.disruption.synced = true;
+    }
+
+    pub fn upsert_pdb(&mut self, p: PodDisruptionBudget) {
+        if let Some((k, v)) = pdb_entry(&p) {
+            self.disruption.pdbs.insert(k, v);
+        }
+    }
+
+    pub fn remove_pdb(&mut self, p: &PodDisruptionBudget) {
+        if let Some((k, _)) = pdb_entry(p) {
+            self.disruption.pdbs.remove(&k);
+        }
+    }
+
+    /// The budget covering `pod` (the first of its namespace whose selector matches).
+    fn budget_of(&self, pod: &Pod) -> Option<(BudgetId, u32)> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let empty = BTreeMap::new();
+        let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+        self.disruption
+            .pdbs
+            .values()
+            .enumerate()
+            .find(|(_, b)| {
+                b.namespace == ns && b.selector.as_ref().is_none_or(|s| s.matches(labels))
+            })
+            .map(|(i, b)| (BudgetId(i as u32), b.allowed))
+    }
+
+    /// Victims whose eviction lets `pod` (asking `req`) run, if Tessera may
+    /// evict any: preemption by priority within its queue first, then reclaim
+    /// of borrowed quota when its queue is within its guarantee. `now_s`: Unix
+    /// seconds; pods younger than `min_runtime_s` are spared.
+    pub fn preemption(
+        &mut self,
+        pod: &Pod,
+        req: &Request,
+        now_s: u64,
+        min_runtime_s: u64,
+    ) -> Option<PreemptionPlan> {
+        self.refresh();
+        if !self.disruption.synced {
+            return None;
+        }
+        let own_queue = self.queues.queue_of(pod).ok().flatten();
+        let reclaim_ok = own_queue.is_some()
+            && matches!(
+                self.quota(pod, req),
+                QuotaCheck::Admitted {
+                    borrowing: false,
+                    ..
+                }
+            );
+        let usage = self.queue_usage(None);
+        let mut running: FxHashMap<AllocId, Running> = FxHashMap::default();
+        let mut who: FxHashMap<AllocId, (Victim, Resources)> = FxHashMap::default();
+        let mut budgets = Budgets::new();
+        for (uid, h) in &self.held {
+            let (Some(id), true, Some(p)) = (h.id, h.bound, self.pods.get(uid)) else {
+                continue;
+            };
+            if p.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let budget = self.budget_of(p).map(|(b, allowed)| {
+                budgets.set(b, allowed);
+                b
+            });
+            let queue = self.queues.queue_of(p).ok().flatten().unwrap_or(NO_QUEUE);
+            running.insert(
+                id,
+                Running {
+                    alloc: id,
+                    meta: PodMeta {
+                        queue,
+                        priority: priority(p),
+                        preemptible: preemptible(p),
+                        budget,
+                        gang: None,
+                        pinned: false,
+                    },
+                    // Unknown start: treat as just started (spared by the minimum run time).
+                    started_s: started_s(p).unwrap_or(now_s),
+                },
+            );
+            let held = self
+                .ledger
+                .allocation(id)
+                .map(|a| self.queues.ge.placement(&self.cluster, a))
+                .unwrap_or_default();
+            who.insert(
+                id,
+                (
+                    Victim {
+                        uid: uid.clone(),
+                        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+                        name: p.metadata.name.clone().unwrap_or_default(),
+                    },
+                    held,
+                ),
+            );
+        }
+        let mut scheduler = Scheduler::new(
+            policy::by_name(self.policy.name(), &PolicyArgs::default())
+                .or_else(|_| policy::by_name("binpack", &PolicyArgs::default()))
+                .ok()?,
+        );
+        let ctx = Context {
+            cluster: &self.cluster,
+            ledger: &self.ledger,
+            running: &running,
+            budgets: &budgets,
+            now_s,
+            min_runtime_s,
+        };
+        let mine = own_queue.unwrap_or(NO_QUEUE);
+        let preemptor = PodMeta {
+            queue: mine,
+            priority: priority(pod),
+            preemptible: preemptible(pod),
+            ..PodMeta::default()
+        };
+        let same_queue = |r: &Running| r.meta.queue == mine;
+        let mut found =
+            plan(&mut scheduler, &ctx, req, &preemptor, &same_queue).map(|p| (p, false));
+        if found.is_none()
+            && reclaim_ok
+            && let (Some(tree), Some(usage)) = (self.queues.tree.as_ref(), usage.as_ref())
+        {
+            // Only what is borrowed: a victim's queue keeps its guarantee without it …
+            let keeps = |q: QueueId, taken: Resources| {
+                q != NO_QUEUE
+                    && usage.of(q).saturating_sub(&taken).gpu_eq_milli
+                        >= tree.spec(q).guaranteed.gpu_eq_milli
+            };
+            let borrowed = |r: &Running| {
+                r.meta.queue != mine
+                    && who
+                        .get(&r.alloc)
+                        .is_some_and(|(_, g)| keeps(r.meta.queue, *g))
+            };
+            // … the quota owner outranks borrowers whatever their priorities.
+            let owner = PodMeta {
+                priority: i32::MAX,
+                ..preemptor
+            };
+            found = plan(&mut scheduler, &ctx, req, &owner, &borrowed)
+                .filter(|p| {
+                    // … and without all its victims together.
+                    let mut taken: FxHashMap<QueueId, Resources> = FxHashMap::default();
+                    for v in &p.victims {
+                        if let (Some(r), Some((_, g))) = (running.get(v), who.get(v)) {
+                            *taken.entry(r.meta.queue).or_default() += *g;
+                        }
+                    }
+                    taken.iter().all(|(&q, &g)| keeps(q, g))
+                })
+                .map(|p| (p, true));
+        }
+        let (p, reclaim) = found?;
+        if p.victims.is_empty() {
+            // It fits without evicting anyone: the normal path places it.
+            return None;
+        }
+        Some(PreemptionPlan {
+            node: self.cluster.node(p.node).name.clone(),
+            victims: p
+                .victims
+                .iter()
+                .filter_map(|v| who.get(v).map(|(w, _)| w.clone()))
+                .collect(),
+            reclaim,
+        })
+    }
+}
+
+/// Pods the mirror knows by key, for messages.
+pub fn victims_text(victims: &[Victim]) -> String {
+    victims
+        .iter()
+        .map(|v| format!("{}/{}", v.namespace, v.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `pod` is one Tessera may place by evicting others: it asks for GPUs.
+pub fn may_preempt_for(pod: &Pod, req: &Request) -> bool {
+    req.gpu != tessera_core::request::GpuAsk::None && !convert::is_gated(pod)
+}

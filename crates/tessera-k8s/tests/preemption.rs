@@ -1,0 +1,352 @@
+//! Standalone mode preempts on its own, against kube-rs's mock API: a pod that
+//! fits nowhere gets room by evicting (eviction API, UID precondition) the pods
+//! the device-aware planner chooses — lower priority within its queue, or
+//! borrowed quota across queues (reclaim) — never a pod a PodDisruptionBudget
+//! protects, a non-preemptible one, or anything before the budgets are listed;
+//! once the victims are gone it is placed.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::policy::v1::{
+    PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::ObjectMeta;
+use kube::runtime::events::{Recorder, Reporter};
+use tessera_api::{GpuQueue, GpuQueueSpec, QueueResources};
+use tessera_k8s::binder::{Binder, lock};
+use tessera_k8s::leader::Leadership;
+use tessera_k8s::metrics::Metrics;
+use tessera_k8s::mirror::{Mirror, Reservation};
+use tessera_k8s::standalone::Standalone;
+
+/// `name` in `ns` asking one GPU, ours, with a priority.
+fn gpu_pod(ns: &str, name: &str, priority: i32) -> Pod {
+    let mut p = pod(ns, name, &format!("uid-{name}"), &[("tessera.io/gpu", "1")]);
+    let spec = p.spec.as_mut().unwrap();
+    spec.scheduler_name = Some("tessera".into());
+    spec.priority = Some(priority);
+    p.metadata.labels = Some([("app".to_string(), name.to_string())].into());
+    p
+}
+
+/// `p` bound to `node` with a signed allocation, as the API would show it.
+fn bound(m: &Arc<Mutex<Mirror>>, mut p: Pod, node: &str) -> Pod {
+    let mut g = lock(m);
+    let uid = p.metadata.uid.clone().unwrap();
+    let Ok(Reservation::Write { annotation }) = g.reserve(&p, node) else {
+        panic!("reserve {uid}")
+    };
+    g.unreserve(&uid);
+    p.spec.as_mut().unwrap().node_name = Some(node.into());
+    p.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            tessera_core::allocation::ANNOTATION.to_string(),
+            annotation.unwrap(),
+        );
+    p
+}
+
+fn pdb(ns: &str, app: &str, allowed: i32) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(format!("guard-{app}")),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            selector: Some(LabelSelector {
+                match_labels: Some([("app".to_string(), app.to_string())].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: Some(PodDisruptionBudgetStatus {
+            disruptions_allowed: allowed,
+            ..Default::default()
+        }),
+    }
+}
+
+struct World {
+    s: Standalone,
+    m: Arc<Mutex<Mirror>>,
+    api: tokio::task::JoinHandle<Vec<Seen>>,
+}
+
+/// One node with one GPU held by `holder` (bound); `waiting` pending.
+fn world(holder: Pod, waiting: Pod, pdbs: Option<Vec<PodDisruptionBudget>>) -> World {
+    world_answering(holder, waiting, pdbs, 201)
+}
+
+/// [`world`] whose API answers evictions with `evict_status` (429: a budget refuses).
+fn world_answering(
+    holder: Pod,
+    waiting: Pod,
+    pdbs: Option<Vec<PodDisruptionBudget>>,
+    evict_status: u16,
+) -> World {
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let holder = bound(&m, holder, "n1");
+    lock(&m).replace_pods(vec![holder, waiting]);
+    if let Some(p) = pdbs {
+        lock(&m).replace_pdbs(p);
+    }
+    let (client, api) = mock_api(move |s| {
+        if s.path.ends_with("/eviction") && evict_status == 429 {
+            // As kube-apiserver v1.28 answered (fixture 11-eviction-pdb.json).
+            (
+                429,
+                status(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                ),
+            )
+        } else if s.path.ends_with("/binding") || s.path.ends_with("/eviction") {
+            (201, status(201, "", ""))
+        } else {
+            let mut ev = s.body.clone();
+            ev["metadata"]["name"] = "ev".into();
+            (201, ev)
+        }
+    });
+    let leader = Leadership::always();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "tessera".into(),
+            instance: None,
+        },
+    );
+    let s = Standalone::new(
+        "tessera".into(),
+        m.clone(),
+        Binder::new(client, m.clone(), leader.clone()),
+        leader,
+        Arc::new(Metrics::new()),
+        Some(recorder),
+        Default::default(),
+    )
+    .with_min_runtime(Duration::ZERO);
+    World { s, m, api }
+}
+
+async fn finish(w: World) -> Vec<Seen> {
+    drop(w.s);
+    drop(w.m);
+    w.api.await.unwrap()
+}
+
+fn evictions(seen: &[Seen]) -> Vec<&Seen> {
+    seen.iter()
+        .filter(|s| s.path.ends_with("/eviction"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_higher_priority_pod_evicts_and_then_runs() {
+    let mut w = world(
+        gpu_pod("ml", "low", 0),
+        gpu_pod("ml", "high", 1000),
+        Some(vec![]),
+    );
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(
+        lock(&w.m).held("uid-high").is_none(),
+        "not before the victim is gone"
+    );
+    // The second pass waits for the victim instead of choosing more.
+    w.s.pass().await;
+    // The watch shows the victim gone; past the preemptor's backoff it is placed.
+    lock(&w.m).remove_pod("uid-low");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(lock(&w.m).held("uid-high").is_some());
+    let seen = finish(w).await;
+    let ev = evictions(&seen);
+    assert_eq!(ev.len(), 1, "one eviction, not one per pass: {seen:?}");
+    assert_eq!(ev[0].method, "POST");
+    assert_eq!(ev[0].path, "/api/v1/namespaces/ml/pods/low/eviction");
+    // The body as kube-apiserver expects it (fixture 11-eviction-pdb.json), with the UID precondition.
+    assert_eq!(ev[0].body["kind"], "Eviction", "{:?}", ev[0].body);
+    assert_eq!(ev[0].body["apiVersion"], "policy/v1");
+    assert_eq!(ev[0].body["metadata"]["name"], "low");
+    assert_eq!(ev[0].body["metadata"]["namespace"], "ml");
+    assert_eq!(
+        ev[0].body["deleteOptions"]["preconditions"]["uid"],
+        "uid-low"
+    );
+    assert!(seen.iter().any(|s| s.path.ends_with("/pods/high/binding")));
+    let notes: Vec<&str> = seen
+        .iter()
+        .filter_map(|s| s.body["note"].as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("preempting lower-priority pods on node n1: evicted ml/low")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("evicted by Tessera for ml/high")),
+        "{notes:?}"
+    );
+}
+
+#[tokio::test]
+async fn budgets_non_preemptible_pods_and_unlisted_budgets_stop_it() {
+    // A PodDisruptionBudget allowing no disruption covers the holder.
+    let mut w = world(
+        gpu_pod("ml", "low", 0),
+        gpu_pod("ml", "high", 1000),
+        Some(vec![pdb("ml", "low", 0)]),
+    );
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(evictions(&finish(w).await).is_empty(), "budget");
+    // The same budget allowing one: evicted.
+    let mut w = world(
+        gpu_pod("ml", "low", 0),
+        gpu_pod("ml", "high", 1000),
+        Some(vec![pdb("ml", "low", 1)]),
+    );
+    w.s.pass().await;
+    w.s.flush().await;
+    assert_eq!(evictions(&finish(w).await).len(), 1, "budget allows one");
+    // Not preemptible.
+    let mut keep = gpu_pod("ml", "low", 0);
+    keep.metadata.annotations = Some([("tessera.io/preemptible".into(), "false".into())].into());
+    let mut w = world(keep, gpu_pod("ml", "high", 1000), Some(vec![]));
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(evictions(&finish(w).await).is_empty(), "non-preemptible");
+    // Budgets not listed yet: nothing is planned.
+    let mut w = world(gpu_pod("ml", "low", 0), gpu_pod("ml", "high", 1000), None);
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(evictions(&finish(w).await).is_empty(), "budgets unknown");
+    // Equal priority.
+    let mut w = world(
+        gpu_pod("ml", "low", 5),
+        gpu_pod("ml", "high", 5),
+        Some(vec![]),
+    );
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(evictions(&finish(w).await).is_empty(), "equal priority");
+}
+
+fn queue(name: &str, gpus: &str) -> GpuQueue {
+    GpuQueue::new(
+        name,
+        GpuQueueSpec {
+            guaranteed: QueueResources {
+                gpus: Some(gpus.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+}
+
+fn namespace(name: &str, queue: &str) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("tessera.io/queue".to_string(), queue.to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Reclaim: team-b borrows team-a's idle GPU with a high-priority pod; team-a's
+/// pod, within its guarantee, takes it back whatever the priorities. The other
+/// way round nothing is evicted: team-a's pod holds its own guarantee.
+#[tokio::test]
+async fn lent_quota_is_reclaimed_across_queues_and_only_what_is_borrowed() {
+    let setup = |w: &World| {
+        let mut g = lock(&w.m);
+        g.replace_queues(vec![queue("team-a", "1"), queue("team-b", "0")]);
+        g.replace_namespaces(vec![namespace("a", "team-a"), namespace("b", "team-b")]);
+    };
+    let mut w = world(
+        gpu_pod("b", "borrower", 1000),
+        gpu_pod("a", "owner", 0),
+        Some(vec![]),
+    );
+    setup(&w);
+    w.s.pass().await;
+    w.s.flush().await;
+    let seen = finish(w).await;
+    let ev = evictions(&seen);
+    assert_eq!(ev.len(), 1, "{seen:?}");
+    assert_eq!(ev[0].path, "/api/v1/namespaces/b/pods/borrower/eviction");
+    let notes: Vec<&str> = seen
+        .iter()
+        .filter_map(|s| s.body["note"].as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("reclaiming borrowed quota")),
+        "{notes:?}"
+    );
+
+    let mut w = world(
+        gpu_pod("a", "owner", 0),
+        gpu_pod("b", "borrower", 1000),
+        Some(vec![]),
+    );
+    setup(&w);
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(
+        evictions(&finish(w).await).is_empty(),
+        "a queue within its guarantee is not reclaimed from, nor preempted across queues"
+    );
+}
+
+/// The API server refuses the eviction (a budget changed since it was read):
+/// nothing is placed, and the event says what the API answered.
+#[tokio::test]
+async fn an_eviction_the_api_refuses_leaves_the_preemptor_waiting() {
+    let mut w = world_answering(
+        gpu_pod("ml", "low", 0),
+        gpu_pod("ml", "high", 1000),
+        Some(vec![]),
+        429,
+    );
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(lock(&w.m).held("uid-high").is_none());
+    assert!(
+        lock(&w.m).held("uid-low").is_some(),
+        "the victim keeps its GPU"
+    );
+    let seen = finish(w).await;
+    let notes: Vec<&str> = seen
+        .iter()
+        .filter_map(|s| s.body["note"].as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("evicted none") && n.contains("disruption budget")),
+        "{notes:?}"
+    );
+}
