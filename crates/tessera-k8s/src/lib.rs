@@ -22,6 +22,7 @@ pub mod hostfit;
 pub mod leader;
 pub mod metrics;
 pub mod mirror;
+pub mod preemptor;
 pub mod queue_status;
 pub mod run;
 pub mod standalone;

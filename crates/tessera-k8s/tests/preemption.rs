@@ -350,3 +350,44 @@ async fn an_eviction_the_api_refuses_leaves_the_preemptor_waiting() {
         "{notes:?}"
     );
 }
+
+/// Extender mode: kube-scheduler never calls `preempt` for tessera.io pods, so
+/// Tessera preempts for the pods kube-scheduler marked unschedulable — once,
+/// then waits for the victims — and leaves alone those it has not tried yet.
+#[tokio::test]
+async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use tessera_k8s::preemptor::{Preemptor, extender_round};
+    let mut high = gpu_pod("ml", "high", 1000);
+    let w = world(gpu_pod("ml", "low", 0), high.clone(), Some(vec![]));
+    let client = w.s.binder.client().clone();
+    let mut p = Preemptor::new(w.m.clone(), client, None);
+    p.min_runtime = Duration::ZERO;
+    let names = vec!["tessera".to_string()];
+    assert_eq!(
+        extender_round(&mut p, &names).await,
+        0,
+        "not tried by kube-scheduler yet"
+    );
+    high.status = Some(PodStatus {
+        conditions: Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    lock(&w.m).upsert_pod(high);
+    assert_eq!(extender_round(&mut p, &names).await, 1);
+    assert_eq!(
+        extender_round(&mut p, &names).await,
+        1,
+        "waiting for its victim"
+    );
+    drop(p);
+    let seen = finish(w).await;
+    let ev = evictions(&seen);
+    assert_eq!(ev.len(), 1, "evicted once: {seen:?}");
+    assert_eq!(ev[0].path, "/api/v1/namespaces/ml/pods/low/eviction");
+}

@@ -295,6 +295,32 @@ pub async fn run(
         stopped(),
     ));
 
+    // Extender mode: kube-scheduler never calls `preempt` for tessera.io pods
+    // (its dry run counts no victims for resources it ignores), so Tessera
+    // preempts for the pods it marked unschedulable (see crate::preemptor).
+    if config.mode == Mode::Extender {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: config.scheduler_name.clone(),
+                instance: config.lease.as_ref().map(|l| l.identity.clone()),
+            },
+        );
+        let preemptor = crate::preemptor::Preemptor::new(
+            mirror.clone(),
+            client.clone(),
+            Some(crate::events::EventSink::spawn(recorder)),
+        );
+        tasks.spawn(crate::preemptor::run_for_extender(
+            preemptor,
+            config.scheduler_names.clone(),
+            leader.clone(),
+            gate.clone(),
+            std::time::Duration::from_secs(5),
+            stopped(),
+        ));
+    }
+
     let standalone = (config.mode == Mode::Standalone).then(|| {
         let recorder = Recorder::new(
             client.clone(),

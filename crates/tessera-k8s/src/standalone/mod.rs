@@ -38,11 +38,10 @@ use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, Reservation, gang_of};
+pub use crate::preemptor::DEFAULT_MIN_RUNTIME;
+use crate::preemptor::Preemptor;
 
 mod gang;
-mod preempt;
-
-pub use preempt::PREEMPTION_WAIT;
 
 /// First retry delay after a failed attempt.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -200,9 +199,6 @@ pub const MAX_BINDS_IN_FLIGHT: usize = 128;
 /// How long a shutdown waits for binds in flight and queued events.
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(10);
 
-/// Pods that have run less than this are not evicted for others.
-pub const DEFAULT_MIN_RUNTIME: Duration = Duration::from_secs(60);
-
 /// A decision held in the mirror, to be written.
 struct Decided {
     node: String,
@@ -269,10 +265,8 @@ pub struct Standalone {
     binds: JoinSet<Finished>,
     /// Closed until the initial lists are in.
     gate: SyncGate,
-    /// Preemptors whose victims are leaving: their UIDs and how long to wait.
-    preempting: HashMap<String, (Vec<String>, Instant)>,
-    /// Pods younger than this are never evicted for others.
-    min_runtime: Duration,
+    /// Evicts for pods that fit nowhere (see [`crate::preemptor`]).
+    preemptor: Preemptor,
 }
 
 impl Standalone {
@@ -287,26 +281,27 @@ impl Standalone {
         recorder: Option<Recorder>,
         wake: Arc<Notify>,
     ) -> Standalone {
+        let events = recorder.map(EventSink::spawn);
+        let preemptor = Preemptor::new(mirror.clone(), binder.client().clone(), events.clone());
         Standalone {
             scheduler_name,
             mirror,
             binder,
             leader,
             metrics,
-            events: recorder.map(EventSink::spawn),
+            events,
             wake,
             retries: HashMap::new(),
             binds: JoinSet::new(),
             gate: SyncGate::synced(),
-            preempting: HashMap::new(),
-            min_runtime: DEFAULT_MIN_RUNTIME,
+            preemptor,
         }
     }
 
     /// Pods younger than `d` are never evicted for others (default
     /// [`DEFAULT_MIN_RUNTIME`]).
     pub fn with_min_runtime(mut self, d: Duration) -> Standalone {
-        self.min_runtime = d;
+        self.preemptor.min_runtime = d;
         self
     }
 
@@ -415,7 +410,7 @@ impl Standalone {
             .map(|p| convert::pod_uid(p).to_string())
             .collect();
         self.retries.retain(|uid, _| live.contains(uid));
-        self.preempting.retain(|uid, _| live.contains(uid));
+        self.preemptor.retain(|uid| live.contains(uid));
         // A gang's waiting members, in the order of the pending list; the gang is
         // tried where its first member comes.
         let mut gangs: HashMap<String, Vec<Pod>> = HashMap::new();
@@ -440,7 +435,7 @@ impl Standalone {
                 continue;
             }
             match self.decide(&pod) {
-                Err((message, reason)) => match self.preempt_for(&pod, &reason).await {
+                Err((message, reason)) => match self.preemptor.try_for(&pod, &reason).await {
                     Some(preempting) => self.failed(
                         &pod,
                         format!("{message}; {preempting}"),
@@ -449,7 +444,7 @@ impl Standalone {
                     None => self.failed(&pod, message, reason),
                 },
                 Ok(d) => {
-                    self.preempting.remove(&uid);
+                    self.preemptor.placed(&uid);
                     self.spawn_bind(pod, d)
                 }
             }

@@ -1,0 +1,292 @@
+//! Tessera preempts on its own, in both modes: for a pod that fits nowhere, the
+//! mirror's plan ([`Mirror::preemption`]: priority within a queue, reclaim of
+//! borrowed quota across queues, device-aware, budgets respected) is carried
+//! out through the eviction API, each eviction with the victim's UID as
+//! precondition (a pod re-created under the same name is never evicted by
+//! mistake). The API server checks PodDisruptionBudgets again (429): a victim it
+//! refuses stays, and the preemptor waits. While its victims are leaving, the
+//! preemptor waits for them (up to [`PREEMPTION_WAIT`]) instead of choosing
+//! more; it is placed once they are gone (by the standalone loop, or by
+//! kube-scheduler's next attempt in extender mode).
+//!
+//! Extender mode needs this because kube-scheduler (up to v1.34) never calls the
+//! extender's `preempt` verb for `tessera.io` pods: its dry run counts no
+//! victims for resources it ignores (`ignoredByScheduler`). [`run_for_extender`]
+//! therefore looks for pods of ours that kube-scheduler marked unschedulable.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
+use kube::api::{Api, PostParams};
+use kube::runtime::events::EventType;
+
+use crate::binder::lock;
+use crate::convert;
+use crate::events::EventSink;
+use crate::gate::SyncGate;
+use crate::leader::Leadership;
+use crate::mirror::{Mirror, may_preempt_for, victims_text};
+
+/// How long a preemptor waits for its victims to leave before planning again.
+pub const PREEMPTION_WAIT: Duration = Duration::from_secs(120);
+
+/// Reasons a decision failed for that evicting others cannot cure.
+const NOT_FOR_PREEMPTION: [&str; 5] = [
+    "invalid request",
+    "unsupported",
+    "bound",
+    "ledger refused",
+    "queue quota",
+];
+
+/// Pods that have run less than this are not evicted for others.
+pub const DEFAULT_MIN_RUNTIME: Duration = Duration::from_secs(60);
+
+/// Plans and carries out preemptions; remembers whom each preemptor evicted.
+pub struct Preemptor {
+    mirror: Arc<Mutex<Mirror>>,
+    client: kube::Client,
+    events: Option<EventSink>,
+    /// Preemptors whose victims are leaving: their UIDs and how long to wait.
+    preempting: HashMap<String, (Vec<String>, Instant)>,
+    /// Pods younger than this are never evicted for others.
+    pub min_runtime: Duration,
+}
+
+impl Preemptor {
+    pub fn new(
+        mirror: Arc<Mutex<Mirror>>,
+        client: kube::Client,
+        events: Option<EventSink>,
+    ) -> Preemptor {
+        Preemptor {
+            mirror,
+            client,
+            events,
+            preempting: HashMap::new(),
+            min_runtime: DEFAULT_MIN_RUNTIME,
+        }
+    }
+
+    /// Forgets preemptors that are no longer waiting (`live`: UIDs still waiting).
+    pub fn retain(&mut self, live: impl Fn(&str) -> bool) {
+        self.preempting.retain(|uid, _| live(uid));
+    }
+
+    /// `uid` was placed: its preemption is over.
+    pub fn placed(&mut self, uid: &str) {
+        self.preempting.remove(uid);
+    }
+
+    fn record(&self, pod: &Pod, reason: &str, note: String) {
+        if let Some(events) = &self.events {
+            events.pod_event(pod, EventType::Normal, reason, note);
+        }
+    }
+
+    /// Tries to make room for `pod` (whose decision failed for `reason`) by
+    /// evicting others; returns the sentence for its event if it did, or is
+    /// waiting for earlier victims to leave.
+    pub async fn try_for(&mut self, pod: &Pod, reason: &str) -> Option<String> {
+        if NOT_FOR_PREEMPTION.contains(&reason) {
+            return None;
+        }
+        let uid = convert::pod_uid(pod).to_string();
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let plan = {
+            let mut m = lock(&self.mirror);
+            if let Some((victims, until)) = self.preempting.get(&uid) {
+                let left = victims.iter().filter(|v| m.pod(v).is_some()).count();
+                if left > 0 && Instant::now() < *until {
+                    return Some(format!("waiting for {left} preempted pod(s) to leave"));
+                }
+            }
+            let catalog = m.cluster().catalog.clone();
+            let req = convert::pod_request(pod, &catalog).ok()?;
+            if !may_preempt_for(pod, &req) {
+                return None;
+            }
+            m.preemption(pod, &req, now_s, self.min_runtime.as_secs())?
+        };
+        let client = self.client.clone();
+        let mut evicted = Vec::new();
+        let mut refused = Vec::new();
+        for v in &plan.victims {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &v.namespace);
+            // Written out rather than with kube-rs's `Api::evict`, whose body
+            // (kube 3.0) names the field `delete_options` and carries no
+            // apiVersion/kind: the API server would drop the UID precondition.
+            let eviction = Eviction {
+                metadata: ObjectMeta {
+                    name: Some(v.name.clone()),
+                    namespace: Some(v.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                delete_options: Some(DeleteOptions {
+                    preconditions: Some(Preconditions {
+                        uid: Some(v.uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..DeleteOptions::default()
+                }),
+            };
+            let sent = api
+                .create_subresource::<Eviction, serde_json::Value>(
+                    "eviction",
+                    &v.name,
+                    &PostParams::default(),
+                    &eviction,
+                )
+                .await;
+            match sent {
+                Ok(_) => evicted.push(v.clone()),
+                Err(kube::Error::Api(e)) if e.code == 404 => evicted.push(v.clone()),
+                Err(e) => refused.push(format!("{}/{}: {e}", v.namespace, v.name)),
+            }
+        }
+        let kind = if plan.reclaim {
+            "reclaiming borrowed quota"
+        } else {
+            "preempting lower-priority pods"
+        };
+        let by = convert::pod_key(pod);
+        if let Some(events) = &self.events {
+            let m = lock(&self.mirror);
+            for v in &evicted {
+                if let Some(victim) = m.pod(&v.uid) {
+                    events.pod_event(
+                        victim,
+                        EventType::Normal,
+                        "Preempted",
+                        format!("evicted by Tessera for {by} on node {} ({kind})", plan.node),
+                    );
+                }
+            }
+        }
+        self.preempting.insert(
+            uid,
+            (
+                evicted.iter().map(|v| v.uid.clone()).collect(),
+                Instant::now() + PREEMPTION_WAIT,
+            ),
+        );
+        let mut sentence = format!(
+            "{kind} on node {}: evicted {}",
+            plan.node,
+            if evicted.is_empty() {
+                "none".to_string()
+            } else {
+                victims_text(&evicted)
+            }
+        );
+        if !refused.is_empty() {
+            sentence.push_str(&format!("; the API refused {}", refused.join("; ")));
+        }
+        self.record(pod, "Preempting", sentence.clone());
+        Some(sentence)
+    }
+}
+
+/// Most pods tried per round in extender mode (each try may plan on a copy of the ledger).
+const ROUND_LIMIT: usize = 16;
+
+/// Whether kube-scheduler has tried `pod` and found no node (`PodScheduled`
+/// False, reason `Unschedulable`).
+fn marked_unschedulable(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        })
+}
+
+/// One extender-mode round: pods of `names` that kube-scheduler marked
+/// unschedulable and that still fit nowhere get a preemption, highest priority
+/// first; returns how many evicted something (or are waiting for victims).
+pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
+    let mut todo: Vec<(Pod, String)> = {
+        let mut m = lock(&p.mirror);
+        let waiting: Vec<Pod> = m
+            .waiting_pods()
+            .filter(|pod| {
+                names.iter().any(|n| n == convert::scheduler_name(pod))
+                    && !convert::is_gated(pod)
+                    && marked_unschedulable(pod)
+            })
+            .cloned()
+            .collect();
+        let catalog = m.cluster().catalog.clone();
+        let mut out = Vec::new();
+        for pod in waiting {
+            let asks = convert::pod_asks(&pod, &catalog);
+            let (Ok(req), Ok(host)) = (asks.request, asks.host) else {
+                continue;
+            };
+            if let crate::mirror::QuotaCheck::Refused(_) = m.quota(&pod, &req) {
+                continue;
+            }
+            // kube-scheduler judges the node side; a pod that fits now is retried by it.
+            match m.decide(&req, &host, |_| Ok(())) {
+                Ok(_) => continue,
+                Err(e) => {
+                    let reason = e
+                        .ranked()
+                        .first()
+                        .map(|(r, _)| r.to_string())
+                        .unwrap_or_default();
+                    out.push((pod, reason));
+                }
+            }
+        }
+        out
+    };
+    let live: std::collections::HashSet<String> = todo
+        .iter()
+        .map(|(pod, _)| convert::pod_uid(pod).to_string())
+        .collect();
+    p.retain(|uid| live.contains(uid));
+    let priority = |pod: &Pod| pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    todo.sort_by(|(a, _), (b, _)| priority(b).cmp(&priority(a)));
+    let mut acted = 0;
+    for (pod, reason) in todo.into_iter().take(ROUND_LIMIT) {
+        if p.try_for(&pod, &reason).await.is_some() {
+            acted += 1;
+        }
+    }
+    acted
+}
+
+/// Extender mode: a round every `every`, while leading and synced, until `shutdown`.
+pub async fn run_for_extender(
+    mut p: Preemptor,
+    names: Vec<String>,
+    leader: Leadership,
+    gate: SyncGate,
+    every: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tick.tick() => {
+                if leader.is_leader() && gate.is_synced() {
+                    extender_round(&mut p, &names).await;
+                }
+            }
+        }
+    }
+}
