@@ -258,7 +258,7 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
         .collect();
     p.retain(|uid| live.contains(uid));
     let priority = |pod: &Pod| pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
-    todo.sort_by(|(a, _), (b, _)| priority(b).cmp(&priority(a)));
+    todo.sort_by_key(|(pod, _)| std::cmp::Reverse(priority(pod)));
     let mut acted = 0;
     for (pod, reason) in todo.into_iter().take(ROUND_LIMIT) {
         if p.try_for(&pod, &reason).await.is_some() {
