@@ -38,6 +38,12 @@ pub enum Report {
     },
     /// Pending because its queue may not take more now (whatever the nodes have free).
     WaitsForQueue { pod: String, message: String },
+    /// Pending as a member of a gang: placed only together with the others.
+    WaitsForGang {
+        pod: String,
+        gang: String,
+        message: String,
+    },
     /// Pending although a node fits now (the scheduler will place it on its next pass).
     WouldFit {
         pod: String,
@@ -105,6 +111,10 @@ impl std::fmt::Display for Report {
                     "{pod} is pending: it waits for its queue's quota: {message}"
                 )
             }
+            Report::WaitsForGang { pod, gang, message } => write!(
+                f,
+                "{pod} is pending: it is placed only with its gang {gang}: {message}"
+            ),
             Report::WouldFit {
                 pod,
                 node,
@@ -211,6 +221,27 @@ pub fn report(mirror: &mut Mirror, pod: &Pod) -> Report {
     let host = asks.host.unwrap_or_default();
     if let crate::mirror::QuotaCheck::Refused(message) = mirror.quota(pod, &req) {
         return Report::WaitsForQueue { pod: key, message };
+    }
+    if let Some(gang) = crate::mirror::gang_of(pod) {
+        let message = match mirror.pod_group(&gang) {
+            None => format!("PodGroup {gang} does not exist"),
+            Some(spec) => {
+                let min = spec.min_member.unwrap_or(1).max(1);
+                let waiting = mirror
+                    .waiting_pods()
+                    .filter(|p| crate::mirror::gang_of(p).as_deref() == Some(gang.as_str()))
+                    .count();
+                format!(
+                    "minMember {min}: {} placed, {waiting} waiting (members are placed all together, in one attempt)",
+                    mirror.gang_held(&gang)
+                )
+            }
+        };
+        return Report::WaitsForGang {
+            pod: key,
+            gang,
+            message,
+        };
     }
     match mirror.decide(&req, &host, |facts| node_allows(pod, facts)) {
         Ok((p, e)) => Report::WouldFit {

@@ -46,6 +46,8 @@ pub struct Metrics {
     /// Per queue and kind (guaranteed, allocated, deserved, borrowed): GPU-equivalents.
     queue_gpus: Family<Labels, Gauge<f64, AtomicU64>>,
     queue_pending: Family<Labels, Gauge>,
+    preemptions: Family<Labels, Counter>,
+    preempted_gpu_seconds: Family<Labels, Counter<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -135,7 +137,21 @@ impl Metrics {
             "Pods waiting for a node, by queue",
             queue_pending.clone(),
         );
+        let preemptions = Family::<Labels, Counter>::default();
+        let preempted_gpu_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "queue_evictions",
+            "Pods Tessera evicted for others, by the victim's queue (empty: none) and kind (preempted by priority, reclaimed quota)",
+            preemptions.clone(),
+        );
+        registry.register(
+            "queue_evicted_gpu_seconds",
+            "GPU time (GPU-equivalent seconds) the evicted pods had run, by the victim's queue",
+            preempted_gpu_seconds.clone(),
+        );
         Metrics {
+            preemptions,
+            preempted_gpu_seconds,
             queue_gpus,
             queue_pending,
             gpu_seconds,
@@ -251,6 +267,20 @@ impl Metrics {
                 .get_or_create(&vec![queue])
                 .set(i64::try_from(q.pending_pods).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Counts one eviction Tessera made for another pod.
+    pub fn count_eviction(&self, queue: &str, reclaim: bool, gpu_milli_seconds: u64) {
+        let kind = if reclaim { "reclaimed" } else { "preempted" };
+        self.preemptions
+            .get_or_create(&vec![
+                ("queue".to_string(), queue.to_string()),
+                ("kind".to_string(), kind.to_string()),
+            ])
+            .inc();
+        self.preempted_gpu_seconds
+            .get_or_create(&vec![("queue".to_string(), queue.to_string())])
+            .inc_by(gpu_milli_seconds as f64 / 1000.0);
     }
 
     /// Adds what the chargeback meter just charged (milli-GPU × ms per

@@ -56,6 +56,8 @@ pub struct Preemptor {
     preempting: HashMap<String, (Vec<String>, Instant)>,
     /// Pods younger than this are never evicted for others.
     pub min_runtime: Duration,
+    /// Where evictions are counted, per victim's queue.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Preemptor {
@@ -70,6 +72,7 @@ impl Preemptor {
             events,
             preempting: HashMap::new(),
             min_runtime: DEFAULT_MIN_RUNTIME,
+            metrics: None,
         }
     }
 
@@ -149,6 +152,11 @@ impl Preemptor {
                 Ok(_) => evicted.push(v.clone()),
                 Err(kube::Error::Api(e)) if e.code == 404 => evicted.push(v.clone()),
                 Err(e) => refused.push(format!("{}/{}: {e}", v.namespace, v.name)),
+            }
+        }
+        if let Some(metrics) = &self.metrics {
+            for v in &evicted {
+                metrics.count_eviction(&v.queue, plan.reclaim, v.gpu_milli_seconds);
             }
         }
         let kind = if plan.reclaim {

@@ -172,6 +172,14 @@ async fn a_gang_waits_for_its_members_and_its_podgroup() {
     s.flush().await;
     drop(s);
     assert_eq!(held_of(&lock(&m), "train", 2), 0);
+    // Explain says the pod waits for its gang, and how far the gang is.
+    let p = lock(&m).pod("uid-train-0").unwrap().clone();
+    let r = tessera_k8s::explain::report(&mut lock(&m), &p);
+    assert!(
+        r.to_string()
+            .contains("placed only with its gang ml/train: minMember 3: 0 placed, 2 waiting"),
+        "{r}"
+    );
     assert!(lock(&m).held("uid-orphan-0").is_none());
     drop(m);
     let notes = notes(&api.await.unwrap());

@@ -292,6 +292,11 @@ async fn lent_quota_is_reclaimed_across_queues_and_only_what_is_borrowed() {
     setup(&w);
     w.s.pass().await;
     w.s.flush().await;
+    let text = w.s.metrics.encode().unwrap();
+    assert!(
+        text.contains("tessera_queue_evictions_total{queue=\"team-b\",kind=\"reclaimed\"} 1"),
+        "{text}"
+    );
     let seen = finish(w).await;
     let ev = evictions(&seen);
     assert_eq!(ev.len(), 1, "{seen:?}");

@@ -59,6 +59,10 @@ pub struct Victim {
     pub uid: String,
     pub namespace: String,
     pub name: String,
+    /// Its queue's name (empty when in none).
+    pub queue: String,
+    /// GPU time it has run (lost when it starts over): GPU-equivalent milli × seconds.
+    pub gpu_milli_seconds: u64,
 }
 
 /// What to evict for a pod, and where it then goes.
@@ -169,6 +173,11 @@ impl Mirror {
                 b
             });
             let queue = self.queues.queue_of(p).ok().flatten().unwrap_or(NO_QUEUE);
+            let started = started_s(p).unwrap_or(now_s);
+            let queue_name = match (&self.queues.tree, queue) {
+                (Some(t), q) if q != NO_QUEUE => t.spec(q).name.clone(),
+                _ => String::new(),
+            };
             running.insert(
                 id,
                 Running {
@@ -182,7 +191,7 @@ impl Mirror {
                         pinned: false,
                     },
                     // Unknown start: treat as just started (spared by the minimum run time).
-                    started_s: started_s(p).unwrap_or(now_s),
+                    started_s: started,
                 },
             );
             let held = self
@@ -197,6 +206,8 @@ impl Mirror {
                         uid: uid.clone(),
                         namespace: p.metadata.namespace.clone().unwrap_or_default(),
                         name: p.metadata.name.clone().unwrap_or_default(),
+                        queue: queue_name,
+                        gpu_milli_seconds: held.gpu_eq_milli * now_s.saturating_sub(started),
                     },
                     held,
                 ),

@@ -306,11 +306,12 @@ pub async fn run(
                 instance: config.lease.as_ref().map(|l| l.identity.clone()),
             },
         );
-        let preemptor = crate::preemptor::Preemptor::new(
+        let mut preemptor = crate::preemptor::Preemptor::new(
             mirror.clone(),
             client.clone(),
             Some(crate::events::EventSink::spawn(recorder)),
         );
+        preemptor.metrics = Some(metrics.clone());
         tasks.spawn(crate::preemptor::run_for_extender(
             preemptor,
             config.scheduler_names.clone(),

@@ -282,7 +282,8 @@ impl Standalone {
         wake: Arc<Notify>,
     ) -> Standalone {
         let events = recorder.map(EventSink::spawn);
-        let preemptor = Preemptor::new(mirror.clone(), binder.client().clone(), events.clone());
+        let mut preemptor = Preemptor::new(mirror.clone(), binder.client().clone(), events.clone());
+        preemptor.metrics = Some(metrics.clone());
         Standalone {
             scheduler_name,
             mirror,

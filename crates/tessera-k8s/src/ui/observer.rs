@@ -478,6 +478,9 @@ fn explain_reason(m: &mut Mirror, pod: &Pod) -> String {
         Report::Pending { sentence, .. } => sentence,
         Report::Invalid { message, .. } => format!("invalid GPU request: {message}"),
         Report::WaitsForQueue { message, .. } => format!("waits for its queue: {message}"),
+        Report::WaitsForGang { gang, message, .. } => {
+            format!("waits for its gang {gang}: {message}")
+        }
         Report::WouldFit { nodes_that_fit, .. } => {
             format!("fits on {nodes_that_fit} node(s) now; waiting for the scheduler's next pass")
         }
