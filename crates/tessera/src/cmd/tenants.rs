@@ -38,6 +38,17 @@ pub fn run(
     };
     let mut all = Vec::new();
     for w in workloads {
+        if !w
+            .pods
+            .iter()
+            .all(|p| p.creation_s.is_some() && p.deletion_s.is_some())
+        {
+            eprintln!(
+                "note: tenants skips {}: its pods have no creation/deletion times",
+                w.name
+            );
+            continue;
+        }
         let input = replay::prepare(&w.pods, None).map_err(|e| format!("{}: {e}", w.name))?;
         let jobs: Vec<(Discipline, u64)> = Discipline::ALL
             .iter()
