@@ -116,7 +116,9 @@ impl Preemptor {
             if !may_preempt_for(pod, &req) {
                 return None;
             }
-            m.preemption(pod, &req, now_s, self.min_runtime.as_secs())?
+            m.preemption(pod, &req, now_s, self.min_runtime.as_secs(), |facts| {
+                crate::standalone::node_allows(pod, facts)
+            })?
         };
         let client = self.client.clone();
         let mut evicted = Vec::new();

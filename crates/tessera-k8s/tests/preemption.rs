@@ -396,3 +396,28 @@ async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
     assert_eq!(ev.len(), 1, "evicted once: {seen:?}");
     assert_eq!(ev[0].path, "/api/v1/namespaces/ml/pods/low/eviction");
 }
+
+/// Room is never made on a node the pod may not go to: the only victim sits on
+/// a node tainted against the preemptor, so nothing is evicted.
+#[tokio::test]
+async fn no_eviction_on_a_node_the_pod_may_not_use() {
+    let mut w = world(
+        gpu_pod("ml", "low", 0),
+        gpu_pod("ml", "high", 1000),
+        Some(vec![]),
+    );
+    let mut tainted = kube_node("n1", "32", "64Gi");
+    tainted.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        taints: Some(vec![k8s_openapi::api::core::v1::Taint {
+            key: "dedicated".into(),
+            value: Some("other".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    lock(&w.m).upsert_node(tainted);
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(evictions(&finish(w).await).is_empty());
+}

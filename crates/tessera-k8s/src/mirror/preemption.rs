@@ -30,7 +30,7 @@ use tessera_core::queue::{BudgetId, Budgets, PodMeta, QueueId, Resources, Runnin
 use tessera_core::request::Request;
 
 use super::{Mirror, QuotaCheck};
-use crate::convert;
+use crate::convert::{self, NodeFacts};
 use crate::extender::preempt::{preemptible, priority, started_s};
 
 /// The queue id that stands for "in no queue" in the planner's metadata.
@@ -136,18 +136,22 @@ impl Mirror {
     /// Victims whose eviction lets `pod` (asking `req`) run, if Tessera may
     /// evict any: preemption by priority within its queue first, then reclaim
     /// of borrowed quota when its queue is within its guarantee. `now_s`: Unix
-    /// seconds; pods younger than `min_runtime_s` are spared.
+    /// seconds; pods younger than `min_runtime_s` are spared. Only pods on nodes
+    /// `eligible` accepts for `pod` (selectors, affinity, taints) are victims:
+    /// room made where the pod may not go would be evicted for nothing.
     pub fn preemption(
         &mut self,
         pod: &Pod,
         req: &Request,
         now_s: u64,
         min_runtime_s: u64,
+        eligible: impl Fn(&NodeFacts) -> Result<(), String>,
     ) -> Option<PreemptionPlan> {
         self.refresh();
         if !self.disruption.synced {
             return None;
         }
+        let allowed_nodes: Vec<bool> = self.facts.iter().map(|f| eligible(f).is_ok()).collect();
         let own_queue = self.queues.queue_of(pod).ok().flatten();
         let reclaim_ok = own_queue.is_some()
             && matches!(
@@ -233,7 +237,16 @@ impl Mirror {
             preemptible: preemptible(pod),
             ..PodMeta::default()
         };
-        let same_queue = |r: &Running| r.meta.queue == mine;
+        let ledger = &self.ledger;
+        let on_allowed_node = |r: &Running| {
+            ledger.allocation(r.alloc).is_some_and(|a| {
+                allowed_nodes
+                    .get(a.node.0 as usize)
+                    .copied()
+                    .unwrap_or(false)
+            })
+        };
+        let same_queue = |r: &Running| r.meta.queue == mine && on_allowed_node(r);
         let mut found =
             plan(&mut scheduler, &ctx, req, &preemptor, &same_queue).map(|p| (p, false));
         if found.is_none()
@@ -248,6 +261,7 @@ impl Mirror {
             };
             let borrowed = |r: &Running| {
                 r.meta.queue != mine
+                    && on_allowed_node(r)
                     && who
                         .get(&r.alloc)
                         .is_some_and(|(_, g)| keeps(r.meta.queue, *g))
