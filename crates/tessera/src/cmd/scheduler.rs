@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::ArgAction;
-use tessera_k8s::run::{RawConfig, connect, run as run_scheduler};
+use tessera_k8s::client::connect_limited;
+use tessera_k8s::client::ratelimit::RateLimit;
+use tessera_k8s::run::{RawConfig, run as run_scheduler};
 
 use super::EXIT_BAD_CONFIG;
 
@@ -77,6 +79,14 @@ pub struct SchedulerArgs {
     /// separated, e.g. `H100-80GB=1,A100-80GB=0.6,T4=0.1`; unnamed models count 1.
     #[arg(long)]
     pub gpu_equivalents: Option<String>,
+    /// Requests a second to the API server, client-side (kube-scheduler's
+    /// --kube-api-qps; its default is 50). 0, the default, leaves it to the API
+    /// server's priority and fairness: a limit of 50 would cap binds at about 50 a second.
+    #[arg(long, default_value_t = 0.0)]
+    pub kube_api_qps: f64,
+    /// Requests allowed in a burst above the qps (kube-scheduler's --kube-api-burst).
+    #[arg(long, default_value_t = 100)]
+    pub kube_api_burst: u32,
 }
 
 pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
@@ -86,6 +96,17 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .try_init();
+    if !(a.kube_api_qps.is_finite() && a.kube_api_qps >= 0.0) || a.kube_api_burst == 0 {
+        eprintln!(
+            "error: configuration: kube-api-qps must be a number ≥ 0 and kube-api-burst at least 1 (got {} and {})",
+            a.kube_api_qps, a.kube_api_burst
+        );
+        return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+    }
+    let limit = (a.kube_api_qps > 0.0).then_some(RateLimit {
+        qps: a.kube_api_qps,
+        burst: a.kube_api_burst,
+    });
     let identity = a
         .identity
         .or_else(|| std::env::var("POD_NAME").ok())
@@ -125,7 +146,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let client = connect()
+        let client = connect_limited(limit)
             .await
             .map_err(|e| anyhow::anyhow!("connecting to the Kubernetes API: {e}"))?;
         run_scheduler(config, client, shutdown_signal()).await?;

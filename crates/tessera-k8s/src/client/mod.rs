@@ -10,7 +10,8 @@
 //! HTTP/2 keep-alive pings as client-go's health check (30 s idle, 15 s
 //! timeout) in place of a read timeout, so a dead connection is found even
 //! while a watch waits. A proxied connection (`proxy_url`) keeps kube-rs's own
-//! HTTP/1.1 stack.
+//! HTTP/1.1 stack. Requests can be rate limited client-side like client-go's
+//! ([`ratelimit`]: qps and burst; `tessera scheduler --kube-api-qps/--kube-api-burst`).
 
 use std::time::Duration;
 
@@ -22,22 +23,39 @@ use kube::client::retry::RetryPolicy;
 use tower::ServiceBuilder;
 use tower::retry::RetryLayer;
 
+pub mod ratelimit;
+use ratelimit::{Bucket, RateLimit, RateLimitLayer};
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle time before an HTTP/2 ping, and how long to wait for its answer.
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A client from the in-cluster service account or the local kubeconfig.
+/// A client from the in-cluster service account or the local kubeconfig
+/// (no client-side rate limit).
 pub async fn connect() -> Result<kube::Client, kube::Error> {
+    connect_limited(None).await
+}
+
+/// [`connect`] with `limit` (`None`: no client-side limit).
+pub async fn connect_limited(limit: Option<RateLimit>) -> Result<kube::Client, kube::Error> {
     let config = kube::Config::infer()
         .await
         .map_err(kube::Error::InferConfig)?;
-    from_config(config)
+    from_config_limited(config, limit)
 }
 
-/// A client for `config`, multiplexing over HTTP/2 where the server offers it.
+/// A client for `config`, multiplexing over HTTP/2 where the server offers it (no rate limit).
 pub fn from_config(config: kube::Config) -> Result<kube::Client, kube::Error> {
+    from_config_limited(config, None)
+}
+
+/// [`from_config`] with a client-side rate limit.
+pub fn from_config_limited(
+    config: kube::Config,
+    limit: Option<RateLimit>,
+) -> Result<kube::Client, kube::Error> {
     if config.proxy_url.is_some() {
         return kube::Client::try_from(config);
     }
@@ -62,6 +80,7 @@ pub fn from_config(config: kube::Config) -> Result<kube::Client, kube::Error> {
         .pool_timer(TokioTimer::new())
         .build::<_, kube::client::Body>(https);
     let service = ServiceBuilder::new()
+        .option_layer(limit.map(|l| RateLimitLayer(Bucket::new(l))))
         .layer(config.base_uri_layer())
         .option_layer(
             config
