@@ -9,7 +9,7 @@
 //! more; it is placed once they are gone (by the standalone loop, or by
 //! kube-scheduler's next attempt in extender mode).
 //!
-//! Extender mode needs this because kube-scheduler (up to v1.34) never calls the
+//! Extender mode needs this because kube-scheduler (before kubernetes/kubernetes#135486) never calls the
 //! extender's `preempt` verb for `tessera.io` pods: its dry run counts no
 //! victims for resources it ignores (`ignoredByScheduler`). [`run_for_extender`]
 //! therefore looks for pods of ours that kube-scheduler marked unschedulable.
