@@ -313,48 +313,4 @@ impl Mirror {
             e,
         ))
     }
-
-    /// Preemption check: the candidate nodes on which the pod would fit once the
-    /// named victims (by UID) are gone. Victims we do not hold free nothing.
-    pub fn preempt<'a>(
-        &mut self,
-        pod: &Pod,
-        candidates: impl IntoIterator<Item = (&'a String, &'a crate::extender::wire::MetaVictims)>,
-    ) -> Result<Vec<String>, RequestError> {
-        self.refresh();
-        let req = convert::pod_request(pod, &self.cluster.catalog)?;
-        let mut kept = Vec::new();
-        for (node, victims) in candidates {
-            let Some(id) = self.cluster.node_id(node) else {
-                continue;
-            };
-            if req.gpu == GpuAsk::None {
-                kept.push(node.clone());
-                continue;
-            }
-            let cp = self.ledger.checkpoint();
-            for v in &victims.pods {
-                if let Some(aid) = self
-                    .held
-                    .get(&v.uid)
-                    .filter(|h| h.node == *node)
-                    .and_then(|h| h.id)
-                {
-                    let _ = self.ledger.release(aid);
-                }
-            }
-            let fits = self.score_node(id, &req).is_ok();
-            if let Err(e) = self.ledger.rollback(&self.cluster, cp) {
-                // Cannot happen with a balanced checkpoint; rebuild from the API objects to be safe.
-                self.node_problems
-                    .push(format!("preemption check on {node}: {e}"));
-                self.dirty = true;
-                self.refresh();
-            }
-            if fits {
-                kept.push(node.clone());
-            }
-        }
-        Ok(kept)
-    }
 }
