@@ -541,3 +541,40 @@ fn the_example_queues_form_a_valid_tree() {
         1536 * 1024
     );
 }
+
+/// With usage history on, a queue that used much recently yields first: both
+/// queues hold nothing now and each waits with one pod, but team-a held two GPUs
+/// for the last ten minutes. Without history the two tie (and names decide).
+#[tokio::test(start_paused = true)]
+async fn recent_use_makes_a_queue_yield_when_history_is_on() {
+    let order = |history: bool| async move {
+        let m = setup(
+            vec![
+                queue("team-a", "1", None, true),
+                queue("team-b", "1", None, true),
+            ],
+            vec![
+                namespace("a", Some("team-a"), None),
+                namespace("b", Some("team-b"), None),
+            ],
+        );
+        if history {
+            lock(&m).set_usage_history(std::time::Duration::from_secs(300), 1.0);
+        }
+        let old = gpu_pod("a", "old", "2");
+        place(&mut lock(&m), &old);
+        let (pa, pb) = (gpu_pod("a", "a-next", "1"), gpu_pod("b", "b-next", "1"));
+        let waiting = vec![pa, pb];
+        lock(&m).queue_order(&waiting);
+        tokio::time::advance(std::time::Duration::from_secs(600)).await;
+        lock(&m).remove_pod("uid-old");
+        let keys = lock(&m).queue_order(&waiting).unwrap();
+        (keys[0].clone(), keys[1].clone())
+    };
+    let (a, b) = order(false).await;
+    assert_eq!(a, b, "without history both queues hold nothing now");
+    let (a, b) = order(true).await;
+    // team-a's decayed mean after 600 s at 2 GPUs with a 300 s half-life: 2 × (1 − ¼) = 1.5
+    // GPUs against a share of 1 → 1.5; team-b 0.
+    assert!((a[0] - 1.5).abs() < 0.01 && b[0] == 0.0, "{a:?} {b:?}");
+}

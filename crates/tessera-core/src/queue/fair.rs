@@ -260,6 +260,11 @@ impl UsageHistory {
         }
     }
 
+    /// The half-life, seconds.
+    pub fn half_life_s(&self) -> u64 {
+        self.half_life_s as u64
+    }
+
     /// Folds in that `usage` held from the last call until `now_s`.
     pub fn advance(&mut self, now_s: u64, usage: &[Resources]) {
         let dt = match self.last_s {

@@ -21,9 +21,10 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use tessera_api::GpuQueue;
 use tessera_api::queue::{ALLOWED_QUEUES, QUEUE_ANNOTATION, QUEUE_LABEL, QueueResources};
 use tessera_core::queue::admit::{Admission, QueueUsage, admit};
-use tessera_core::queue::fair::{fair_shares, order_key};
+use tessera_core::queue::fair::{UsageHistory, fair_shares, order_key};
 use tessera_core::queue::{GpuEquivalents, QueueId, QueueSpec, QueueTree, Resources};
 use tessera_core::request::{self, Request};
+use tokio::time::Instant;
 
 use super::Mirror;
 use crate::convert;
@@ -48,6 +49,20 @@ pub(super) struct Queues {
     /// Usage as of (ledger cursor, mirror generation, queue version).
     usage: Option<((u64, u64, u64), QueueUsage)>,
     version: u64,
+    /// Time-decayed usage for the fair order, when configured (see [`Mirror::set_usage_history`]).
+    history: Option<History>,
+}
+
+/// Recent usage per queue, blended into the usage the fair order reads.
+#[derive(Debug)]
+struct History {
+    decayed: UsageHistory,
+    weight: f64,
+    origin: Instant,
+    /// The usage seen at the last fold (it held until now).
+    last: Vec<Resources>,
+    /// The tree's size when `decayed` was made (a new tree starts over).
+    queues: usize,
 }
 
 /// One queue as of now (see [`Mirror::queue_report`]).
@@ -355,12 +370,43 @@ impl Mirror {
         let tree = self.queues.tree.as_ref()?;
         let capacity = self.queues.ge.capacity(&self.cluster);
         let shares = fair_shares(tree, capacity, &demand);
+        // With usage history, a queue that used much recently orders as if it
+        // still held part of it, and yields first.
+        let ordered_by: Vec<Resources> = match self.queues.history.as_mut() {
+            None => usage.all().to_vec(),
+            Some(h) => {
+                if h.queues != tree.len() {
+                    h.decayed = UsageHistory::new(tree.len(), h.decayed.half_life_s());
+                    h.queues = tree.len();
+                    h.last = usage.all().to_vec();
+                }
+                let now_s = h.origin.elapsed().as_secs();
+                h.decayed.advance(now_s, &h.last);
+                h.last = usage.all().to_vec();
+                tree.ids()
+                    .map(|q| h.decayed.blended(q, &usage.of(q), h.weight))
+                    .collect()
+            }
+        };
         Some(
             queues
                 .iter()
-                .map(|q| q.map_or_else(Vec::new, |q| order_key(tree, usage.all(), &shares, q)))
+                .map(|q| q.map_or_else(Vec::new, |q| order_key(tree, &ordered_by, &shares, q)))
                 .collect(),
         )
+    }
+
+    /// Orders queues by usage blended with their time-decayed usage: `(1 − w)·now
+    /// + w·recent mean`, the mean decaying with `half_life` (off until called).
+    pub fn set_usage_history(&mut self, half_life: std::time::Duration, weight: f64) {
+        let n = self.queues.tree.as_ref().map_or(0, QueueTree::len);
+        self.queues.history = Some(History {
+            decayed: UsageHistory::new(n, half_life.as_secs()),
+            weight: weight.clamp(0.0, 1.0),
+            origin: Instant::now(),
+            last: vec![Resources::ZERO; n],
+            queues: n,
+        });
     }
 
     /// Every queue as of now: guarantee, holdings, fair share, borrowed amount

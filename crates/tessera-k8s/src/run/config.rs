@@ -57,6 +57,10 @@ pub struct RawConfig {
     /// How GPU models count against queue quotas: `MODEL=FACTOR`, comma
     /// separated (`H100-80GB=1,A100-80GB=0.6,T4=0.1`); unnamed models count 1.
     pub gpu_equivalents: Option<String>,
+    /// Fair order by usage blended with its time-decayed mean: the half-life
+    /// (off when unset) and the weight of the mean (0..=1, default 0.5).
+    pub queue_usage_half_life: Option<Duration>,
+    pub queue_usage_weight: Option<f64>,
 }
 
 /// A configuration field that is wrong, by name.
@@ -107,6 +111,8 @@ pub struct Config {
     pub webhook: Option<WebhookServe>,
     /// GPU-equivalent factors for queue quotas.
     pub gpu_equivalents: tessera_core::queue::GpuEquivalents,
+    /// Time-decayed usage in the fair order: half-life and weight.
+    pub usage_history: Option<(Duration, f64)>,
 }
 
 impl RawConfig {
@@ -279,6 +285,28 @@ impl RawConfig {
             None => tessera_core::queue::GpuEquivalents::uniform(),
             Some(text) => parse_gpu_equivalents(text).map_err(|e| invalid("gpu-equivalents", e))?,
         };
+        let usage_history = match (self.queue_usage_half_life, self.queue_usage_weight) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "queue-usage-weight",
+                    "needs --queue-usage-half-life",
+                ));
+            }
+            (Some(h), w) => {
+                let w = w.unwrap_or(0.5);
+                if h.is_zero() {
+                    return Err(invalid("queue-usage-half-life", "must be more than 0"));
+                }
+                if !(w.is_finite() && (0.0..=1.0).contains(&w)) {
+                    return Err(invalid(
+                        "queue-usage-weight",
+                        format!("{w} is not between 0 and 1"),
+                    ));
+                }
+                Some((h, w))
+            }
+        };
         let mut scheduler_names = vec![scheduler_name.clone()];
         for n in self.serve_scheduler_names {
             if !scheduler_names.contains(&n) {
@@ -297,6 +325,7 @@ impl RawConfig {
             lease,
             webhook,
             gpu_equivalents,
+            usage_history,
         })
     }
 }

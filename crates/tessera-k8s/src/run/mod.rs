@@ -129,6 +129,9 @@ pub async fn run(
         .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
     let mut m = Mirror::new(policy, config.signing_key.clone());
     m.set_gpu_equivalents(config.gpu_equivalents.clone());
+    if let Some((half_life, weight)) = config.usage_history {
+        m.set_usage_history(half_life, weight);
+    }
     let mirror = Arc::new(Mutex::new(m));
     let metrics = Arc::new(Metrics::new());
     let wake = Arc::new(Notify::new());

@@ -79,6 +79,13 @@ pub struct SchedulerArgs {
     /// separated, e.g. `H100-80GB=1,A100-80GB=0.6,T4=0.1`; unnamed models count 1.
     #[arg(long)]
     pub gpu_equivalents: Option<String>,
+    /// Fair order by recent use too: the half-life in seconds of each queue's
+    /// time-decayed GPU usage (off by default); a team that used much recently yields first.
+    #[arg(long)]
+    pub queue_usage_half_life: Option<u64>,
+    /// Weight of the decayed usage against current usage, 0..=1 (default 0.5).
+    #[arg(long)]
+    pub queue_usage_weight: Option<f64>,
     /// Requests a second to the API server, client-side (kube-scheduler's
     /// --kube-api-qps; its default is 50). 0, the default, leaves it to the API
     /// server's priority and fairness: a limit of 50 would cap binds at about 50 a second.
@@ -133,6 +140,8 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         webhook_set_scheduler_name: Some(a.webhook_set_scheduler_name),
         allocation_writers: a.allocation_writers,
         gpu_equivalents: a.gpu_equivalents,
+        queue_usage_half_life: a.queue_usage_half_life.map(std::time::Duration::from_secs),
+        queue_usage_weight: a.queue_usage_weight,
         ..RawConfig::default()
     };
     let config = match raw.resolve() {
