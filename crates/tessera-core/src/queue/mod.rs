@@ -16,6 +16,7 @@
 //! - [`admit`]: may this queue take this much more now (within its guarantee,
 //!   by borrowing, or not at all), as a typed verdict.
 //! - [`preempt`]: victims chosen per GPU so that what they free makes the pod fit.
+//! - [`reclaim`]: a queue within its guarantee takes back what others borrowed.
 //! - [`gang`]: all-or-nothing placement of a group on the ledger's checkpoints.
 //! - [`defrag`]: moves that free whole GPUs or nodes for pods that do not fit.
 
@@ -25,6 +26,7 @@ pub mod equiv;
 pub mod fair;
 pub mod gang;
 pub mod preempt;
+pub mod reclaim;
 pub mod tree;
 
 use std::ops::{Add, AddAssign, Sub};

@@ -26,6 +26,7 @@ use tessera_core::Scheduler;
 use tessera_core::ledger::AllocId;
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::queue::preempt::{Context, plan};
+use tessera_core::queue::reclaim::{Quotas, reclaim};
 use tessera_core::queue::{BudgetId, Budgets, PodMeta, QueueId, Resources, Running};
 use tessera_core::request::Request;
 
@@ -253,38 +254,23 @@ impl Mirror {
             && reclaim_ok
             && let (Some(tree), Some(usage)) = (self.queues.tree.as_ref(), usage.as_ref())
         {
-            // Only what is borrowed: a victim's queue keeps its guarantee without it …
-            let keeps = |q: QueueId, taken: Resources| {
-                q != NO_QUEUE
-                    && usage.of(q).saturating_sub(&taken).gpu_eq_milli
-                        >= tree.spec(q).guaranteed.gpu_eq_milli
+            let held = |a: AllocId| who.get(&a).map(|(_, g)| *g);
+            let quotas = Quotas {
+                tree,
+                usage,
+                held: &held,
             };
-            let borrowed = |r: &Running| {
-                r.meta.queue != mine
-                    && on_allowed_node(r)
-                    && who
-                        .get(&r.alloc)
-                        .is_some_and(|(_, g)| keeps(r.meta.queue, *g))
-            };
-            // … the quota owner outranks borrowers whatever their priorities.
-            let owner = PodMeta {
-                priority: i32::MAX,
-                ..preemptor
-            };
-            found = plan(&mut scheduler, &ctx, req, &owner, &borrowed)
-                .filter(|p| {
-                    // … and without all its victims together.
-                    let mut taken: FxHashMap<QueueId, Resources> = FxHashMap::default();
-                    for v in &p.victims {
-                        if let (Some(r), Some((_, g))) = (running.get(v), who.get(v)) {
-                            *taken.entry(r.meta.queue).or_default() += *g;
-                        }
-                    }
-                    taken.iter().all(|(&q, &g)| keeps(q, g))
-                })
-                .map(|p| (p, true));
+            found = reclaim(
+                &mut scheduler,
+                &ctx,
+                req,
+                &preemptor,
+                &quotas,
+                &on_allowed_node,
+            )
+            .map(|p| (p, true));
         }
-        let (p, reclaim) = found?;
+        let (p, reclaimed) = found?;
         if p.victims.is_empty() {
             // It fits without evicting anyone: the normal path places it.
             return None;
@@ -296,7 +282,7 @@ impl Mirror {
                 .iter()
                 .filter_map(|v| who.get(v).map(|(w, _)| w.clone()))
                 .collect(),
-            reclaim,
+            reclaim: reclaimed,
         })
     }
 }

@@ -55,7 +55,8 @@ use tessera_core::model::Cluster;
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::queue::admit::{Admission, QueueUsage, admit};
 use tessera_core::queue::fair::{FairShares, fair_shares, order_key};
-use tessera_core::queue::preempt::{self, Context};
+use tessera_core::queue::preempt::Context;
+use tessera_core::queue::reclaim::{Quotas, reclaim};
 use tessera_core::queue::{
     Budgets, GpuEquivalents, PodMeta, QueueId, QueueSpec, QueueTree, Resources, Running,
 };
@@ -448,11 +449,9 @@ impl Engine<'_> {
         {
             return Ok(false);
         }
-        // Reclaim is about quota, not priority: the owner's pod outranks every
-        // borrower's pod, whatever their priorities.
+        // The planner gives the owner precedence over borrowers (see queue::reclaim).
         let owner = PodMeta {
             queue: pod.queue,
-            priority: i32::MAX,
             ..PodMeta::default()
         };
         if self.candidates.as_ref().is_none_or(|c| c.0 != self.version) {
@@ -489,30 +488,15 @@ impl Engine<'_> {
             now_s: t,
             min_runtime_s: self.min_runtime_s,
         };
-        // Only what is borrowed is reclaimable: a victim's queue must stay at or
-        // above its guarantee without it, and without all its pods in the plan.
-        let (tree, usage, live) = (&self.tree, &self.usage, &self.live);
-        let above_guarantee = |q: QueueId, taken: Resources| {
-            (usage.of(q).saturating_sub(&taken)).gpu_eq_milli
-                >= tree.spec(q).guaranteed.gpu_eq_milli
-        };
-        let may_evict = |r: &Running| {
-            r.meta.queue != pod.queue
-                && live
-                    .get(&r.alloc)
-                    .is_some_and(|l| above_guarantee(r.meta.queue, l.ask))
+        let live = &self.live;
+        let held = |a: AllocId| live.get(&a).map(|l| l.ask);
+        let quotas = Quotas {
+            tree: &self.tree,
+            usage: &self.usage,
+            held: &held,
         };
         let req = &self.shapes[pod.shape as usize];
-        let plan =
-            preempt::plan(&mut self.scheduler, &ctx, req, &owner, &may_evict).filter(|plan| {
-                let mut taken: FxHashMap<QueueId, Resources> = FxHashMap::default();
-                for v in &plan.victims {
-                    if let (Some(l), Some(r)) = (live.get(v), running.get(v)) {
-                        *taken.entry(r.meta.queue).or_default() += l.ask;
-                    }
-                }
-                taken.iter().all(|(&q, &r)| above_guarantee(q, r))
-            });
+        let plan = reclaim(&mut self.scheduler, &ctx, req, &owner, &quotas, &|_| true);
         let Some(plan) = plan else {
             self.reclaim_failed.insert(memo, (self.epoch, t));
             return Ok(false);
