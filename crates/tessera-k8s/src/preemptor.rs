@@ -30,6 +30,7 @@ use crate::convert;
 use crate::events::EventSink;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
+use crate::extender::preempt::priority;
 use crate::mirror::{Mirror, may_preempt_for, victims_text};
 
 /// How long a preemptor waits for its victims to leave before planning again.
@@ -267,7 +268,6 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
         .map(|(pod, _)| convert::pod_uid(pod).to_string())
         .collect();
     p.retain(|uid| live.contains(uid));
-    let priority = |pod: &Pod| pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
     todo.sort_by_key(|(pod, _)| std::cmp::Reverse(priority(pod)));
     let mut acted = 0;
     for (pod, reason) in todo.into_iter().take(ROUND_LIMIT) {

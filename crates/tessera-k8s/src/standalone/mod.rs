@@ -37,6 +37,7 @@ use crate::events::EventSink;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::extender::preempt::priority;
 use crate::mirror::{Mirror, Reservation, gang_of};
 pub use crate::preemptor::DEFAULT_MIN_RUNTIME;
 use crate::preemptor::Preemptor;
@@ -326,7 +327,6 @@ impl Standalone {
             .collect();
         let keys = m.queue_order(&pods);
         drop(m);
-        let priority = |p: &Pod| p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
         let mut order: Vec<(Vec<f64>, Pod)> = match keys {
             Some(k) => k.into_iter().zip(pods).collect(),
             None => pods.into_iter().map(|p| (Vec::new(), p)).collect(),

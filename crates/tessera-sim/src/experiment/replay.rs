@@ -326,19 +326,9 @@ impl Engine<'_> {
         if let Some(b) = self.fits_empty[shape as usize] {
             return b;
         }
-        let empty = Ledger::new(self.cluster);
         let input = self.input;
         let req = &input.shapes[shape as usize];
-        let ok = self.cluster.ids().any(|id| {
-            accepts(
-                self.cluster,
-                &empty,
-                self.scheduler.policy(),
-                &mut self.rng,
-                id,
-                req,
-            )
-        });
+        let ok = fits_when_empty(self.cluster, self.scheduler.policy(), &mut self.rng, req);
         self.fits_empty[shape as usize] = Some(ok);
         ok
     }
@@ -407,6 +397,20 @@ impl Engine<'_> {
         self.queue = keep;
         Ok(())
     }
+}
+
+/// Whether some node of the empty cluster takes `req` (a pod that fits nowhere
+/// even then is rejected on arrival).
+pub(crate) fn fits_when_empty(
+    cluster: &Cluster,
+    policy: &dyn Policy,
+    rng: &mut SmallRng,
+    req: &Request,
+) -> bool {
+    let empty = Ledger::new(cluster);
+    cluster
+        .ids()
+        .any(|id| accepts(cluster, &empty, policy, rng, id, req))
 }
 
 /// Whether `node` passes the filter and the policy for `req`.

@@ -283,18 +283,13 @@ impl Engine<'_> {
         if let Some(b) = self.fits_empty[shape as usize] {
             return b;
         }
-        let empty = Ledger::new(self.cluster);
         let req = &self.shapes[shape as usize];
-        let ok = self.cluster.ids().any(|id| {
-            super::replay::accepts(
-                self.cluster,
-                &empty,
-                self.scheduler.policy(),
-                &mut self.rng,
-                id,
-                req,
-            )
-        });
+        let ok = super::replay::fits_when_empty(
+            self.cluster,
+            self.scheduler.policy(),
+            &mut self.rng,
+            req,
+        );
         self.fits_empty[shape as usize] = Some(ok);
         ok
     }
