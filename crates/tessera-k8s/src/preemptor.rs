@@ -28,9 +28,9 @@ use kube::runtime::events::EventType;
 use crate::binder::lock;
 use crate::convert;
 use crate::events::EventSink;
+use crate::extender::preempt::priority;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
-use crate::extender::preempt::priority;
 use crate::mirror::{Mirror, may_preempt_for, victims_text};
 
 /// How long a preemptor waits for its victims to leave before planning again.

@@ -10,12 +10,9 @@ use std::sync::Arc;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ObjectMeta;
-use kube::runtime::events::{Recorder, Reporter};
 use rand::{Rng, SeedableRng};
 use tessera_api::{PodGroup, PodGroupSpec};
-use tessera_k8s::binder::{Binder, lock};
-use tessera_k8s::leader::Leadership;
-use tessera_k8s::metrics::Metrics;
+use tessera_k8s::binder::lock;
 use tessera_k8s::mirror::{Mirror, gang_of};
 use tessera_k8s::standalone::Standalone;
 
@@ -70,34 +67,8 @@ fn scheduler(
         .collect();
     let m = mirror("tessera", nodes, inv, pods);
     lock(&m).replace_pod_groups(groups);
-    let (client, api) = mock_api(|s| {
-        if s.path.ends_with("/binding") {
-            (201, status(201, "", ""))
-        } else {
-            let mut ev = s.body.clone();
-            ev["metadata"]["name"] = "ev".into();
-            (201, ev)
-        }
-    });
-    let leader = Leadership::always();
-    let recorder = events.then(|| {
-        Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "tessera".into(),
-                instance: None,
-            },
-        )
-    });
-    let s = Standalone::new(
-        "tessera".into(),
-        m.clone(),
-        Binder::new(client, m.clone(), leader.clone()),
-        leader,
-        Arc::new(Metrics::new()),
-        recorder,
-        Default::default(),
-    );
+    let (client, api) = mock_api(accept_writes);
+    let s = standalone(&m, client, events);
     (s, m, api)
 }
 

@@ -17,11 +17,8 @@ use k8s_openapi::api::policy::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
-use kube::runtime::events::{Recorder, Reporter};
 use tessera_api::{GpuQueue, GpuQueueSpec, QueueResources};
-use tessera_k8s::binder::{Binder, lock};
-use tessera_k8s::leader::Leadership;
-use tessera_k8s::metrics::Metrics;
+use tessera_k8s::binder::lock;
 use tessera_k8s::mirror::{Mirror, Reservation};
 use tessera_k8s::standalone::Standalone;
 
@@ -112,32 +109,11 @@ fn world_answering(
                     "Cannot evict pod as it would violate the pod's disruption budget.",
                 ),
             )
-        } else if s.path.ends_with("/binding") || s.path.ends_with("/eviction") {
-            (201, status(201, "", ""))
         } else {
-            let mut ev = s.body.clone();
-            ev["metadata"]["name"] = "ev".into();
-            (201, ev)
+            accept_writes(s)
         }
     });
-    let leader = Leadership::always();
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "tessera".into(),
-            instance: None,
-        },
-    );
-    let s = Standalone::new(
-        "tessera".into(),
-        m.clone(),
-        Binder::new(client, m.clone(), leader.clone()),
-        leader,
-        Arc::new(Metrics::new()),
-        Some(recorder),
-        Default::default(),
-    )
-    .with_min_runtime(Duration::ZERO);
+    let s = standalone(&m, client, true).with_min_runtime(Duration::ZERO);
     World { s, m, api }
 }
 

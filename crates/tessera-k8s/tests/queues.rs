@@ -10,12 +10,10 @@ use std::sync::Arc;
 use common::*;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::ObjectMeta;
-use kube::runtime::events::{Recorder, Reporter};
 use tessera_api::{GpuQueue, GpuQueueSpec, QueueResources};
-use tessera_k8s::binder::{Binder, lock};
+use tessera_k8s::binder::lock;
 use tessera_k8s::convert;
 use tessera_k8s::explain::{self, Report};
-use tessera_k8s::leader::Leadership;
 use tessera_k8s::metrics::Metrics;
 use tessera_k8s::mirror::{Mirror, QuotaCheck, Reservation};
 use tessera_k8s::standalone::Standalone;
@@ -263,32 +261,8 @@ async fn standalone_refuses_over_quota_with_an_event() {
         g.replace_queues(vec![queue("team-a", "1", None, false)]);
         g.replace_namespaces(vec![namespace("ml", Some("team-a"), None)]);
     }
-    let (client, api) = mock_api(|s| {
-        if s.path.ends_with("/binding") {
-            (201, status(201, "", ""))
-        } else {
-            let mut ev = s.body.clone();
-            ev["metadata"]["name"] = "ev".into();
-            (201, ev)
-        }
-    });
-    let leader = Leadership::always();
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "tessera".into(),
-            instance: None,
-        },
-    );
-    let mut s = Standalone::new(
-        "tessera".into(),
-        m.clone(),
-        Binder::new(client, m.clone(), leader.clone()),
-        leader,
-        Arc::new(Metrics::new()),
-        Some(recorder),
-        Default::default(),
-    );
+    let (client, api) = mock_api(accept_writes);
+    let mut s = standalone(&m, client, true);
     s.pass().await;
     s.flush().await;
     drop(s);
@@ -338,25 +312,8 @@ fn standalone_over(
         g.replace_queues(queues);
         g.replace_namespaces(namespaces);
     }
-    let (client, api) = mock_api(|s| {
-        if s.path.ends_with("/binding") {
-            (201, status(201, "", ""))
-        } else {
-            let mut ev = s.body.clone();
-            ev["metadata"]["name"] = "ev".into();
-            (201, ev)
-        }
-    });
-    let leader = Leadership::always();
-    let s = Standalone::new(
-        "tessera".into(),
-        m.clone(),
-        Binder::new(client, m.clone(), leader.clone()),
-        leader,
-        Arc::new(Metrics::new()),
-        None,
-        Default::default(),
-    );
+    let (client, api) = mock_api(accept_writes);
+    let s = standalone(&m, client, false);
     (s, m, api)
 }
 

@@ -236,3 +236,43 @@ pub fn status(code: u16, reason: &str, message: &str) -> serde_json::Value {
         "message": message, "reason": reason, "code": code
     })
 }
+
+/// The API's answer to a standalone scheduler's writes: Bindings and evictions
+/// accepted (201 `Status`), Events echoed back with a name.
+pub fn accept_writes(s: &Seen) -> (u16, serde_json::Value) {
+    if s.path.ends_with("/binding") || s.path.ends_with("/eviction") {
+        (201, status(201, "", ""))
+    } else {
+        let mut ev = s.body.clone();
+        ev["metadata"]["name"] = "ev".into();
+        (201, ev)
+    }
+}
+
+/// A leading standalone scheduler (`schedulerName: tessera`) over `m`, writing
+/// through `client`; its events are published when `events`.
+pub fn standalone(
+    m: &Arc<Mutex<Mirror>>,
+    client: kube::Client,
+    events: bool,
+) -> tessera_k8s::standalone::Standalone {
+    let leader = Leadership::always();
+    let recorder = events.then(|| {
+        kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "tessera".into(),
+                instance: None,
+            },
+        )
+    });
+    tessera_k8s::standalone::Standalone::new(
+        "tessera".into(),
+        m.clone(),
+        Binder::new(client, m.clone(), leader.clone()),
+        leader,
+        Arc::new(Metrics::new()),
+        recorder,
+        Default::default(),
+    )
+}
