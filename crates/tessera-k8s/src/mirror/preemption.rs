@@ -218,6 +218,21 @@ impl Mirror {
                 ),
             );
         }
+        let mine = own_queue.unwrap_or(NO_QUEUE);
+        let preemptor = PodMeta {
+            queue: mine,
+            priority: priority(pod),
+            preemptible: preemptible(pod),
+            ..PodMeta::default()
+        };
+        // Nobody the planner could choose: skip it (it copies the ledger, and a
+        // standalone pass asks for every pod that fits nowhere).
+        let any_lower = running.values().any(|r| {
+            r.meta.queue == mine && r.meta.preemptible && r.meta.priority < preemptor.priority
+        });
+        if !any_lower && !reclaim_ok {
+            return None;
+        }
         let mut scheduler = Scheduler::new(
             policy::by_name(self.policy.name(), &PolicyArgs::default())
                 .or_else(|_| policy::by_name("binpack", &PolicyArgs::default()))
@@ -230,13 +245,6 @@ impl Mirror {
             budgets: &budgets,
             now_s,
             min_runtime_s,
-        };
-        let mine = own_queue.unwrap_or(NO_QUEUE);
-        let preemptor = PodMeta {
-            queue: mine,
-            priority: priority(pod),
-            preemptible: preemptible(pod),
-            ..PodMeta::default()
         };
         let ledger = &self.ledger;
         let on_allowed_node = |r: &Running| {
