@@ -627,6 +627,7 @@ SCENARIOS = {
                                      "nodeSelector": {"kubernetes.io/os": "linux"},
                                      "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
                        "nodeAgent": {"nodeLabels": False, "xidIgnore": "94", "xidFatal": "109",
+                                     "mpsDaemons": "external", "mpsRoot": "/var/run/mps",
                                      "extraArgs": ["--pod-resources-socket=off"],
                                      "nodeSelector": {"nvidia.com/gpu.present": "true"},
                                      "resources": {"limits": {"memory": "512Mi"}}}},
@@ -635,6 +636,7 @@ SCENARIOS = {
 MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
     "existing TLS Secret without its CA": ({"webhook": {"existingTlsSecret": "my-tls"}}, "webhook.caBundle must"),
     "two replicas without leader election": ({"scheduler": {"leaderElection": False}}, "needs scheduler.replicas=1"),
+    "an unknown MPS daemon mode": ({"nodeAgent": {"mpsDaemons": "sidecar"}}, "nodeAgent.mpsDaemons must be per-gpu or external"),
 }
 
 

@@ -14,6 +14,7 @@ pub mod health;
 pub mod inventory;
 pub mod metrics;
 pub mod migplan;
+pub mod mps;
 pub mod pods;
 pub mod proto;
 pub mod run;

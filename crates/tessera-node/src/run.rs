@@ -18,6 +18,7 @@ use crate::health::{GpuHealth, HealthTracker, XidPolicy};
 use crate::inventory::{Inventory, gpu_node_spec, gpu_node_status, node_labels};
 use crate::metrics::{Collector, PodResourcesSource, XidStats};
 use crate::migplan::MigPlanner;
+use crate::mps::{MpsDaemonConfig, MpsDaemons, held_sets};
 
 /// How often the `GpuNode` status (free memory) is refreshed without a health change.
 const STATUS_REFRESH: Duration = Duration::from_secs(60);
@@ -45,9 +46,12 @@ pub struct AgentConfig {
     pub nvidia_gpu: bool,
     /// Write GFD-style labels on the Node.
     pub node_labels: bool,
-    /// How long a MIG instance the agent created for a decision is kept after no
-    /// decision holds it (for reuse) before it is destroyed.
+    /// How long a MIG instance or MPS daemon the agent made for a decision is kept
+    /// after no decision holds it (for reuse) before it is destroyed or stopped.
     pub mig_grace: Duration,
+    /// The MPS control binary the agent starts per GPU set when
+    /// [`MpsConfig::per_gpu_daemons`] is on.
+    pub mps_binary: std::path::PathBuf,
 }
 
 /// The agent's collaborators.
@@ -302,8 +306,20 @@ pub async fn run(
         view_tx_mig,
         config.mig_grace,
     ));
+    // MPS: the control daemon of an MPS share's GPUs is started at Allocate and
+    // supervised here (restarted while held, stopped once nothing holds it).
+    let mps_daemons = config.mps.per_gpu_daemons.then(|| {
+        Arc::new(MpsDaemons::new(MpsDaemonConfig {
+            binary: config.mps_binary.clone(),
+            root: config.mps.host_root.clone().into(),
+            grace: config.mig_grace,
+            ..MpsDaemonConfig::default()
+        }))
+    });
     let reap_task = {
         let planner = planner.clone();
+        let mps_daemons = mps_daemons.clone();
+        let view_for_mps = view_rx.clone();
         let pods = deps.pods.clone();
         let node = config.node_name.clone();
         let key = config.allocation_key.clone();
@@ -320,6 +336,9 @@ pub async fn run(
                 let Ok(list) = pods.pods_on_node(&node).await else {
                     continue;
                 };
+                let held = mps_daemons
+                    .is_some()
+                    .then(|| held_sets(&list, &key, &node, &view_for_mps.borrow()));
                 let (p, k, n) = (planner.clone(), key.clone(), node.clone());
                 let reaped =
                     tokio::task::spawn_blocking(move || p.reap(&list, &k, &n, Instant::now()))
@@ -327,23 +346,31 @@ pub async fn run(
                 if let Ok(Err(e)) = reaped {
                     tracing::warn!(error = %e, "MIG instance not destroyed");
                 }
+                if let Some((daemons, held)) = mps_daemons.clone().zip(held) {
+                    let _ = tokio::task::spawn_blocking(move || {
+                        daemons.supervise(&held, Instant::now())
+                    })
+                    .await;
+                }
             }
         })
     };
 
     // Device plugins.
-    let allocator = Arc::new(
-        Allocator::new(
-            config.node_name.clone(),
-            config.allocation_key.clone(),
-            deps.pods.clone(),
-            Handover {
-                mps: config.mps.clone(),
-                device_list: config.device_list.clone(),
-            },
-        )
-        .with_mig(planner),
-    );
+    let allocator = Allocator::new(
+        config.node_name.clone(),
+        config.allocation_key.clone(),
+        deps.pods.clone(),
+        Handover {
+            mps: config.mps.clone(),
+            device_list: config.device_list.clone(),
+        },
+    )
+    .with_mig(planner);
+    let allocator = Arc::new(match &mps_daemons {
+        Some(d) => allocator.with_mps(d.clone()),
+        None => allocator,
+    });
     let resources = Resource::for_node(&view_rx.borrow(), config.slots, config.nvidia_gpu);
     tracing::info!(device_list = %config.device_list, "devices are handed over by");
     tracing::info!(resources = ?resources.iter().map(Resource::name).collect::<Vec<_>>(), dir = %config.plugin.dir.display(), "serving device plugins");
@@ -362,6 +389,9 @@ pub async fn run(
     halt.store(true, Ordering::Relaxed);
     let _ = health_task.await;
     let _ = reap_task.await;
+    if let Some(d) = mps_daemons {
+        let _ = tokio::task::spawn_blocking(move || d.shutdown()).await;
+    }
     if let Some(t) = spec_task {
         let _ = t.await;
     }

@@ -71,9 +71,39 @@ pub struct AgentState {
     pub mps_root: String,
     pub mps_pipe_dir: bool,
     pub mps_shm_dir: bool,
+    /// The agent's per-GPU MPS daemons (`--mps-daemons per-gpu`) by directory, with
+    /// whether each has its control pipe open.
+    pub mps_daemons: Vec<MpsDaemonDir>,
     /// Why the agent's metrics could not be scraped (the text itself is a file of the archive).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_error: Option<String>,
+}
+
+/// One per-GPU MPS daemon directory under the MPS root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsDaemonDir {
+    /// The GPU's UUID, or `set-<hash>` for a daemon of several GPUs.
+    pub key: String,
+    /// `pipe/control` exists: a daemon is (or was, if it died without cleaning up) serving.
+    pub control_pipe: bool,
+}
+
+/// The per-GPU daemon directories under `root`: those with a `pipe/` directory.
+fn mps_daemon_dirs(root: &Path) -> Vec<MpsDaemonDir> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut out: Vec<MpsDaemonDir> = entries
+        .flatten()
+        .filter(|e| e.path().join("pipe").is_dir())
+        .map(|e| MpsDaemonDir {
+            key: e.file_name().to_string_lossy().into_owned(),
+            control_pipe: e.path().join("pipe/control").exists(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
 }
 
 /// The whole snapshot (`snapshot.json` in the archive).
@@ -153,6 +183,7 @@ pub fn collect(backend: &dyn GpuBackend, inputs: &Inputs) -> (Snapshot, Option<S
         mps_root: inputs.mps_root.display().to_string(),
         mps_pipe_dir: inputs.mps_root.join("pipe").is_dir(),
         mps_shm_dir: inputs.mps_root.join("shm").is_dir(),
+        mps_daemons: mps_daemon_dirs(&inputs.mps_root),
         metrics_error: None,
     };
     if let Some(Err(e)) = &inputs.agent_metrics {
@@ -339,6 +370,9 @@ gpus:
         let fake = Fake::from_yaml(FAKE, "test").unwrap();
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("mps/pipe")).unwrap();
+        std::fs::create_dir_all(dir.path().join("mps/GPU-aaaa/pipe")).unwrap();
+        std::fs::write(dir.path().join("mps/GPU-aaaa/pipe/control"), "").unwrap();
+        std::fs::create_dir_all(dir.path().join("mps/set-0123/pipe")).unwrap();
         std::fs::create_dir_all(dir.path().join("dp")).unwrap();
         std::fs::write(dir.path().join("dp/kubelet.sock"), "").unwrap();
         std::fs::write(dir.path().join("dp/tessera-gpu.sock"), "").unwrap();
@@ -362,6 +396,13 @@ gpus:
             ["kubelet.sock", "tessera-gpu.sock"]
         );
         assert!(snap.agent.mps_pipe_dir && !snap.agent.mps_shm_dir);
+        let daemons: Vec<(&str, bool)> = snap
+            .agent
+            .mps_daemons
+            .iter()
+            .map(|d| (d.key.as_str(), d.control_pipe))
+            .collect();
+        assert_eq!(daemons, [("GPU-aaaa", true), ("set-0123", false)]);
         assert_eq!(
             snap.agent.metrics_error.as_deref(),
             Some("connection refused")

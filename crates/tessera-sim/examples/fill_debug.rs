@@ -1,7 +1,7 @@
 //! Where the unallocated GPU goes: failed GPU demand up to arrived = 100 %, by pod kind,
 //! and the state of the GPUs at that point (idle GPUs, partly used GPUs' leftovers).
 //!
-//! `cargo run --release -p tessera-sim --example fill_debug -- [trace] [policy] [seeds]`
+//! `cargo run --release -p tessera-sim --example fill_debug -- [trace|vSEED] [policy] [seeds]`
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,7 +16,8 @@ use tessera_core::policy::{self, PolicyArgs};
 use tessera_sim::experiment::fill::{
     FillConfig, arrival_order, permute_nodes, seeds, typical_pods,
 };
-use tessera_sim::trace::openb::{load_nodes, load_pods};
+use tessera_sim::trace::openb::{load_nodes, load_pods, read_pods};
+use tessera_sim::variant::{Base, VariantMix};
 
 /// Tessera's weights: the defaults, with `TP="multi_gpu_bands=0,quantum=80"` overrides.
 fn params_from_env() -> Result<TesseraParams, Box<dyn std::error::Error>> {
@@ -47,10 +48,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: u32 = args.get(2).map_or(Ok(3), |s| s.parse())?;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/openb");
     let cluster0 = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
-    let pods = load_pods(
-        &dir.join(format!("openb_pod_list_{trace}.csv")),
-        &cluster0.catalog,
-    )?;
+    // `vN`: the generated variant of seed N (`tessera_sim::variant`), else a published trace.
+    let pods = match trace.strip_prefix('v').and_then(|n| n.parse::<u64>().ok()) {
+        Some(seed) => {
+            let path = dir.join("openb_pod_list_default.csv");
+            let base = Base::read(
+                std::io::BufReader::new(std::fs::File::open(&path)?),
+                &path.display().to_string(),
+            )?;
+            let csv = base.variant_csv(&VariantMix::for_seed(seed), seed);
+            read_pods(csv.as_slice(), trace, &cluster0.catalog)?
+        }
+        None => load_pods(
+            &dir.join(format!("openb_pod_list_{trace}.csv")),
+            &cluster0.catalog,
+        )?,
+    };
     let config = FillConfig::for_workload(trace);
     let cap = cluster0.gpu_count() as u64 * 1000;
     let mut failed_by_kind: BTreeMap<String, (u64, u64)> = BTreeMap::new();

@@ -21,11 +21,11 @@ use futures::future::BoxFuture;
 use tessera_core::allocation::{ANNOTATION, Allocation, AllocationError};
 use tessera_core::containers;
 pub use tessera_core::containers::{Container, ContainerKind};
-use tessera_core::request::RequestError;
+use tessera_core::request::{Isolation, RequestError};
 
 use super::Resource;
 use super::handover::DeviceList;
-use super::response::container_response;
+use super::response::{container_response, find_gpu};
 use crate::deviceplugin::NodeView;
 use crate::proto::deviceplugin as pb;
 
@@ -105,10 +105,14 @@ impl PodSource for NoPods {
 /// Where the MPS control daemon's directories are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsConfig {
-    /// Host directory holding `pipe/` and `shm/` of the MPS control daemon.
+    /// Host directory holding the daemons' pipe directories and `shm/`.
     pub host_root: String,
     /// Where the pipe directory appears in the container.
     pub container_pipe_dir: String,
+    /// The agent runs one control daemon per GPU set ([`crate::mps`]), whose pipe is
+    /// `<host_root>/<key>/pipe`; otherwise one daemon someone else runs serves the
+    /// node at `<host_root>/pipe`.
+    pub per_gpu_daemons: bool,
 }
 
 impl Default for MpsConfig {
@@ -116,6 +120,7 @@ impl Default for MpsConfig {
         MpsConfig {
             host_root: "/run/tessera/mps".into(),
             container_pipe_dir: "/tessera/mps/pipe".into(),
+            per_gpu_daemons: false,
         }
     }
 }
@@ -218,6 +223,8 @@ pub enum AllocateError {
     },
     #[error("pod {pod}: the MIG instance its decision plans could not be created: {message}")]
     MigCreate { pod: String, message: String },
+    #[error("pod {pod}: its MPS share has no MPS control daemon to enforce it: {message}")]
+    MpsDaemon { pod: String, message: String },
     #[error(transparent)]
     Pods(#[from] PodSourceError),
 }
@@ -245,6 +252,9 @@ pub struct Allocator {
     /// Creates the MIG instances decisions plan (none: planned instances are refused
     /// as missing).
     mig: Option<Arc<crate::migplan::MigPlanner>>,
+    /// Starts the MPS control daemon an MPS share needs before answering (none: the
+    /// daemon is someone else's, [`MpsConfig::per_gpu_daemons`] off).
+    mps: Option<Arc<crate::mps::MpsDaemons>>,
 }
 
 /// What has been answered so far.
@@ -274,7 +284,37 @@ impl Allocator {
             handover,
             state: Mutex::new(Answered::default()),
             mig: None,
+            mps: None,
         }
+    }
+
+    /// Lets the allocator start the MPS control daemon of an MPS share's GPUs before
+    /// answering; an MPS share whose daemon does not start is refused.
+    pub fn with_mps(mut self, daemons: Arc<crate::mps::MpsDaemons>) -> Self {
+        self.mps = Some(daemons);
+        self
+    }
+
+    /// `resp` once the MPS daemon for `gpus` serves (nothing to do without daemons
+    /// or for a grant that is not MPS).
+    async fn with_mps_daemon(
+        &self,
+        pod: &PodInfo,
+        resp: pb::ContainerAllocateResponse,
+        gpus: Vec<String>,
+    ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
+        let Some(daemons) = self.mps.clone().filter(|_| !gpus.is_empty()) else {
+            return Ok(resp);
+        };
+        let fail = |message: String| AllocateError::MpsDaemon {
+            pod: pod.key(),
+            message,
+        };
+        tokio::task::spawn_blocking(move || daemons.ensure(&gpus))
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(resp)
     }
 
     /// Lets the allocator create the MIG instances decisions plan before answering.
@@ -353,7 +393,10 @@ impl Allocator {
             });
         };
         let result = match self.with_planned(&pod, view).await {
-            Ok(v) => self.decide(&pod, &container, resource, count, &v),
+            Ok(v) => match self.decide(&pod, &container, resource, count, &v) {
+                Ok((resp, mps_gpus)) => self.with_mps_daemon(&pod, resp, mps_gpus).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         match &result {
@@ -372,6 +415,8 @@ impl Allocator {
         result
     }
 
+    /// The answer for `container`, and the GPUs (UUIDs) whose MPS daemon it needs
+    /// (empty unless the grant is MPS).
     fn decide(
         &self,
         pod: &PodInfo,
@@ -379,7 +424,7 @@ impl Allocator {
         resource: &Resource,
         count: usize,
         view: &NodeView,
-    ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
+    ) -> Result<(pb::ContainerAllocateResponse, Vec<String>), AllocateError> {
         let key = pod.key();
         let Some(value) = pod.annotations.get(ANNOTATION) else {
             return Err(AllocateError::NoDecision { pod: key });
@@ -439,7 +484,15 @@ impl Allocator {
                 granted: gpus.len(),
             });
         }
-        container_response(&key, &alloc, &gpus, resource, view, &self.handover)
+        let resp = container_response(&key, &alloc, &gpus, resource, view, &self.handover)?;
+        let mps_gpus = if alloc.isolation == Isolation::Mps {
+            gpus.iter()
+                .map(|g| find_gpu(&key, g, view).map(|x| x.uuid.clone()))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        Ok((resp, mps_gpus))
     }
 }
 

@@ -13,7 +13,7 @@ use super::{NodeView, Resource};
 use crate::backend::GpuInfo;
 use crate::proto::deviceplugin as pb;
 
-fn find_gpu<'a>(
+pub(super) fn find_gpu<'a>(
     pod: &str,
     g: &AllocatedGpu,
     view: &'a NodeView,
@@ -159,9 +159,21 @@ pub fn container_response(
                 "CUDA_MPS_PIPE_DIRECTORY".into(),
                 mps.container_pipe_dir.clone(),
             );
+            // The pipe of the daemon for exactly this container's GPUs (`crate::mps`),
+            // or the node's one daemon.
+            let host_pipe = if mps.per_gpu_daemons {
+                crate::mps::pipe_dir(
+                    std::path::Path::new(&mps.host_root),
+                    &crate::mps::daemon_key(&ids),
+                )
+                .display()
+                .to_string()
+            } else {
+                format!("{}/pipe", mps.host_root)
+            };
             resp.mounts.push(pb::Mount {
                 container_path: mps.container_pipe_dir.clone(),
-                host_path: format!("{}/pipe", mps.host_root),
+                host_path: host_pipe,
                 read_only: false,
             });
             resp.mounts.push(pb::Mount {

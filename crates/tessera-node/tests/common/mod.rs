@@ -139,6 +139,16 @@ pub fn start_agent(dir: &Path, quiet: Duration) -> Agent {
 }
 
 pub fn start_agent_with(dir: &Path, quiet: Duration, device_list: &str) -> Agent {
+    start_agent_tweaked(dir, quiet, device_list, |_| {})
+}
+
+/// [`start_agent_with`], with `tweak` changing the configuration first.
+pub fn start_agent_tweaked(
+    dir: &Path,
+    quiet: Duration,
+    device_list: &str,
+    tweak: impl FnOnce(&mut AgentConfig),
+) -> Agent {
     let fake = Fake::from_yaml(GPUS, "test").unwrap();
     let pods = StaticPods::default();
     let config = AgentConfig {
@@ -158,7 +168,10 @@ pub fn start_agent_with(dir: &Path, quiet: Duration, device_list: &str) -> Agent
         nvidia_gpu: true,
         node_labels: false,
         mig_grace: Duration::from_millis(300),
+        mps_binary: "nvidia-cuda-mps-control".into(),
     };
+    let mut config = config;
+    tweak(&mut config);
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),

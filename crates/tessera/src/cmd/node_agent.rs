@@ -83,9 +83,17 @@ pub struct NodeAgentArgs {
     /// File holding the HMAC key shared with the scheduler (required unless --once).
     #[arg(long, value_name = "FILE")]
     allocation_key_file: Option<PathBuf>,
-    /// Host directory of the MPS control daemon (holds pipe/ and shm/).
+    /// Host directory of the MPS control daemons (their pipe directories and shm/).
     #[arg(long, default_value = "/run/tessera/mps", value_name = "DIR")]
     mps_root: String,
+    /// Who runs the MPS control daemons: `per-gpu` (the agent starts and supervises
+    /// one per GPU set MPS shares use, and refuses an MPS share whose daemon does not
+    /// start) or `external` (one daemon someone else runs at <mps-root>/pipe).
+    #[arg(long, default_value = "external", value_name = "per-gpu|external", value_parser = ["per-gpu", "external"])]
+    mps_daemons: String,
+    /// The MPS control binary the agent starts with --mps-daemons=per-gpu.
+    #[arg(long, default_value = "nvidia-cuda-mps-control", value_name = "PATH")]
+    mps_control_binary: PathBuf,
     /// Root of the host's /proc (to map GPU processes to pods).
     #[arg(long, default_value = "/proc", value_name = "DIR")]
     proc_root: PathBuf,
@@ -286,8 +294,10 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         allocation_key,
         mps: MpsConfig {
             host_root: args.mps_root.clone(),
+            per_gpu_daemons: args.mps_daemons == "per-gpu",
             ..MpsConfig::default()
         },
+        mps_binary: args.mps_control_binary.clone(),
         device_list: args.device_list_strategy.clone(),
         nvidia_gpu: !args.no_nvidia_gpu_resource,
         node_labels: !args.no_node_labels,
