@@ -58,4 +58,34 @@ fn example_scheduler_config_wires_every_verb() {
         .map(|r| r["name"].as_str().unwrap())
         .collect();
     assert!(names.contains(&"tessera.io/gpu") && names.contains(&"tessera.io/gpu-memory-percent"));
+    // Every MIG profile of every built-in model is managed, or kube-scheduler would
+    // look for it in node allocatable and never send the pod to the extender.
+    // The chart's list (values.yaml `migProfiles`) likewise.
+    let values_path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/tessera/values.yaml");
+    let values: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&values_path).unwrap()).unwrap();
+    let chart: Vec<&str> = values["migProfiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let catalog = Catalog::default();
+    for spec in catalog.specs() {
+        for p in spec.mig.iter().flat_map(|m| &m.profiles) {
+            let short = p.name.replace('+', ".");
+            let name = format!("tessera.io/mig-{short}");
+            assert!(
+                names.contains(&name.as_str()),
+                "{name} ({}) is not managed",
+                spec.name
+            );
+            assert!(
+                chart.contains(&short.as_str()),
+                "{short} ({}) missing from the chart's migProfiles",
+                spec.name
+            );
+        }
+    }
 }

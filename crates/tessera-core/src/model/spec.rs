@@ -187,6 +187,33 @@ fn ga100_like(names: [&str; 7], mem: [u64; 4]) -> MigGeometry {
     }
 }
 
+/// The GA100 geometry of the A30: 4 compute and 4 memory slices. Memory per
+/// profile is the smaller of what published `nvidia-smi mig -lgip` outputs show
+/// for different drivers (5.75–5.81, 11.62–11.69, 23.37–23.50 GiB), so a planned
+/// instance never promises more than the driver gives; NVML reports the exact
+/// size of an instance once it exists.
+fn a30_geometry() -> MigGeometry {
+    let p = |name: &str, c: u8, m: u8, memory_mib: u64, max: u8, starts: &[u8]| MigProfile {
+        name: name.to_string(),
+        compute_slices: c,
+        memory_slices: m,
+        memory_mib,
+        max_instances: max,
+        starts: starts.to_vec(),
+    };
+    MigGeometry {
+        compute_slices: 4,
+        memory_slices: 4,
+        profiles: vec![
+            p("1g.6gb", 1, 1, 5_888, 4, &[0, 1, 2, 3]),
+            p("1g.6gb+me", 1, 1, 5_888, 1, &[0, 1, 2, 3]),
+            p("2g.12gb", 2, 2, 11_904, 2, &[0, 2]),
+            p("2g.12gb+me", 2, 2, 11_904, 1, &[0, 2]),
+            p("4g.24gb", 4, 4, 23_936, 1, &[0]),
+        ],
+    }
+}
+
 /// The built-in GPU models. Memory is what NVML reports as total framebuffer.
 ///
 /// The openb trace's `G2` and `G3` are Alibaba-internal codes whose hardware is
@@ -310,6 +337,11 @@ pub fn builtin_specs() -> Vec<GpuSpec> {
         GpuSpec::plain("A10", &["NVIDIA A10"], 23_028, 72, Ampere),
         GpuSpec::plain("G2", &[], 32_768, 80, Unknown),
         GpuSpec::plain("G3", &[], 32_768, 80, Unknown),
+        // Last, so that adding it moved no other model's id.
+        GpuSpec {
+            mig: Some(a30_geometry()),
+            ..GpuSpec::plain("A30", &["NVIDIA A30", "A30-24GB"], 24_576, 56, Ampere)
+        },
     ]
 }
 
@@ -486,6 +518,33 @@ mod tests {
         assert!(with_1g10.contains(c.find("A100-40GB").unwrap()));
         assert!(with_1g10.contains(c.find("H100-80GB").unwrap()));
         assert!(!with_1g10.contains(c.find("T4").unwrap()));
+    }
+
+    /// The A30's 4-by-4 geometry (NVIDIA's A30 profile table: 1g ×4, 2g ×2, 4g ×1).
+    #[test]
+    fn a30_has_four_compute_and_four_memory_slices() {
+        let c = Catalog::default();
+        let a30 = c.find("NVIDIA A30").unwrap();
+        let geo = c.spec(a30).mig.clone().unwrap();
+        assert_eq!((geo.compute_slices, geo.memory_slices), (4, 4));
+        // Per-mille of 4 slices: 1g 250, 2g 500, 4g 1000.
+        let milli = |name| geo.compute_milli(geo.profile(name).unwrap().1);
+        assert_eq!(
+            [milli("1g.6gb"), milli("2g.12gb"), milli("4g.24gb")],
+            [250, 500, 1000]
+        );
+        // Four 1g fill it; a 2g may start at 0 or 2 only; a fifth 1g has no room.
+        assert_eq!(
+            geo.layout(&["2g.12gb", "1g.6gb", "1g.6gb"]).unwrap(),
+            [(2, 0), (0, 2), (0, 3)]
+        );
+        let (_, p2g) = geo.profile("2g.12gb").unwrap();
+        assert_eq!(geo.placement_mask(p2g, 1), None);
+        assert_eq!(geo.placement_mask(p2g, 2), Some(0b1100));
+        assert!(geo.layout(&["1g.6gb"; 5]).is_err());
+        assert!(geo.layout(&["4g.24gb", "1g.6gb"]).is_err());
+        // The A30 is the only model with these profiles.
+        assert_eq!(c.models_with_profile("1g.6gb").0.count_ones(), 1);
     }
 
     #[test]

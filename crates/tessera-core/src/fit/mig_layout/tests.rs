@@ -23,7 +23,7 @@ fn valid_by_table(geo: &MigGeometry, layout: &[(u8, u8)]) -> bool {
         let Some(prof) = geo.profiles.get(p as usize) else {
             return false;
         };
-        if !prof.starts.contains(&s) || s + prof.memory_slices > 8 {
+        if !prof.starts.contains(&s) || s + prof.memory_slices > geo.memory_slices.min(8) {
             return false;
         }
         for i in s..s + prof.memory_slices {
@@ -120,8 +120,13 @@ fn smallest_covering_profile_and_least_fragmenting_start() {
 /// One node of two H100s under `label` for `tessera.io/mig-dynamic`; GPU 0 in
 /// MIG mode with `layout`.
 fn node_cluster(label: Option<&str>, layout: &[&str]) -> Cluster {
+    model_node_cluster("H100-80GB", label, layout)
+}
+
+/// [`node_cluster`] of two GPUs of `model`.
+fn model_node_cluster(model: &str, label: Option<&str>, layout: &[&str]) -> Cluster {
     let cat = Catalog::default();
-    let h100 = cat.find("H100-80GB").unwrap();
+    let h100 = cat.find(model).unwrap();
     let mut n = Node::uniform("n", 256_000, 1 << 21, h100, 2);
     if let Some(l) = label {
         n.labels.insert(LABEL_MIG_DYNAMIC.into(), l.into());
@@ -372,19 +377,30 @@ proptest::proptest! {
     /// allocation holds (it keeps every held instance where it was).
     #[test]
     fn layouts_stay_valid_and_held_instances_untouched(
+        a30 in proptest::bool::ANY,
         start in 0usize..4,
         label in 0usize..3,
         ops in proptest::collection::vec(op(), 1..60),
     ) {
-        let layouts: [&[&str]; 4] = [
-            &[],
-            &["1g.10gb"; 7],
-            &["2g.20gb", "1g.10gb", "1g.10gb", "3g.40gb"],
-            &["4g.40gb", "1g.10gb"],
-        ];
+        // The 7-by-8 GH100 geometry, and the A30's 4-by-4.
+        let (model, layouts): (&str, [&[&str]; 4]) = if a30 {
+            ("A30", [
+                &[],
+                &["1g.6gb"; 4],
+                &["2g.12gb", "1g.6gb", "1g.6gb"],
+                &["1g.6gb", "2g.12gb"],
+            ])
+        } else {
+            ("H100-80GB", [
+                &[],
+                &["1g.10gb"; 7],
+                &["2g.20gb", "1g.10gb", "1g.10gb", "3g.40gb"],
+                &["4g.40gb", "1g.10gb"],
+            ])
+        };
         let labels = [None, Some("instances"), Some("mode")];
-        let c = node_cluster(labels[label], layouts[start]);
-        let g = geo("H100-80GB");
+        let c = model_node_cluster(model, labels[label], layouts[start]);
+        let g = geo(model);
         let mut l = Ledger::new(&c);
         let mut live: Vec<AllocId> = Vec::new();
         let held = |l: &Ledger, gpu: u8| -> Vec<(u8, u8)> {
@@ -439,9 +455,10 @@ proptest::proptest! {
     /// `validate` agrees with the table on arbitrary sets of placements.
     #[test]
     fn validate_agrees_with_the_table(
+        a30 in proptest::bool::ANY,
         layout in proptest::collection::vec((0u8..7, 0u8..8), 0..9),
     ) {
-        let g = geo("A100-40GB");
+        let g = geo(if a30 { "A30" } else { "A100-40GB" });
         proptest::prop_assert_eq!(validate(&g, &layout).is_ok(), valid_by_table(&g, &layout));
     }
 }
