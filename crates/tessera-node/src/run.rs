@@ -371,13 +371,14 @@ pub async fn run(
         Some(d) => allocator.with_mps(d.clone()),
         None => allocator,
     });
-    let resources = Resource::for_node(&view_rx.borrow(), config.slots, config.nvidia_gpu);
+    let (slots, nvidia_gpu) = (config.slots, config.nvidia_gpu);
+    let resources = Resource::for_node(&view_rx.borrow(), slots, nvidia_gpu);
     tracing::info!(device_list = %config.device_list, "devices are handed over by");
     tracing::info!(resources = ?resources.iter().map(Resource::name).collect::<Vec<_>>(), dir = %config.plugin.dir.display(), "serving device plugins");
     let (status_tx, _status_rx) = watch::channel(PluginStatus::default());
     let plugin_result = run_plugins(
         config.plugin.clone(),
-        resources,
+        move |v: &NodeView| Resource::for_node(v, slots, nvidia_gpu),
         view_rx.clone(),
         allocator,
         status_tx,

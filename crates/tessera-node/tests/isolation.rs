@@ -134,6 +134,17 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
     let inst = gpus[1].mig_instances[0].clone();
     assert_eq!((inst.profile.as_str(), inst.start), ("3g.40gb", Some(4)));
     assert_eq!(mounted_devices(&r), [inst.uuid.as_str()]);
+    // A plugin for the new profile is started and registered, the others untouched.
+    let reg = tokio::time::timeout(WAIT, next_register(&mut kubelet))
+        .await
+        .unwrap();
+    assert_eq!(reg.resource_name, "tessera.io/mig-3g.40gb");
+    let mut mig = dial(&dir.path().join("tessera-mig-3g.40gb.sock"))
+        .await
+        .unwrap();
+    let mut mig_stream = mig.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
+    let listed = tokens(mig_stream.message().await.unwrap().unwrap());
+    assert_eq!(listed, std::slice::from_ref(&inst.uuid));
     // Advertised without a restart: GPU 1 left the share tokens.
     let next = tokio::time::timeout(WAIT, stream.message())
         .await
@@ -184,7 +195,15 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The plugin stays registered with nothing to offer.
+    let emptied = tokio::time::timeout(WAIT, mig_stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(emptied.devices.is_empty(), "{:?}", emptied.devices);
     drop(stream);
+    drop(mig_stream);
     stop_agent(agent).await;
     let _ = kubelet.stop.send(());
 }

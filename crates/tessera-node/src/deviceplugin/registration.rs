@@ -134,10 +134,14 @@ pub struct PluginStatus {
     pub last_error: Option<String>,
 }
 
-/// Serves every resource and keeps it registered until `shutdown` resolves.
+/// Serves every resource `offer` gives for the current GPUs and keeps it registered
+/// until `shutdown` resolves. A resource that appears later (a MIG instance of a new
+/// profile, created for a decision) gets its plugin started and registered without
+/// touching the others; one whose last device goes keeps serving an empty list, as
+/// the kubelet expects of a plugin that stays registered.
 pub async fn run_plugins(
     config: PluginConfig,
-    resources: Vec<Resource>,
+    offer: impl Fn(&NodeView) -> Vec<Resource>,
     view: watch::Receiver<NodeView>,
     allocator: Arc<Allocator>,
     status: watch::Sender<PluginStatus>,
@@ -146,54 +150,72 @@ pub async fn run_plugins(
     let kubelet = config.dir.join(KUBELET_SOCKET);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut servers: Vec<Serving> = Vec::new();
+    let mut resources: Vec<Resource> = Vec::new();
+    let mut warned_empty = false;
     // The kubelet socket we registered with; None → (re)start and register.
     let mut registered_with: Option<(u64, u64, i64, i64)> = None;
-    if resources.is_empty() {
-        tracing::warn!("no GPU resources to advertise on this node");
-        shutdown.await;
-        return Ok(());
-    }
     loop {
-        let current = identity(&kubelet);
-        let own_gone = servers.iter().any(|s| !s.socket.exists());
-        let kubelet_changed = current.is_some() && current != registered_with;
-        if kubelet_changed || own_gone || servers.is_empty() {
-            if kubelet_changed && registered_with.is_some() {
-                tracing::info!(socket = %kubelet.display(), "kubelet socket recreated: re-registering");
+        let known = resources.len();
+        for r in offer(&view.borrow()) {
+            if !resources.contains(&r) {
+                resources.push(r);
             }
-            if own_gone {
-                tracing::info!("a plugin socket was removed: restarting the plugin servers");
+        }
+        if resources.is_empty() {
+            if !warned_empty {
+                tracing::warn!("no GPU resources to advertise on this node (yet)");
+                warned_empty = true;
             }
-            stop_all(&mut servers).await;
-            registered_with = None;
-            for resource in &resources {
-                let svc =
-                    DevicePluginService::new(resource.clone(), view.clone(), allocator.clone());
-                servers.push(serve(&config.dir, svc)?);
-            }
-            if current.is_some() {
-                let mut all_ok = true;
-                for resource in &resources {
-                    match register(&kubelet, resource).await {
-                        Ok(()) => {
-                            tracing::info!(resource = %resource.name(), endpoint = %resource.socket_name(), "registered with the kubelet");
-                            status.send_modify(|s| {
-                                *s.registrations.entry(resource.name()).or_default() += 1;
-                                s.last_error = None;
-                            });
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "registration failed; will retry");
-                            status.send_modify(|s| s.last_error = Some(e.to_string()));
-                            all_ok = false;
+        } else {
+            let current = identity(&kubelet);
+            let own_gone = servers.iter().any(|s| !s.socket.exists());
+            let kubelet_changed = current.is_some() && current != registered_with;
+            let fresh = if kubelet_changed || own_gone || servers.is_empty() {
+                if kubelet_changed && registered_with.is_some() {
+                    tracing::info!(socket = %kubelet.display(), "kubelet socket recreated: re-registering");
+                }
+                if own_gone {
+                    tracing::info!("a plugin socket was removed: restarting the plugin servers");
+                }
+                stop_all(&mut servers).await;
+                registered_with = None;
+                0
+            } else {
+                known
+            };
+            if fresh < resources.len() {
+                for resource in &resources[fresh..] {
+                    let svc =
+                        DevicePluginService::new(resource.clone(), view.clone(), allocator.clone());
+                    servers.push(serve(&config.dir, svc)?);
+                }
+                if current.is_some() {
+                    let mut all_ok = true;
+                    for resource in &resources[fresh..] {
+                        match register(&kubelet, resource).await {
+                            Ok(()) => {
+                                tracing::info!(resource = %resource.name(), endpoint = %resource.socket_name(), "registered with the kubelet");
+                                status.send_modify(|s| {
+                                    *s.registrations.entry(resource.name()).or_default() += 1;
+                                    s.last_error = None;
+                                });
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "registration failed; will retry");
+                                status.send_modify(|s| s.last_error = Some(e.to_string()));
+                                all_ok = false;
+                            }
                         }
                     }
+                    // A failed registration, first or added, retries them all next tick.
+                    registered_with = if all_ok && (fresh == 0 || registered_with.is_some()) {
+                        current
+                    } else {
+                        None
+                    };
+                } else {
+                    tracing::info!(socket = %kubelet.display(), "waiting for the kubelet socket");
                 }
-                if all_ok {
-                    registered_with = current;
-                }
-            } else {
-                tracing::info!(socket = %kubelet.display(), "waiting for the kubelet socket");
             }
         }
         tokio::select! {
