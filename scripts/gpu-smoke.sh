@@ -37,6 +37,30 @@ if [[ $rc -ne 0 ]]; then
     exit "$rc"
 fi
 
+# The contract the agent's per-GPU MPS daemons rely on (--mps-daemons per-gpu,
+# crates/tessera-node/src/mps.rs): `nvidia-cuda-mps-control -f` with one GPU
+# visible opens <pipe>/control, and `echo quit | nvidia-cuda-mps-control` stops it.
+if command -v nvidia-cuda-mps-control >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1; then
+    echo "== MPS: one control daemon for the first GPU, as the agent starts it" >&2
+    uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)"
+    mps="$(mktemp -d)"
+    mkdir -p "$mps/pipe" "$mps/log"
+    CUDA_VISIBLE_DEVICES="$uuid" CUDA_MPS_PIPE_DIRECTORY="$mps/pipe" CUDA_MPS_LOG_DIRECTORY="$mps/log" \
+        nvidia-cuda-mps-control -f &
+    mps_pid=$!
+    for _ in $(seq 100); do [[ -e "$mps/pipe/control" ]] && break; sleep 0.1; done
+    if [[ ! -e "$mps/pipe/control" ]]; then
+        kill "$mps_pid" 2>/dev/null || true
+        echo "FAIL: nvidia-cuda-mps-control -f opened no $mps/pipe/control in 10 s" >&2
+        exit 1
+    fi
+    echo quit | CUDA_MPS_PIPE_DIRECTORY="$mps/pipe" nvidia-cuda-mps-control
+    wait "$mps_pid"
+    echo "OK: MPS daemon for $uuid opened its control pipe and quit" >&2
+else
+    echo "== MPS step skipped: nvidia-cuda-mps-control not installed" >&2
+fi
+
 echo "== XID knowledge base sample: tessera doctor 79" >&2
 "$TESSERA_BIN" doctor 79
 echo "OK: NVML discovery and metrics work" >&2
