@@ -100,11 +100,49 @@ struct Served {
     server: tokio::task::JoinHandle<()>,
 }
 
+/// A queue `name` under `parent` guaranteed `gpus` GPU-equivalents.
+fn queue(name: &str, parent: Option<&str>, gpus: &str) -> tessera_api::GpuQueue {
+    tessera_api::GpuQueue::new(
+        name,
+        tessera_api::GpuQueueSpec {
+            parent: parent.map(str::to_string),
+            guaranteed: tessera_api::QueueResources {
+                gpus: Some(gpus.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+}
+
+/// A namespace whose pods go to `queue`.
+fn namespace(name: &str, queue: &str) -> k8s_openapi::api::core::v1::Namespace {
+    k8s_openapi::api::core::v1::Namespace {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("tessera.io/queue".to_string(), queue.to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
 async fn serve(nodes: usize, fill_ratio: f64) -> Served {
     let (kn, gn) = cluster(nodes);
     let mirror = common::mirror("tessera", kn, gn, vec![]);
     {
         let mut m = mirror.lock().unwrap();
+        // Two teams under one organisation; nlp and ml-train share the research queue.
+        m.replace_queues(vec![
+            queue("org", None, "600"),
+            queue("research", Some("org"), "300"),
+            queue("prod", Some("org"), "200"),
+        ]);
+        m.replace_namespaces(vec![
+            namespace("ml-train", "research"),
+            namespace("nlp", "research"),
+            namespace("cv-infer", "prod"),
+        ]);
         let placed = fill(&mut m, nodes, fill_ratio);
         assert!(placed > nodes, "the fill placed only {placed} pods");
         // Never fits: no node has 16 GPUs; its reason is Tessera's explanation.
@@ -185,6 +223,45 @@ async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
         "0/200 nodes are available: 200 Insufficient tessera.io/gpu."
     );
 
+    // The queue tree: the parent first, its children under it.
+    let rows = b.wait_for(
+        "[...document.querySelectorAll('#queues tr[data-queue]')].map(r => r.dataset.queue).join(',') || null",
+        "the queue rows",
+    );
+    assert_eq!(rows, "org,prod,research");
+    let held = |b: &mut Browser, q: &str| -> f64 {
+        let v = b.eval(&format!(
+            "document.querySelector('#queues tr[data-queue=\"{q}\"] .held').textContent"
+        ));
+        v.as_str().unwrap().parse().unwrap()
+    };
+    let (org, prod, research) = (
+        held(&mut b, "org"),
+        held(&mut b, "prod"),
+        held(&mut b, "research"),
+    );
+    assert!(
+        prod > 0.0 && research > 0.0,
+        "prod {prod}, research {research}"
+    );
+    // A parent holds what its children hold (to the page's rounding).
+    assert!(
+        (org - prod - research).abs() < 0.2,
+        "{org} vs {prod} + {research}"
+    );
+    // The page shows what the server computed.
+    let snap: serde_json::Value =
+        serde_json::from_slice(&fetch(&format!("{}/ui/snapshot", s.base))).unwrap();
+    let served = snap["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["q"] == "prod")
+        .unwrap()["h"]
+        .as_f64()
+        .unwrap();
+    assert!((served / 1000.0 - prod).abs() <= 0.5, "{served} vs {prod}");
+
     // A change in the cluster reaches the open page over server-sent events.
     let live = "document.querySelectorAll('.tile[data-node=\"node-00198\"] i[data-ns=\"live-team\"]').length";
     assert_eq!(b.eval(live), 0);
@@ -203,6 +280,21 @@ async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
         m.remove_pod("uid-huge");
     }
     b.wait_for(live, "the new live-team share on node-00198");
+    {
+        // Four more whole GPUs for prod: its row follows.
+        let mut m = s.mirror.lock().unwrap();
+        assert!(place(
+            &mut m,
+            pod("cv-infer", "more", "uid-more", &[("tessera.io/gpu", "4")]),
+            "node-00196"
+        ));
+    }
+    b.wait_for(
+        &format!(
+            "Number(document.querySelector('#queues tr[data-queue=\"prod\"] .held').textContent) > {prod}"
+        ),
+        "prod's held GPU-equivalents to grow",
+    );
     b.wait_for(
         "!document.querySelector('#pending li[data-pod=\"nlp/huge\"]')",
         "nlp/huge leaving the pending list",

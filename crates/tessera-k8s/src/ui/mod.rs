@@ -1,6 +1,7 @@
 //! The live web view on the ops port (read-only): `/ui/` is the GPU mosaic
 //! (each node a tile, each GPU a cell with its tenants' shares coloured by
-//! namespace, unhealthy GPUs marked), pending pods with their reasons,
+//! namespace, unhealthy GPUs marked), pending pods with their reasons, the GPU
+//! queues (held against the fair share, guaranteed, borrowed, waiting),
 //! utilisation and fragmentation over the last hour, and a search box.
 //!
 //! The page's HTML, CSS and JS are compiled into the binary (`include_str!`),
@@ -144,6 +145,7 @@ pub fn ledger_page(
         nodes: tiles.iter().collect(),
         gone: Vec::new(),
         pending: &[],
+        queues: &[],
         sum: observer::Summary {
             nodes: tiles.len(),
             gpus: tiles.iter().map(|t| t.gpus.len()).sum(),

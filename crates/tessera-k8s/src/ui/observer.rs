@@ -65,6 +65,42 @@ pub struct Summary {
     pub pending: usize,
 }
 
+/// One GPU queue's standing (issue 11's `GpuQueue` tree), in milli GPU-equivalents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueRow {
+    #[serde(rename = "q")]
+    pub name: String,
+    /// The parent's name (`None` at the top of the tree).
+    #[serde(rename = "up", skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Guaranteed, held, deserved (fair share of what is demanded) and borrowed.
+    #[serde(rename = "g")]
+    pub guaranteed: u64,
+    #[serde(rename = "h")]
+    pub allocated: u64,
+    #[serde(rename = "d")]
+    pub deserved: u64,
+    #[serde(rename = "b")]
+    pub borrowed: u64,
+    /// Pods waiting in it.
+    #[serde(rename = "w")]
+    pub pending: usize,
+}
+
+impl QueueRow {
+    fn from_figures(f: crate::mirror::QueueFigures) -> QueueRow {
+        QueueRow {
+            name: f.name,
+            parent: f.parent,
+            guaranteed: f.guaranteed.gpu_eq_milli,
+            allocated: f.allocated.gpu_eq_milli,
+            deserved: f.deserved.gpu_eq_milli,
+            borrowed: f.borrowed.gpu_eq_milli,
+            pending: f.pending_pods,
+        }
+    }
+}
+
 /// One point of the history: `[unix s, utilisation ‰ of healthy capacity, fragmentation milli-GPU, pending pods]`.
 pub type Point = [u64; 4];
 
@@ -85,6 +121,9 @@ pub struct Frame<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gone: Vec<&'a str>,
     pub pending: &'a [PendingPod],
+    /// The GPU queues, parents before children (empty: no `GpuQueue` exists).
+    #[serde(skip_serializing_if = "<[QueueRow]>::is_empty")]
+    pub queues: &'a [QueueRow],
     pub sum: Summary,
     /// The whole history (full) or its newest points (delta).
     pub series: Vec<Point>,
@@ -188,8 +227,14 @@ impl Observer {
             let state = (m.generation(), m.ledger().change_cursor());
             let catalog = m.cluster().catalog.clone();
             let waiting: Vec<Pod> = m.waiting_pods().cloned().collect();
-            (parts, waiting, state, catalog)
+            let queues: Vec<QueueRow> = m
+                .queue_report()
+                .into_iter()
+                .map(QueueRow::from_figures)
+                .collect();
+            (parts, (waiting, queues), state, catalog)
         };
+        let (waiting, queues) = waiting;
         let (tiles, uuids) = mosaic::from_parts(
             &parts,
             &mut inner.namespaces,
@@ -255,6 +300,7 @@ impl Observer {
             nodes: changed,
             gone,
             pending: &pending,
+            queues: &queues,
             sum,
             series: if new_point {
                 inner.series.back().copied().into_iter().collect()
@@ -271,6 +317,7 @@ impl Observer {
             nodes: tiles.iter().collect(),
             gone: Vec::new(),
             pending: &pending,
+            queues: &queues,
             sum,
             series: inner.series.iter().copied().collect(),
         };

@@ -5,7 +5,7 @@
 "use strict";
 function tesseraStart() {
   const $ = (id) => document.getElementById(id);
-  const st = { ns: [], models: [], tiles: new Map(), order: [], pending: [], series: [], sum: {}, v: 0 };
+  const st = { ns: [], models: [], tiles: new Map(), order: [], pending: [], queues: [], series: [], sum: {}, v: 0 };
   window.tessera = { firstMosaicMs: null, frames: 0, state: st };
 
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -74,6 +74,35 @@ function tesseraStart() {
       `<li data-pod="${esc(p.p)}"><span class="age">${age(p.a)}</span><b>${esc(p.p)}</b><span class="reason">${esc(p.r)}</span></li>`).join("");
   }
 
+  // The queue tree, parents first, children indented under them; a bar shows what
+  // the queue holds against its fair share (past the mark: above its share).
+  function renderQueues() {
+    $("queuebox").hidden = !st.queues.length;
+    const kids = new Map();
+    for (const q of st.queues) {
+      const up = q.up || "";
+      if (!kids.has(up)) kids.set(up, []);
+      kids.get(up).push(q);
+    }
+    const rows = [];
+    const walk = (up, depth) => {
+      for (const q of (kids.get(up) || []).sort((a, b) => a.q.localeCompare(b.q))) {
+        rows.push([q, depth]);
+        if (depth < 16) walk(q.q, depth + 1);
+      }
+    };
+    walk("", 0);
+    const gpus = (m) => (m / 1000).toFixed(m < 10000 ? 2 : m < 100000 ? 1 : 0);
+    $("queues").tBodies[0].innerHTML = rows.map(([q, depth]) => {
+      const scale = Math.max(q.d, q.h, 1);
+      const over = q.h > q.d ? " over" : "";
+      return `<tr data-queue="${esc(q.q)}"><td style="padding-left:${4 + depth * 12}px">${esc(q.q)}</td>` +
+        `<td><span class="qbar${over}" title="held ${gpus(q.h)} of a fair share of ${gpus(q.d)}"><i style="width:${(100 * q.h / scale).toFixed(1)}%"></i><s style="left:${(100 * q.d / scale).toFixed(1)}%"></s></span>` +
+        `<span class="held">${gpus(q.h)}</span> / <span class="deserved">${gpus(q.d)}</span></td>` +
+        `<td class="guaranteed">${gpus(q.g)}</td><td class="borrowed">${q.b ? gpus(q.b) : ""}</td><td class="waiting">${q.w || ""}</td></tr>`;
+    }).join("");
+  }
+
   function age(s) {
     if (s === undefined || s === null) return "";
     if (s < 120) return s + "s";
@@ -107,6 +136,7 @@ function tesseraStart() {
     if (frame.ns) st.ns = frame.ns;
     if (frame.models) st.models = frame.models;
     st.pending = frame.pending || [];
+    st.queues = frame.queues || [];
     st.sum = frame.sum || {};
     st.v = frame.v;
     let relayout = full;
@@ -125,7 +155,7 @@ function tesseraStart() {
       st.series = st.series.concat(frame.series || []).slice(-360);
     }
     if (relayout) renderMosaic();
-    renderSummary(); renderPending(); renderLegend(); renderCharts(); highlight();
+    renderSummary(); renderPending(); renderQueues(); renderLegend(); renderCharts(); highlight();
     window.tessera.frames++;
   }
 
