@@ -488,6 +488,18 @@ mod tests {
                 "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
                 "CUDNN_STATUS_EXECUTION_FAILED",
             ),
+            (
+                "RuntimeError: CUDA error: device-side assert triggered",
+                "CUDA_ERROR_ASSERT",
+            ),
+            (
+                "RuntimeError: CUDA error: peer access is not supported between these two devices",
+                "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+            ),
+            (
+                "Failed to initialize NVML: Unknown Error",
+                "NVML_ERROR_UNKNOWN",
+            ),
         ];
         for (line, want) in cases {
             let got = lookup(line).unwrap();

@@ -243,8 +243,8 @@ pub(super) const CODES: &[Code] = &[
         &[("", 999)],
         &["unknown error"],
         Node,
-        "An unexpected driver error.",
-        "Check the node's XIDs and dmesg; reset the GPU if it has faulted.",
+        "An unexpected driver error. Inside a container that could use its GPU before, \"Failed to initialize NVML: Unknown Error\" almost always means the container lost access to /dev/nvidia*: systemd re-applied the pod's cgroup (after `systemctl daemon-reload`, or a runtime update of the container) and dropped the device rules the NVIDIA runtime had added (nvidia-container-toolkit issue #48). On the host itself it points to the driver: look for XIDs.",
+        "In a container: restart the pod, which gets its device rules again; for good, run the NVIDIA container toolkit in CDI mode, or create the /dev/char symlinks it documents (`nvidia-ctk system create-dev-char-symlinks`). On the host: check the node's XIDs and dmesg and reset the GPU if it has faulted.",
         HEALTH,
     ),
 ];
