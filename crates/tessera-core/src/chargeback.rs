@@ -58,6 +58,9 @@ pub struct Account {
     /// Catalog name of the GPU model.
     pub model: String,
     pub mode: Mode,
+    /// The `GpuQueue` the pod counts against (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub queue: String,
 }
 
 /// The allocations in force at one instant, summed per account, plus the
@@ -333,7 +336,11 @@ impl DynamicPrice {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Charge {
+    /// Empty in a bill [`by_queue`].
     pub namespace: String,
+    /// The `GpuQueue` (empty: none).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub queue: String,
     pub model: String,
     pub mode: Mode,
     pub gpu_seconds: f64,
@@ -359,6 +366,7 @@ pub fn bill<'a>(buckets: impl IntoIterator<Item = &'a Bucket>, prices: &PriceTab
                 .map_or(0.0, ModelLoad::utilisation);
             let line = lines.entry(acct.clone()).or_insert_with(|| Charge {
                 namespace: acct.namespace.clone(),
+                queue: acct.queue.clone(),
                 model: acct.model.clone(),
                 mode: acct.mode,
                 gpu_seconds: 0.0,
@@ -373,6 +381,29 @@ pub fn bill<'a>(buckets: impl IntoIterator<Item = &'a Bucket>, prices: &PriceTab
     lines.into_values().collect()
 }
 
+/// A bill's lines summed per queue, model and mode instead of per namespace (the
+/// namespace left empty): what each team's queue cost, whichever namespaces ran it.
+pub fn by_queue(lines: Vec<Charge>) -> Vec<Charge> {
+    let mut out: BTreeMap<(String, String, Mode), Charge> = BTreeMap::new();
+    for l in lines {
+        let line = out
+            .entry((l.queue.clone(), l.model.clone(), l.mode))
+            .or_insert_with(|| Charge {
+                namespace: String::new(),
+                queue: l.queue.clone(),
+                model: l.model.clone(),
+                mode: l.mode,
+                gpu_seconds: 0.0,
+                list_cost: 0.0,
+                cost: 0.0,
+            });
+        line.gpu_seconds += l.gpu_seconds;
+        line.list_cost += l.list_cost;
+        line.cost += l.cost;
+    }
+    out.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -381,6 +412,7 @@ mod tests {
 
     fn acct(ns: &str, model: &str, mode: Mode) -> Account {
         Account {
+            queue: String::new(),
             namespace: ns.into(),
             model: model.into(),
             mode,

@@ -5,14 +5,14 @@
 //!
 //! `GET /chargeback?from=UNIX_S&to=UNIX_S` answers a [`Usage`] document: the
 //! meter's buckets starting in `[from, to)` (both optional), each with GPU time
-//! per namespace, model and mode and each model's allocated and capacity
+//! per namespace (and its `GpuQueue`), model and mode and each model's allocated and capacity
 //! integrals. `tessera chargeback` prices it; pricing is not the scheduler's
 //! business, so a price table can change without a restart and a bill can be
 //! re-made for any past range the scheduler still keeps.
 //!
 //! The buckets live in memory (5 minutes each, 7 days); a restarted scheduler
 //! starts counting again. The Prometheus counters
-//! `tessera_gpu_seconds_total{namespace,model,mode}` and
+//! `tessera_gpu_seconds_total{namespace,queue,model,mode}` and
 //! `tessera_gpu_capacity_seconds_total{model}` are the long-term record.
 //! Sampling every tick (2 s) means a pod's start and end are charged to the
 //! nearest tick, not to the millisecond.
@@ -48,6 +48,7 @@ pub(crate) fn holding(cluster: &tessera_core::Cluster, held: &[Arc<HeldGrants>])
         };
         let gpus = &cluster.node(node).gpus;
         let namespace = held.pod.split_once('/').map_or("", |(ns, _)| ns);
+        let queue = held.queue.clone().unwrap_or_default();
         for g in &held.gpus {
             let Some(gpu) = gpus.iter().find(|x| x.index == g.index) else {
                 continue;
@@ -57,6 +58,7 @@ pub(crate) fn holding(cluster: &tessera_core::Cluster, held: &[Arc<HeldGrants>])
                     namespace: namespace.to_string(),
                     model: cluster.catalog.spec(gpu.model).name.clone(),
                     mode: Mode::of_grant(g.cores_milli, g.mig_profile.is_some()),
+                    queue: queue.clone(),
                 },
                 u64::from(g.cores_milli),
             );
@@ -72,6 +74,8 @@ pub(crate) struct HeldGrants {
     /// `namespace/name`.
     pub pod: String,
     pub bound: bool,
+    /// The `GpuQueue` it counts against.
+    pub queue: Option<String>,
     pub gpus: Vec<HeldGpu>,
 }
 
@@ -83,12 +87,13 @@ pub(crate) struct HeldGpu {
 }
 
 /// A hold's grants, if it has an allocation.
-fn copy_grants(h: &crate::mirror::Held) -> Option<HeldGrants> {
+fn copy_grants(h: &crate::mirror::Held, queue: Option<String>) -> Option<HeldGrants> {
     let alloc = h.allocation.as_ref()?;
     Some(HeldGrants {
         node: h.node.clone(),
         pod: h.pod.clone(),
         bound: h.bound,
+        queue,
         gpus: alloc
             .gpus
             .iter()
@@ -113,11 +118,12 @@ pub(crate) struct GrantCopies {
 
 impl GrantCopy {
     /// Whether the copy still says what the hold says.
-    fn matches(&self, h: &crate::mirror::Held) -> bool {
+    fn matches(&self, h: &crate::mirror::Held, queue: &Option<String>) -> bool {
         match (&self.grants, &h.allocation) {
             (None, None) => true,
             (Some(c), Some(a)) => {
-                c.node == h.node
+                c.queue == *queue
+                    && c.node == h.node
                     && c.bound == h.bound
                     && c.gpus.len() == a.gpus.len()
                     && c.gpus.iter().zip(&a.gpus).all(|(x, y)| {
@@ -145,12 +151,13 @@ impl GrantCopies {
         self.reads += 1;
         let read = self.reads;
         for (uid, h) in mirror.holds() {
+            let queue = mirror.held_queue(uid, h);
             match self.by_uid.get_mut(uid.as_str()) {
-                Some(c) if c.matches(h) => c.seen = read,
+                Some(c) if c.matches(h, &queue) => c.seen = read,
                 _ => {
                     let copy = GrantCopy {
                         seen: read,
-                        grants: copy_grants(h).map(Arc::new),
+                        grants: copy_grants(h, queue).map(Arc::new),
                     };
                     self.by_uid.insert(uid.clone(), copy);
                 }
@@ -190,6 +197,9 @@ pub struct UsageBucket {
 #[serde(rename_all = "camelCase")]
 pub struct UsageLine {
     pub namespace: String,
+    /// The `GpuQueue` (absent: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub queue: String,
     pub model: String,
     pub mode: Mode,
     /// milli-GPU × milliseconds (10⁶ per GPU-second).
@@ -211,6 +221,7 @@ impl Usage {
                         .iter()
                         .map(|(a, &m)| UsageLine {
                             namespace: a.namespace.clone(),
+                            queue: a.queue.clone(),
                             model: a.model.clone(),
                             mode: a.mode,
                             milli_ms: m,
@@ -237,6 +248,7 @@ impl Usage {
                                 namespace: l.namespace.clone(),
                                 model: l.model.clone(),
                                 mode: l.mode,
+                                queue: l.queue.clone(),
                             },
                             l.milli_ms,
                         )

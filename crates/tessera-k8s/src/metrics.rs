@@ -117,7 +117,7 @@ impl Metrics {
         let gpu_capacity_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
         registry.register(
             "gpu_seconds",
-            "GPU time held by bound pods, in GPU-seconds (a share: its fraction of the GPU's compute; a MIG instance: its share of the compute slices), per namespace, model and mode (whole, share, mig)",
+            "GPU time held by bound pods, in GPU-seconds (a share: its fraction of the GPU's compute; a MIG instance: its share of the compute slices), per namespace, GpuQueue (empty: none), model and mode (whole, share, mig)",
             gpu_seconds.clone(),
         );
         registry.register(
@@ -296,6 +296,7 @@ impl Metrics {
             self.gpu_seconds
                 .get_or_create(&vec![
                     ("namespace".to_string(), a.namespace.clone()),
+                    ("queue".to_string(), a.queue.clone()),
                     ("model".to_string(), a.model.clone()),
                     ("mode".to_string(), a.mode.name().to_string()),
                 ])

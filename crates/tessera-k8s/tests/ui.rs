@@ -394,13 +394,19 @@ async fn snapshot_find_and_chargeback_answer_json() {
 }
 
 /// The scheduler's accounting integrates what the mirror holds between ticks:
-/// GPU-seconds per namespace and mode equal Σ grant × time held, in the meter,
-/// on `/chargeback` and in the Prometheus counters alike.
+/// GPU-seconds per namespace (with its queue) and mode equal Σ grant × time held,
+/// in the meter, on `/chargeback` and in the Prometheus counters alike.
 #[test]
 fn accounting_charges_each_grant_for_the_time_it_was_held() {
     use tessera_core::chargeback::{Account, Mode};
     let (kn, gn) = cluster(4);
     let mirror = common::mirror("tessera", kn, gn, vec![]);
+    {
+        // ml's pods count against the research queue; cv is in none.
+        let mut m = mirror.lock().unwrap();
+        m.replace_queues(vec![queue("research", None, "8")]);
+        m.replace_namespaces(vec![namespace("ml", "research")]);
+    }
     let metrics = Arc::new(tessera_k8s::metrics::Metrics::new());
     let o = tessera_k8s::ui::Observer::new(mirror.clone(), metrics.clone());
     let t0 = 1_700_000_000_000u64;
@@ -424,25 +430,42 @@ fn accounting_charges_each_grant_for_the_time_it_was_held() {
     o.observe(t0 + 40_000);
     // ml: 2 GPUs × 15 s = 30 GPU-s; cv: 0.3 GPU × 30 s = 9 GPU-s (in milli × ms: × 10⁶).
     let totals = o.with_meter(|m| m.totals().clone());
-    let acct = |ns: &str, model: &str, mode| Account {
+    let acct = |ns: &str, queue: &str, model: &str, mode| Account {
         namespace: ns.into(),
         model: model.into(),
         mode,
+        queue: queue.into(),
     };
-    assert_eq!(totals[&acct("ml", "A100-80GB", Mode::Whole)], 2000 * 15_000);
-    assert_eq!(totals[&acct("cv", "L4", Mode::Share)], 300 * 30_000);
+    assert_eq!(
+        totals[&acct("ml", "research", "A100-80GB", Mode::Whole)],
+        2000 * 15_000
+    );
+    assert_eq!(totals[&acct("cv", "", "L4", Mode::Share)], 300 * 30_000);
     assert_eq!(totals.len(), 2);
     let text = metrics.encode().unwrap();
     assert!(
         text.contains(
-            r#"tessera_gpu_seconds_total{namespace="ml",model="A100-80GB",mode="whole"} 30.0"#
+            r#"tessera_gpu_seconds_total{namespace="ml",queue="research",model="A100-80GB",mode="whole"} 30.0"#
         ),
         "{text}"
     );
     assert!(
-        text.contains(r#"tessera_gpu_seconds_total{namespace="cv",model="L4",mode="share"} 9.0"#),
+        text.contains(
+            r#"tessera_gpu_seconds_total{namespace="cv",queue="",model="L4",mode="share"} 9.0"#
+        ),
         "{text}"
     );
+    // A bill by queue: research's 30 GPU-seconds, and cv's 9 under no queue.
+    let usage = o.with_meter(|m| tessera_k8s::accounting::Usage::from_meter(m, 0, u64::MAX / 1000));
+    let lines = tessera_core::chargeback::by_queue(tessera_core::chargeback::bill(
+        &usage.to_buckets(),
+        &Default::default(),
+    ));
+    let by: Vec<(&str, f64)> = lines
+        .iter()
+        .map(|l| (l.queue.as_str(), l.gpu_seconds))
+        .collect();
+    assert_eq!(by, [("", 9.0), ("research", 30.0)]);
 }
 
 /// The offline page (the simulator's fill snapshot) renders from the frame

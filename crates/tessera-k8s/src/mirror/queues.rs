@@ -315,16 +315,7 @@ impl Mirror {
             let Some(p) = h.id.and_then(|id| self.ledger.allocation(id)) else {
                 continue;
             };
-            // The pod object, or (a reservation made before the watch showed the
-            // pod) its namespace from the key: it counts either way.
-            let queue = match self.pods.get(uid) {
-                Some(pod) => self.queues.queue_of(pod),
-                None => {
-                    let ns = h.pod.split_once('/').map_or("default", |(ns, _)| ns);
-                    self.queues.queue_for(ns, None, &h.pod)
-                }
-            };
-            let Ok(Some(q)) = queue else {
+            let Some(q) = self.held_queue_id(uid, h) else {
                 continue;
             };
             usage.add(tree, q, self.queues.ge.placement(&self.cluster, p));
@@ -333,6 +324,27 @@ impl Mirror {
             self.queues.usage = Some((key, usage.clone()));
         }
         Some(usage)
+    }
+
+    /// The queue a held pod counts against: from the pod object, or (a reservation
+    /// made before the watch showed the pod) its namespace from the key.
+    fn held_queue_id(&self, uid: &str, h: &super::Held) -> Option<QueueId> {
+        let queue = match self.pods.get(uid) {
+            Some(pod) => self.queues.queue_of(pod),
+            None => {
+                let ns = h.pod.split_once('/').map_or("default", |(ns, _)| ns);
+                self.queues.queue_for(ns, None, &h.pod)
+            }
+        };
+        queue.ok().flatten()
+    }
+
+    /// The name of the queue a held pod counts against, as quota counts it (none
+    /// without queues; the tree as of the last [`Mirror::queue_tree`]).
+    pub(crate) fn held_queue(&self, uid: &str, h: &super::Held) -> Option<String> {
+        let tree = self.queues.tree.as_ref()?;
+        self.held_queue_id(uid, h)
+            .map(|q| tree.spec(q).name.clone())
     }
 
     /// Each pod's queue (if any), every queue's usage, and demand (usage plus

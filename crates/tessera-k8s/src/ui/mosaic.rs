@@ -187,6 +187,8 @@ impl Parts {
     /// Copies the parts, the holds' grants only where they changed since
     /// `copies` last read (under the mirror's lock).
     pub fn take(mirror: &mut Mirror, copies: &mut crate::accounting::GrantCopies) -> Parts {
+        // The queue tree as of now, for the holds' queues in the accounting.
+        mirror.queue_tree();
         let cluster = mirror.shared_cluster();
         let ready = (0..cluster.len())
             .map(|i| mirror.facts(tessera_core::NodeId(i as u32)).ready)

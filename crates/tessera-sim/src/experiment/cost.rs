@@ -99,6 +99,7 @@ impl CostMeter {
                 continue;
             };
             let acct = Account {
+                queue: String::new(),
                 namespace: NAMESPACE.to_string(),
                 model: cluster.catalog.spec(gpu.model).name.clone(),
                 mode: Mode::of_grant(g.cores_milli, g.mig.is_some()),

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde::Serialize;
-use tessera_core::chargeback::{Charge, DynamicPrice, PriceTable, bill};
+use tessera_core::chargeback::{Charge, DynamicPrice, PriceTable, bill, by_queue};
 use tessera_k8s::accounting::Usage;
 
 use super::bad_input;
@@ -47,6 +47,9 @@ pub struct ChargebackArgs {
     /// csv or json.
     #[arg(short = 'o', long, default_value = "csv")]
     pub output: String,
+    /// One line per namespace (with its GpuQueue), or per queue (its namespaces summed).
+    #[arg(long, default_value = "namespace", value_parser = ["namespace", "queue"])]
+    pub by: String,
 }
 
 /// The JSON form of a bill.
@@ -129,12 +132,15 @@ pub fn run(args: ChargebackArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let buckets = usage.to_buckets();
-    let lines = bill(
+    let mut lines = bill(
         buckets
             .iter()
             .filter(|b| b.start_ms >= from * 1000 && b.start_ms < to * 1000),
         &prices,
     );
+    if args.by == "queue" {
+        lines = by_queue(lines);
+    }
     let out = render(
         &Bill {
             from,
@@ -157,11 +163,12 @@ fn render(bill: &Bill, output: &str) -> String {
         return serde_json::to_string_pretty(bill).unwrap_or_default() + "\n";
     }
     let mut s =
-        String::from("namespace,model,mode,gpu_seconds,gpu_hours,list_cost,cost,currency\n");
+        String::from("namespace,queue,model,mode,gpu_seconds,gpu_hours,list_cost,cost,currency\n");
     for l in &bill.lines {
         s.push_str(&format!(
-            "{},{},{},{:.3},{:.6},{:.6},{:.6},{}\n",
+            "{},{},{},{},{:.3},{:.6},{:.6},{:.6},{}\n",
             csv_field(&l.namespace),
+            csv_field(&l.queue),
             csv_field(&l.model),
             l.mode.name(),
             l.gpu_seconds,
@@ -267,7 +274,7 @@ mod tests {
                  "models": {"A100-80GB": {"allocatedMilliMs": 600_000_000u64, "capacityMilliMs": 1_200_000_000u64}}},
                 {"start": 1500, "usage": [
                     {"namespace": "ml", "model": "A100-80GB", "mode": "whole", "milliMs": 600_000_000u64},
-                    {"namespace": "cv", "model": "L4", "mode": "share", "milliMs": 150_000_000u64}],
+                    {"namespace": "cv", "queue": "vision", "model": "L4", "mode": "share", "milliMs": 150_000_000u64}],
                  "models": {"A100-80GB": {"allocatedMilliMs": 600_000_000u64, "capacityMilliMs": 600_000_000u64}}}
             ]
         })
@@ -306,10 +313,31 @@ mod tests {
         // ml: 1200 GPU-s = 1/3 GPU-hour × 3.6 = 1.2; cv: 0.5 × 300 = 150 GPU-s at the default 1/h.
         assert_eq!(
             out,
-            "namespace,model,mode,gpu_seconds,gpu_hours,list_cost,cost,currency\n\
-             cv,L4,share,150.000,0.041667,0.041667,0.041667,USD\n\
-             ml,A100-80GB,whole,1200.000,0.333333,1.200000,1.200000,USD\n"
+            "namespace,queue,model,mode,gpu_seconds,gpu_hours,list_cost,cost,currency\n\
+             cv,vision,L4,share,150.000,0.041667,0.041667,0.041667,USD\n\
+             ml,,A100-80GB,whole,1200.000,0.333333,1.200000,1.200000,USD\n"
         );
+    }
+
+    /// `--by queue`: namespaces of one queue summed, one line per queue, model and mode.
+    #[test]
+    fn lines_by_queue_sum_their_namespaces() {
+        let usage: Usage = serde_json::from_value(serde_json::json!({
+            "bucketSeconds": 300, "keptFrom": null,
+            "buckets": [{"start": 0, "usage": [
+                {"namespace": "a", "queue": "team", "model": "L4", "mode": "whole", "milliMs": 1_000_000_000u64},
+                {"namespace": "b", "queue": "team", "model": "L4", "mode": "whole", "milliMs": 500_000_000u64},
+                {"namespace": "c", "model": "L4", "mode": "whole", "milliMs": 250_000_000u64}],
+             "models": {}}]
+        }))
+        .unwrap();
+        let lines = by_queue(bill(&usage.to_buckets(), &PriceTable::default()));
+        // team: (10⁹ + 5×10⁸) milli-ms = 1500 GPU-s; c has no queue: 250 GPU-s.
+        let got: Vec<(&str, &str, f64)> = lines
+            .iter()
+            .map(|l| (l.queue.as_str(), l.namespace.as_str(), l.gpu_seconds))
+            .collect();
+        assert_eq!(got, [("", "", 250.0), ("team", "", 1500.0)]);
     }
 
     #[test]
