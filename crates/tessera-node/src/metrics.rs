@@ -130,6 +130,8 @@ pub struct Collector {
     xids: XidStats,
     /// (gpu uuid, pid) pairs already logged as leaks.
     logged_leaks: Mutex<BTreeSet<(String, u32)>>,
+    /// The agent's MPS control daemons (`--mps-daemons per-gpu`).
+    mps: Option<Arc<crate::mps::MpsDaemons>>,
 }
 
 impl std::fmt::Debug for Collector {
@@ -175,7 +177,14 @@ impl Collector {
             view,
             xids,
             logged_leaks: Mutex::new(BTreeSet::new()),
+            mps: None,
         }
+    }
+
+    /// Also reports the agent's MPS control daemons.
+    pub fn with_mps(mut self, daemons: Arc<crate::mps::MpsDaemons>) -> Self {
+        self.mps = Some(daemons);
+        self
     }
 
     fn gpu_labels(&self, gpu: &GpuInfo) -> Labels {
@@ -479,6 +488,29 @@ impl Collector {
                 l.push(("isolation".into(), alloc.isolation.name().into()));
                 set(&alloc_mem, &l, g.memory_mib as f64);
                 set(&alloc_cores, &l, f64::from(g.cores_milli));
+            }
+        }
+        // The MPS daemons, unless one is being started right now (its lock is then
+        // held for up to the start timeout; the next scrape reports it).
+        if let Some(statuses) = self.mps.as_ref().and_then(|d| d.try_status()) {
+            let up = fam(
+                &mut reg,
+                "tessera_mps_daemon_up",
+                "1 if the MPS control daemon for these GPUs is running, 0 if it exited (restarted with backoff while pods hold it).",
+            );
+            let restarts = fam(
+                &mut reg,
+                "tessera_mps_daemon_restarts",
+                "Starts of the MPS control daemon after its first (exits and failed starts) since the agent started.",
+            );
+            for st in statuses {
+                let l: Labels = vec![
+                    ("daemon".into(), st.key.clone()),
+                    ("gpus".into(), st.gpus.join(",")),
+                    ("hostname".into(), self.node.clone()),
+                ];
+                set(&up, &l, if st.running { 1.0 } else { 0.0 });
+                set(&restarts, &l, f64::from(st.restarts));
             }
         }
         let mut out = String::new();

@@ -200,8 +200,9 @@ impl MpsDaemons {
         if d.child.is_some() {
             return Ok(pipe_dir(&self.config.root, &key));
         }
+        let first = d.last_exit.is_none() && d.restarts == 0;
         let result = self.start(&key, d);
-        if result.is_err() {
+        if result.is_err() || !first {
             d.restarts += 1;
         }
         result
@@ -270,21 +271,18 @@ impl MpsDaemons {
 
     /// Every daemon's state, by key.
     pub fn status(&self) -> Vec<DaemonStatus> {
-        let mut daemons = self.lock();
-        daemons
-            .iter_mut()
-            .map(|(key, d)| {
-                reap_exit(d);
-                DaemonStatus {
-                    key: key.clone(),
-                    gpus: d.gpus.clone(),
-                    running: d.child.is_some(),
-                    pid: d.child.as_ref().map(Child::id),
-                    restarts: d.restarts,
-                    last_exit: d.last_exit.clone(),
-                }
-            })
-            .collect()
+        statuses(&mut self.lock())
+    }
+
+    /// [`MpsDaemons::status`], or `None` while a daemon is being started or stopped
+    /// (for a metrics scrape, which must not wait for that).
+    pub fn try_status(&self) -> Option<Vec<DaemonStatus>> {
+        let mut guard = match self.daemons.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(statuses(&mut guard))
     }
 
     /// Stops every daemon (the agent is shutting down).
@@ -419,6 +417,23 @@ impl Drop for MpsDaemons {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+fn statuses(daemons: &mut BTreeMap<String, Daemon>) -> Vec<DaemonStatus> {
+    daemons
+        .iter_mut()
+        .map(|(key, d)| {
+            reap_exit(d);
+            DaemonStatus {
+                key: key.clone(),
+                gpus: d.gpus.clone(),
+                running: d.child.is_some(),
+                pid: d.child.as_ref().map(Child::id),
+                restarts: d.restarts,
+                last_exit: d.last_exit.clone(),
+            }
+        })
+        .collect()
 }
 
 fn sorted(gpus: &[String]) -> Vec<String> {

@@ -245,8 +245,18 @@ pub async fn run(
         })
     };
 
+    // MPS: the control daemon of an MPS share's GPUs is started at Allocate and
+    // supervised here (restarted while held, stopped once nothing holds it).
+    let mps_daemons = config.mps.per_gpu_daemons.then(|| {
+        Arc::new(MpsDaemons::new(MpsDaemonConfig {
+            binary: config.mps_binary.clone(),
+            root: config.mps.host_root.clone().into(),
+            grace: config.mig_grace,
+            ..MpsDaemonConfig::default()
+        }))
+    });
     // Metrics.
-    let collector = Arc::new(Collector::new(
+    let collector = Collector::new(
         config.node_name.clone(),
         backend.clone(),
         deps.procs.clone(),
@@ -254,7 +264,11 @@ pub async fn run(
         deps.pod_resources.clone(),
         view_rx.clone(),
         xids.clone(),
-    ));
+    );
+    let collector = Arc::new(match &mps_daemons {
+        Some(d) => collector.with_mps(d.clone()),
+        None => collector,
+    });
     let metrics_task = match config.metrics_addr {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -306,16 +320,6 @@ pub async fn run(
         view_tx_mig,
         config.mig_grace,
     ));
-    // MPS: the control daemon of an MPS share's GPUs is started at Allocate and
-    // supervised here (restarted while held, stopped once nothing holds it).
-    let mps_daemons = config.mps.per_gpu_daemons.then(|| {
-        Arc::new(MpsDaemons::new(MpsDaemonConfig {
-            binary: config.mps_binary.clone(),
-            root: config.mps.host_root.clone().into(),
-            grace: config.mig_grace,
-            ..MpsDaemonConfig::default()
-        }))
-    });
     let reap_task = {
         let planner = planner.clone();
         let mps_daemons = mps_daemons.clone();

@@ -365,3 +365,84 @@ async fn without_a_pod_list_nothing_is_called_a_leak() {
         Some(5_000.0)
     );
 }
+
+/// The agent's MPS daemons are on `/metrics`: up while running, down (and counted
+/// as a restart when started again) after an exit. A shell script stands in for
+/// `nvidia-cuda-mps-control`: with `-f` it opens the control pipe and exits on
+/// the first command; without, it sends its stdin there.
+#[tokio::test]
+async fn mps_daemons_are_reported_up_and_down() {
+    use std::os::unix::fs::PermissionsExt;
+    use tessera_node::mps::{MpsDaemonConfig, MpsDaemons};
+    let root = tempfile::tempdir().unwrap();
+    let binary = root.path().join("control");
+    std::fs::write(
+        &binary,
+        "#!/bin/sh\nP=\"$CUDA_MPS_PIPE_DIRECTORY/control\"\n[ \"$1\" = -f ] || exec cat > \"$P\"\nmkfifo \"$P\"\nread cmd < \"$P\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let daemons = Arc::new(MpsDaemons::new(MpsDaemonConfig {
+        binary,
+        root: root.path().join("mps"),
+        ..MpsDaemonConfig::default()
+    }));
+    daemons.ensure(&["GPU-other".to_string()]).unwrap();
+    let fake = Fake::from_yaml(GPUS, "test").unwrap();
+    let (_tx, view) = watch::channel(NodeView {
+        gpus: fake.discover().unwrap(),
+        health: BTreeMap::new(),
+    });
+    let collector = Collector::new(
+        "node-1".into(),
+        Arc::new(fake.clone()),
+        Arc::new(fake.proc_reader()),
+        Arc::new(StaticPods::default()),
+        None,
+        view,
+        XidStats::default(),
+    )
+    .with_mps(daemons.clone());
+    let labels = [
+        ("daemon", "GPU-other"),
+        ("gpus", "GPU-other"),
+        ("hostname", "node-1"),
+    ];
+    let text = collector.scrape().await;
+    assert_eq!(
+        value(&text, "tessera_mps_daemon_up", &labels),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "tessera_mps_daemon_restarts", &labels),
+        Some(0.0)
+    );
+    // The daemon dies.
+    let pid = daemons.status()[0].pid.unwrap();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = collector.scrape().await;
+        if value(&text, "tessera_mps_daemon_up", &labels) == Some(0.0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Started again for the next pod: up, one restart.
+    daemons.ensure(&["GPU-other".to_string()]).unwrap();
+    let text = collector.scrape().await;
+    assert_eq!(value(&text, "tessera_mps_daemon_up", &labels), Some(1.0));
+    assert_eq!(
+        value(&text, "tessera_mps_daemon_restarts", &labels),
+        Some(1.0)
+    );
+    daemons.shutdown();
+}
