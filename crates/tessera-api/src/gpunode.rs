@@ -173,6 +173,26 @@ pub struct GpuNodeStatus {
     /// When the agent last wrote this status (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_update: Option<String>,
+    /// The agent's MPS control daemons (`--mps-daemons per-gpu`), one per set of
+    /// GPUs that MPS shares are served on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mps_daemons: Vec<MpsDaemonState>,
+}
+
+/// One MPS control daemon as the node agent last saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsDaemonState {
+    /// UUIDs of the GPUs it serves.
+    pub gpus: Vec<String>,
+    /// Running now (false: it exited; restarted with backoff while pods hold it).
+    pub running: bool,
+    /// Starts after the first (exits and failed starts) since the agent started.
+    #[serde(default)]
+    pub restarts: u32,
+    /// How it last exited, or why it did not start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<String>,
 }
 
 /// Health of one GPU and why.

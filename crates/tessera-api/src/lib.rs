@@ -8,7 +8,7 @@ pub mod queue;
 
 pub use gpunode::{
     GpuCondition, GpuDevice, GpuHealth, GpuLink, GpuNode, GpuNodeSpec, GpuNodeStatus, LinkKind,
-    MigInstance, MigState,
+    MigInstance, MigState, MpsDaemonState,
 };
 pub use podgroup::{POD_GROUP_LABEL, PodGroup, PodGroupSpec};
 pub use queue::{GpuQueue, GpuQueueSpec, GpuQueueStatus, QueueResources};

@@ -264,6 +264,59 @@ pub struct PodFacts {
     pub events: Vec<EventFacts>,
     /// The pod's granted GPUs as `top` sees them (health, reason, other tenants).
     pub gpus: Vec<GpuRow>,
+    /// For an MPS pod on a node whose agent runs the MPS daemons (its GpuNode status
+    /// lists them): the daemon that serves its GPUs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsFacts>,
+}
+
+/// The MPS control daemon an MPS pod's GPUs need, as the node agent reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsFacts {
+    /// UUIDs of the pod's GPUs.
+    pub gpus: Vec<String>,
+    /// The agent's daemon for exactly these GPUs; `None`: it runs none for them.
+    pub daemon: Option<tessera_api::MpsDaemonState>,
+}
+
+/// The daemon for `alloc`'s GPUs on `gpu_node`, when the pod is an MPS share and the
+/// node's agent reports MPS daemons at all.
+fn mps_facts(alloc: &Allocation, gpu_node: Option<&GpuNode>) -> Option<MpsFacts> {
+    if alloc.isolation != tessera_core::request::Isolation::Mps {
+        return None;
+    }
+    let gn = gpu_node?;
+    let daemons = &gn.status.as_ref()?.mps_daemons;
+    if daemons.is_empty() {
+        return None;
+    }
+    let mut gpus: Vec<String> = alloc
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            if g.uuid.is_empty() {
+                gn.spec
+                    .gpus
+                    .iter()
+                    .find(|d| d.index == g.index)
+                    .map(|d| d.uuid.clone())
+            } else {
+                Some(g.uuid.clone())
+            }
+        })
+        .collect();
+    gpus.sort();
+    gpus.dedup();
+    let daemon = daemons
+        .iter()
+        .find(|d| {
+            let mut have = d.gpus.clone();
+            have.sort();
+            have == gpus
+        })
+        .cloned();
+    Some(MpsFacts { gpus, daemon })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -334,6 +387,15 @@ pub fn pod_facts_from(
             .map(|t| t.0)
             .or(e.event_time.as_ref().map(|t| t.0))
     });
+    let mps = match (&row.node, &row.allocation) {
+        (Some(node), Some(a)) => mps_facts(
+            a,
+            inventory
+                .iter()
+                .find(|g| g.metadata.name.as_deref() == Some(node.as_str())),
+        ),
+        _ => None,
+    };
     let gpus = match (&row.node, &row.allocation) {
         (Some(node), Some(a)) => {
             let rows = top_from(nodes, inventory, pods);
@@ -362,6 +424,7 @@ pub fn pod_facts_from(
             })
             .collect(),
         gpus,
+        mps,
     })
 }
 

@@ -172,10 +172,21 @@ pub async fn run(
             })?;
     }
 
+    // MPS: the control daemon of an MPS share's GPUs is started at Allocate and
+    // supervised here (restarted while held, stopped once nothing holds it).
+    let mps_daemons = config.mps.per_gpu_daemons.then(|| {
+        Arc::new(MpsDaemons::new(MpsDaemonConfig {
+            binary: config.mps_binary.clone(),
+            root: config.mps.host_root.clone().into(),
+            grace: config.mig_grace,
+            ..MpsDaemonConfig::default()
+        }))
+    });
     // Health loop.
     let health_task = {
         let backend = backend.clone();
         let inventory = deps.inventory.clone();
+        let mps_daemons = mps_daemons.clone();
         let node = config.node_name.clone();
         let xids = xids.clone();
         let interval = config.health_interval;
@@ -184,6 +195,7 @@ pub async fn run(
             let mut stop = std::pin::pin!(stop);
             let mut free_mib = 0u64;
             let mut last_status = Instant::now();
+            let mut last_mps: Vec<tessera_api::MpsDaemonState> = Vec::new();
             loop {
                 let mut changes = Vec::new();
                 tokio::select! {
@@ -234,10 +246,22 @@ pub async fn run(
                     last_status = Instant::now();
                     let view = view_tx.borrow().clone();
                     let spec = gpu_node_spec(&node, &view);
-                    if let Err(e) = inv
-                        .publish_status(&gpu_node_status(&spec, &view, free_mib))
-                        .await
-                    {
+                    let mut status = gpu_node_status(&spec, &view, free_mib);
+                    // While a daemon is being started its state is not read (that
+                    // waits); the last one read is published again.
+                    if let Some(now) = mps_daemons.as_ref().and_then(|d| d.try_status()) {
+                        last_mps = now
+                            .into_iter()
+                            .map(|s| tessera_api::MpsDaemonState {
+                                gpus: s.gpus,
+                                running: s.running,
+                                restarts: s.restarts,
+                                last_exit: s.last_exit,
+                            })
+                            .collect();
+                    }
+                    status.mps_daemons = last_mps.clone();
+                    if let Err(e) = inv.publish_status(&status).await {
                         tracing::warn!(error = %e, "inventory status not published");
                     }
                 }
@@ -245,16 +269,6 @@ pub async fn run(
         })
     };
 
-    // MPS: the control daemon of an MPS share's GPUs is started at Allocate and
-    // supervised here (restarted while held, stopped once nothing holds it).
-    let mps_daemons = config.mps.per_gpu_daemons.then(|| {
-        Arc::new(MpsDaemons::new(MpsDaemonConfig {
-            binary: config.mps_binary.clone(),
-            root: config.mps.host_root.clone().into(),
-            grace: config.mig_grace,
-            ..MpsDaemonConfig::default()
-        }))
-    });
     // Metrics.
     let collector = Collector::new(
         config.node_name.clone(),

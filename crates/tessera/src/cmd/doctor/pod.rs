@@ -68,6 +68,29 @@ pub fn judge(facts: PodFacts, pending: Option<String>) -> Diagnosis {
             answer,
         });
     }
+    if let Some(m) = &facts.mps {
+        let source = format!("MPS daemon for {}", m.gpus.join(","));
+        match &m.daemon {
+            None => findings.push(Finding {
+                source,
+                text: "the node agent runs no MPS control daemon for these GPUs".to_string(),
+                answer: None,
+            }),
+            Some(d) if !d.running => findings.push(Finding {
+                source,
+                text: format!(
+                    "down{} after {} restart(s)",
+                    d.last_exit
+                        .as_ref()
+                        .map(|e| format!(" (last: {e})"))
+                        .unwrap_or_default(),
+                    d.restarts
+                ),
+                answer: None,
+            }),
+            Some(_) => {}
+        }
+    }
     let mut texts: Vec<(String, String)> = Vec::new();
     for c in &facts.containers {
         for (when, reason, message) in [
@@ -129,6 +152,22 @@ fn verdict(facts: &PodFacts, findings: &[Finding], pending: Option<&str>) -> Str
         return format!(
             "Its allocation annotation is unusable ({p}): the node agent refuses to start it. Delete the pod so the scheduler decides again."
         );
+    }
+    if let Some(m) = &facts.mps {
+        let down = match &m.daemon {
+            None => Some("no MPS control daemon serves its GPUs".to_string()),
+            Some(d) if !d.running => Some(format!(
+                "the MPS control daemon for its GPUs is down ({}, {} restart(s))",
+                d.last_exit.as_deref().unwrap_or("exited"),
+                d.restarts
+            )),
+            Some(_) => None,
+        };
+        if let Some(down) = down {
+            return format!(
+                "On node {node} {down}: its CUDA calls fail to connect (CUDA_ERROR_MPS_CONNECTION_FAILED) until the node agent starts it again, which it does with backoff while pods hold the GPUs. If it keeps failing, read the daemon's log under the agent's --mps-root on the node (`tessera doctor snapshot` lists the daemon directories) and restart {pod} once it is up."
+            );
+        }
     }
     if let Some(a) = findings.iter().find_map(|f| f.answer.as_ref()) {
         return format!("{}: {} Fix: {}", a.name, a.cause, a.fix);
@@ -239,6 +278,21 @@ pub fn render(d: &Diagnosis) -> String {
         (None, None) => {
             let _ = writeln!(out, "Grant: none");
         }
+    }
+    if let Some(m) = &f.mps {
+        let state = match &m.daemon {
+            None => "none running".to_string(),
+            Some(d) => format!(
+                "{}, {} restart(s){}",
+                if d.running { "running" } else { "DOWN" },
+                d.restarts,
+                d.last_exit
+                    .as_ref()
+                    .map(|e| format!(", last exit: {e}"))
+                    .unwrap_or_default()
+            ),
+        };
+        let _ = writeln!(out, "MPS daemon for {}: {state}", m.gpus.join(","));
     }
     for c in &f.containers {
         let _ = writeln!(
@@ -412,6 +466,45 @@ mod tests {
             text.contains("Container main: waiting (CrashLoopBackOff), restarts 4"),
             "{text}"
         );
+    }
+
+    /// An MPS share whose node agent reports the daemon for its GPU down: that is
+    /// the verdict, with what the agent last saw; a running daemon is no finding.
+    #[tokio::test]
+    async fn a_down_mps_daemon_is_the_verdict() {
+        let with_daemon = |running: bool| {
+            let mut mock = cluster();
+            mock.gpunodes[1]["status"] = json!({"model": "A100-80GB", "gpuCount": 1, "healthyGpus": 1,
+                "health": "Healthy", "mpsDaemons": [
+                    {"gpus": ["GPU-gpu-b-0"], "running": running, "restarts": 3, "lastExit": "exit status: 1"}]});
+            mock
+        };
+        let (client, _) = with_daemon(false).client();
+        let d = diagnose(client, "ml", "infer").await.unwrap();
+        assert!(
+            d.verdict.starts_with(
+                "On node gpu-b the MPS control daemon for its GPUs is down (exit status: 1, 3 restart(s))"
+            ),
+            "{}",
+            d.verdict
+        );
+        assert_eq!(d.findings[0].source, "MPS daemon for GPU-gpu-b-0");
+        assert!(
+            render(&d).contains(
+                "MPS daemon for GPU-gpu-b-0: DOWN, 3 restart(s), last exit: exit status: 1"
+            ),
+            "{}",
+            render(&d)
+        );
+        // Up again: nothing to say about it.
+        let (client, _) = with_daemon(true).client();
+        let d = diagnose(client, "ml", "infer").await.unwrap();
+        assert!(
+            d.findings.iter().all(|f| !f.source.starts_with("MPS")),
+            "{:?}",
+            d.findings
+        );
+        assert!(d.facts.mps.unwrap().daemon.unwrap().running);
     }
 
     #[tokio::test]
