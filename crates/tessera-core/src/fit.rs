@@ -15,8 +15,8 @@
 use smallvec::SmallVec;
 
 use crate::explain::Reason;
-use crate::ledger::NodeUse;
-use crate::model::{Catalog, Health, Node};
+use crate::ledger::{Ledger, NodeUse};
+use crate::model::{Catalog, Cluster, Health, Node, NodeId};
 use crate::placement::GpuGrant;
 use crate::request::{GpuAsk, Request, Wish};
 
@@ -44,6 +44,17 @@ pub struct NodeView<'a> {
     pub node: &'a Node,
     pub used: &'a NodeUse,
     pub catalog: &'a Catalog,
+}
+
+impl<'a> NodeView<'a> {
+    /// Node `id` of `cluster`, with its use as `ledger` has it.
+    pub fn of(cluster: &'a Cluster, ledger: &'a Ledger, id: NodeId) -> NodeView<'a> {
+        NodeView {
+            node: cluster.node(id),
+            used: ledger.node(id),
+            catalog: &cluster.catalog,
+        }
+    }
 }
 
 /// A cheap, conservative test from the ledger's per-node maxima: `true` only when

@@ -115,7 +115,10 @@ fn pinned_results() -> (String, String) {
 #[test]
 fn fill_and_replay_results_are_pinned() {
     let (fill, replay) = pinned_results();
-    assert!(fill.len() > 1000 && replay.len() > 1000, "results have content");
+    assert!(
+        fill.len() > 1000 && replay.len() > 1000,
+        "results have content"
+    );
     let got = (fnv1a(fill.as_bytes()), fnv1a(replay.as_bytes()));
     println!("fill {:#018x} replay {:#018x}", got.0, got.1);
     assert_eq!(got, (PINNED_FILL, PINNED_REPLAY), "fill, replay digests");

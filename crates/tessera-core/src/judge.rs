@@ -1,0 +1,380 @@
+//! Judging nodes: the one "fit check, then score" ([`judge`]) and the one
+//! per-shape cache of its verdicts ([`Verdicts`]) that the core scheduler, the
+//! Kubernetes extender and standalone loop, and the simulator all read.
+//!
+//! For a cacheable policy a node's verdict depends only on the node's state and
+//! the request's shape, so it stays valid until the ledger logs a change on that
+//! node. Per shape, the cache keeps each node's verdict (score, or the typed
+//! [`Reason`] it was rejected for) as of a ledger change cursor, and the fitting
+//! nodes ordered best first. Bringing a shape up to date forgets only the nodes
+//! changed since, so the cost of a decision grows with the nodes changed since
+//! the shape was last asked (times log N), not with the cluster; the first ask
+//! of a shape pays one pass. Nodes are judged when first read (the extender asks
+//! for the nodes kube-scheduler names) or all together (the scheduler wants the
+//! best one).
+//!
+//! What a shape is stays the caller's: the scheduler leaves host memory out of
+//! its shapes (a filter only, checked while walking the order, so pods that
+//! differ only in memory share one shape); the Kubernetes mirror keys by the
+//! whole request plus the node resources the pod counts against, and adds its
+//! node-side checks in the judging closure it passes.
+
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+use std::hash::Hash;
+
+use rand::RngCore;
+use rustc_hash::FxHashMap;
+
+use crate::explain::Reason;
+use crate::fit::{self, NodeView};
+use crate::ledger::Ledger;
+use crate::model::NodeId;
+use crate::placement::{ScoreTerm, Scored};
+use crate::policy::Policy;
+use crate::request::Request;
+
+/// Whether `policy` may take `req`'s verdicts from the cache: its scores must not
+/// draw from the RNG, and GPUs pinned by UUID make every request its own shape.
+pub fn cacheable(policy: &dyn Policy, req: &Request) -> bool {
+    policy.cacheable() && req.constraints.pinned_uuids.is_empty()
+}
+
+/// Judges one node for `req`: the shared filter ([`fit::check`]: CPU and memory,
+/// then GPUs), then the policy's score, ranked first by how well the node can
+/// isolate a `hard` share ([`fit::mig_layout::hard_rank_penalty`]; 0 for every
+/// other request). A node the policy declines is [`Reason::PolicyDeclined`].
+pub fn judge(
+    policy: &dyn Policy,
+    view: NodeView<'_>,
+    req: &Request,
+    rng: &mut dyn RngCore,
+) -> Result<Scored, Reason> {
+    let fit = fit::check(view, req)?;
+    let penalty = fit::mig_layout::hard_rank_penalty(view, req, &fit);
+    let mut scored = policy
+        .score(view, req, &fit, rng)
+        .ok_or_else(|| Reason::PolicyDeclined {
+            policy: policy.name().to_string(),
+        })?;
+    if penalty > 0.0 {
+        scored.score -= penalty;
+        scored.terms.push(ScoreTerm {
+            name: "isolation-tier",
+            value: -penalty,
+        });
+    }
+    Ok(scored)
+}
+
+/// A node's cached verdict: its score, or why it cannot take the shape.
+pub type Verdict = Result<f64, Reason>;
+
+/// Total order on scores: higher first, then by the total order of `f64`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Key(pub(crate) f64);
+impl Eq for Key {}
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Descending: a higher score sorts first.
+        other.0.total_cmp(&self.0)
+    }
+}
+
+/// One shape's verdicts on every node, valid as of a ledger change cursor.
+#[derive(Debug, Clone, Default)]
+pub struct ShapeCache {
+    cursor: u64,
+    /// Per node: `None` until judged (or after a change forgot it).
+    verdicts: Vec<Option<Verdict>>,
+    /// The nodes that fit, best first (ties: lower id first).
+    order: BTreeSet<(Key, NodeId)>,
+    /// Every node whose verdict is `None`, in the order it was forgotten (some
+    /// may have been judged since: they are skipped).
+    stale: Vec<NodeId>,
+    last_used: u64,
+}
+
+impl ShapeCache {
+    /// Forgets every verdict (a cluster of `nodes` nodes, nothing judged).
+    fn reset(&mut self, nodes: usize) {
+        self.verdicts.clear();
+        self.verdicts.resize(nodes, None);
+        self.order.clear();
+        self.stale.clear();
+        self.stale.extend((0..nodes as u32).map(NodeId));
+    }
+
+    /// Forgets one node's verdict.
+    fn forget(&mut self, id: NodeId) {
+        let Some(slot) = self.verdicts.get_mut(id.0 as usize) else {
+            return;
+        };
+        if let Some(old) = slot.take() {
+            if let Ok(score) = old {
+                self.order.remove(&(Key(score), id));
+            }
+            self.stale.push(id);
+        }
+        // A shape read only node by node (the extender's) never drains the list:
+        // keep it as long as the cluster, at most twice over.
+        if self.stale.len() > 2 * self.verdicts.len() + 64 {
+            self.stale = (0..self.verdicts.len())
+                .filter(|&i| self.verdicts[i].is_none())
+                .map(|i| NodeId(i as u32))
+                .collect();
+        }
+    }
+
+    fn set(&mut self, id: NodeId, v: Verdict) {
+        if let Ok(score) = v {
+            self.order.insert((Key(score), id));
+        }
+        if let Some(slot) = self.verdicts.get_mut(id.0 as usize) {
+            *slot = Some(v);
+        }
+    }
+
+    /// The verdict on `id`, judged by `judge` now if it is not known; `None`
+    /// for a node outside the cluster.
+    pub fn verdict(
+        &mut self,
+        id: NodeId,
+        judge: &mut impl FnMut(NodeId) -> Verdict,
+    ) -> Option<&Verdict> {
+        if self.verdicts.get(id.0 as usize)?.is_none() {
+            let v = judge(id);
+            self.set(id, v);
+        }
+        self.known(id)
+    }
+
+    /// The verdict on `id` if it has been judged.
+    pub fn known(&self, id: NodeId) -> Option<&Verdict> {
+        self.verdicts.get(id.0 as usize)?.as_ref()
+    }
+
+    /// Judges every node whose verdict is not known, in the order they were
+    /// forgotten (node order after a reset).
+    pub fn judge_all(&mut self, judge: &mut impl FnMut(NodeId) -> Verdict) {
+        for id in std::mem::take(&mut self.stale) {
+            if self
+                .verdicts
+                .get(id.0 as usize)
+                .is_some_and(Option::is_none)
+            {
+                let v = judge(id);
+                self.set(id, v);
+            }
+        }
+    }
+
+    /// The nodes judged to fit, best first (ties: lower id first). After
+    /// [`ShapeCache::judge_all`], every node that fits.
+    pub fn ranked(&self) -> impl Iterator<Item = (NodeId, f64)> + '_ {
+        self.order.iter().map(|&(Key(score), id)| (id, score))
+    }
+}
+
+/// Per request shape (`K`, the caller's key), the verdicts of every node.
+///
+/// The least recently used shape is dropped when `max_shapes` are kept. A shape
+/// whose policy is not cacheable ([`cacheable`]) is judged afresh on every ask:
+/// the entry then only carries the verdicts from one ask to the reads that follow it.
+#[derive(Debug, Clone)]
+pub struct Verdicts<K> {
+    shapes: FxHashMap<K, ShapeCache>,
+    max_shapes: usize,
+    clock: u64,
+}
+
+impl<K: Hash + Eq + Clone> Verdicts<K> {
+    /// A cache keeping at most `max_shapes` shapes (at least one).
+    pub fn new(max_shapes: usize) -> Verdicts<K> {
+        Verdicts {
+            shapes: FxHashMap::default(),
+            max_shapes: max_shapes.max(1),
+            clock: 0,
+        }
+    }
+
+    /// Forgets every shape (the cluster itself changed, or the policy did).
+    pub fn clear(&mut self) {
+        self.shapes.clear();
+    }
+
+    /// Forgets `node`'s verdict in every shape: something a verdict reads
+    /// changed outside the ledger (a node resource the caller's judge checks).
+    pub fn forget(&mut self, node: NodeId) {
+        for s in self.shapes.values_mut() {
+            s.forget(node);
+        }
+    }
+
+    /// The verdicts of `key`'s shape on a cluster of `nodes` nodes, brought up
+    /// to date with `ledger`: nodes changed since the shape was last asked are
+    /// forgotten; everything is when the ledger's log no longer reaches back
+    /// that far, the cluster's size changed, or `reuse` is false (a policy that
+    /// is not [`cacheable`]).
+    pub fn shape(&mut self, key: K, ledger: &Ledger, nodes: usize, reuse: bool) -> &mut ShapeCache {
+        self.clock += 1;
+        if self.shapes.len() >= self.max_shapes
+            && !self.shapes.contains_key(&key)
+            && let Some(old) = self
+                .shapes
+                .iter()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(k, _)| k.clone())
+        {
+            self.shapes.remove(&old);
+        }
+        let clock = self.clock;
+        let s = self.shapes.entry(key).or_insert_with(|| ShapeCache {
+            cursor: u64::MAX,
+            ..ShapeCache::default()
+        });
+        s.last_used = clock;
+        let changed = if reuse && s.verdicts.len() == nodes {
+            ledger.changes_since(s.cursor)
+        } else {
+            None
+        };
+        match changed {
+            Some(ids) => {
+                for &id in ids {
+                    s.forget(id);
+                }
+            }
+            None => s.reset(nodes),
+        }
+        s.cursor = ledger.change_cursor();
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::demo::demo_cluster;
+    use crate::policy;
+    use rand::SeedableRng;
+
+    /// Judges with the binpack policy; counts the nodes it judged.
+    fn judged(
+        s: &mut ShapeCache,
+        cluster: &crate::Cluster,
+        ledger: &Ledger,
+        req: &Request,
+        ids: &[u32],
+    ) -> usize {
+        let p = policy::by_name("binpack", &policy::PolicyArgs::default()).unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let mut n = 0;
+        let mut judge = |id: NodeId| {
+            n += 1;
+            judge(p.as_ref(), NodeView::of(cluster, ledger, id), req, &mut rng).map(|s| s.score)
+        };
+        if ids.is_empty() {
+            s.judge_all(&mut judge);
+        } else {
+            for &i in ids {
+                s.verdict(NodeId(i), &mut judge);
+            }
+        }
+        n
+    }
+
+    /// After a placement only the changed node is judged again, whether the
+    /// shape is read node by node or all at once.
+    #[test]
+    fn only_changed_nodes_are_judged_again() {
+        let cluster = demo_cluster();
+        let mut ledger = Ledger::new(&cluster);
+        let req = Request::share_milli(300, 2000, 4096);
+        let mut v: Verdicts<Request> = Verdicts::new(4);
+        let n = cluster.len();
+        let s = v.shape(req.clone(), &ledger, n, true);
+        assert_eq!(
+            judged(s, &cluster, &ledger, &req, &[]),
+            n,
+            "first ask: every node"
+        );
+        assert_eq!(
+            judged(s, &cluster, &ledger, &req, &[]),
+            0,
+            "nothing changed"
+        );
+        let (best, _) = s.ranked().next().expect("a node fits");
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let p = policy::by_name("binpack", &policy::PolicyArgs::default()).unwrap();
+        let scored = judge(
+            p.as_ref(),
+            NodeView::of(&cluster, &ledger, best),
+            &req,
+            &mut rng,
+        )
+        .expect("fits");
+        let placement =
+            crate::Placement::of(NodeView::of(&cluster, &ledger, best), &req, best, scored);
+        ledger.apply(&cluster, &placement).unwrap();
+        let s = v.shape(req.clone(), &ledger, n, true);
+        assert_eq!(s.known(best), None, "the changed node is forgotten");
+        assert_eq!(
+            judged(s, &cluster, &ledger, &req, &[best.0, 0, 1]),
+            1,
+            "read one by one"
+        );
+        assert_eq!(
+            judged(s, &cluster, &ledger, &req, &[]),
+            0,
+            "then nothing is stale"
+        );
+        let s = v.shape(req.clone(), &ledger, n, false);
+        assert_eq!(
+            judged(s, &cluster, &ledger, &req, &[]),
+            n,
+            "not reused: all again"
+        );
+    }
+
+    /// The least recently used shape goes when the cache is full.
+    #[test]
+    fn the_least_recently_used_shape_is_dropped() {
+        let cluster = demo_cluster();
+        let ledger = Ledger::new(&cluster);
+        let mut v: Verdicts<u32> = Verdicts::new(2);
+        let n = cluster.len();
+        for key in [1, 2, 1, 3] {
+            v.shape(key, &ledger, n, true).judge_all(&mut |_| Ok(1.0));
+        }
+        assert!(v.shapes.contains_key(&1) && v.shapes.contains_key(&3));
+        assert!(!v.shapes.contains_key(&2), "2 was used least recently");
+    }
+
+    /// A node forgotten outside the ledger is judged again; the stale list of a
+    /// shape read node by node stays bounded.
+    #[test]
+    fn forgotten_nodes_are_judged_again_and_the_stale_list_is_bounded() {
+        let cluster = demo_cluster();
+        let ledger = Ledger::new(&cluster);
+        let mut v: Verdicts<u32> = Verdicts::new(2);
+        let n = cluster.len();
+        let mut calls = 0;
+        for _ in 0..1000 {
+            v.forget(NodeId(3));
+            let s = v.shape(7, &ledger, n, true);
+            s.verdict(NodeId(3), &mut |_| {
+                calls += 1;
+                Err(Reason::Unhealthy)
+            });
+        }
+        assert_eq!(calls, 1000, "judged again after every forget");
+        assert!(v.shapes[&7].stale.len() <= 2 * n + 64);
+        assert_eq!(v.shapes[&7].known(NodeId(3)), Some(&Err(Reason::Unhealthy)));
+    }
+}
