@@ -229,3 +229,56 @@ fn an_annotation_without_uuid_replays_at_its_placement() {
         Err(ReserveError::DoesNotFit { .. })
     ));
 }
+
+/// Standalone decides through the core's judge, so a `hard` share ranks nodes
+/// by isolation tier first (a free MIG instance before a whole GPU) exactly as
+/// the core scheduler does: same node, same score, same score parts.
+#[test]
+fn a_hard_share_is_ranked_as_the_core_scheduler_ranks_it() {
+    use rand::SeedableRng;
+    use tessera_core::placement::{Decision, Scheduler};
+    use tessera_core::policy::{PolicyArgs, by_name};
+    use tessera_core::request::{IsolationLevel, Request};
+    let nodes = vec![
+        kube_node("a100", "32", "256Gi"),
+        kube_node("t4", "8", "32Gi"),
+    ];
+    let inv = vec![
+        mig_node("a100", vec![instance("3g.40gb", 4, 4, MIG_UUID)]),
+        gpu_node("t4", "T4", 15_360, 1),
+    ];
+    let hard = Request::share_level(300, IsolationLevel::Hard, 0, 0);
+    // Policies without a learned workload (the mirror builds `tessera` from the
+    // pods it has seen, so its fragmentation target differs from the default).
+    for policy in ["binpack", "spread", "bestfit"] {
+        let m = mirror(policy, nodes.clone(), inv.clone(), vec![]);
+        let mut m = lock(&m);
+        let (cluster, ledger) = (m.cluster().clone(), m.ledger().clone());
+        let mut core = Scheduler::new(by_name(policy, &PolicyArgs::default()).unwrap());
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let Decision::Place(want) = core.decide(&cluster, &ledger, &hard, &mut rng) else {
+            panic!("{policy}: a hard share fits");
+        };
+        let (got, e) = m
+            .decide(&hard, &Default::default(), |_| Ok(()))
+            .expect("fits");
+        assert_eq!(e.fit, 2, "{policy}: both nodes can take it");
+        assert_eq!(
+            (got.node, got.score, &got.terms),
+            (want.node, want.score, &want.terms),
+            "{policy}"
+        );
+        // On the T4 it would get a whole GPU: ranked below by the isolation tier.
+        let (on_t4, _) = m
+            .decide(&hard, &Default::default(), |f| {
+                (f.name == "t4").then_some(()).ok_or("not the t4".into())
+            })
+            .expect("the t4 takes it");
+        assert!(
+            on_t4.terms.iter().any(|t| t.name == "isolation-tier"),
+            "{policy}: {:?}",
+            on_t4.terms
+        );
+        assert!(on_t4.score < got.score, "{policy}");
+    }
+}
