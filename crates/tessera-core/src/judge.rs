@@ -162,7 +162,8 @@ impl ShapeCache {
     /// Judges every node whose verdict is not known, in the order they were
     /// forgotten (node order after a reset).
     pub fn judge_all(&mut self, judge: &mut impl FnMut(NodeId) -> Verdict) {
-        for id in std::mem::take(&mut self.stale) {
+        let mut stale = std::mem::take(&mut self.stale);
+        for &id in &stale {
             if self
                 .verdicts
                 .get(id.0 as usize)
@@ -172,6 +173,9 @@ impl ShapeCache {
                 self.set(id, v);
             }
         }
+        // Keep the list's allocation: nearly every decision forgets a node or two.
+        stale.clear();
+        self.stale = stale;
     }
 
     /// The nodes judged to fit, best first (ties: lower id first). After
