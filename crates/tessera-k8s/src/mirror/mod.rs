@@ -23,7 +23,7 @@
 //! Parts: [`ingest`] (watch events and holds), [`reservations`] (assumed
 //! placements with deadlines), [`verdicts`] (per-shape node judgements for the
 //! extender and the standalone loop), [`queues`] (queues and quota admission),
-//! [`groups`] (gangs);
+//! [`groups`] (gangs), [`shared`] (the lock every task shares it through);
 //! this file holds the state and its reads.
 
 use std::collections::{BTreeMap, HashMap};
@@ -49,12 +49,14 @@ mod learning;
 mod preemption;
 mod queues;
 mod reservations;
+mod shared;
 mod verdicts;
 
 pub use groups::gang_of;
 pub use preemption::{PreemptionPlan, Victim, may_preempt_for, victims_text};
 pub use queues::{QueueFigures, QuotaCheck, queue_spec};
 pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};
+pub use shared::SharedMirror;
 pub use verdicts::{FilterOutcome, resolvable};
 
 /// Nodes, pods and inventory, and the core state derived from them.
