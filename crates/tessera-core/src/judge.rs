@@ -67,7 +67,7 @@ pub fn judge(
     Ok(scored)
 }
 
-/// A node's cached verdict: its score, or why it cannot take the shape.
+/// A node's verdict: its score, or why it cannot take the shape.
 pub type Verdict = Result<f64, Reason>;
 
 /// Total order on scores: higher first, then by the total order of `f64`.
@@ -86,25 +86,45 @@ impl Ord for Key {
     }
 }
 
+/// A node's entry in a shape: 16 bytes, so that a shape of many nodes stays
+/// small (a decision touches the entries of scattered nodes, a cache miss each).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Slot {
+    /// Not judged yet, or forgotten since.
+    Unknown,
+    Fit(f64),
+    /// Rejected for the shape's reason at this index.
+    No(u32),
+}
+
 /// One shape's verdicts on every node, valid as of a ledger change cursor.
 #[derive(Debug, Clone, Default)]
 pub struct ShapeCache {
     cursor: u64,
-    /// Per node: `None` until judged (or after a change forgot it).
-    verdicts: Vec<Option<Verdict>>,
+    slots: Vec<Slot>,
+    /// The distinct reasons nodes were rejected for (a handful per shape), by
+    /// index, and the index of each.
+    reasons: Vec<Reason>,
+    reason_ids: FxHashMap<Reason, u32>,
     /// The nodes that fit, best first (ties: lower id first).
     order: BTreeSet<(Key, NodeId)>,
-    /// Every node whose verdict is `None`, in the order it was forgotten (some
+    /// Every node whose slot is unknown, in the order it was forgotten (some
     /// may have been judged since: they are skipped).
     stale: Vec<NodeId>,
     last_used: u64,
 }
 
 impl ShapeCache {
+    /// Distinct reasons kept before the shape starts over (node-specific texts
+    /// from a caller's judge could otherwise grow the table without bound).
+    const MAX_REASONS: usize = 4096;
+
     /// Forgets every verdict (a cluster of `nodes` nodes, nothing judged).
     fn reset(&mut self, nodes: usize) {
-        self.verdicts.clear();
-        self.verdicts.resize(nodes, None);
+        self.slots.clear();
+        self.slots.resize(nodes, Slot::Unknown);
+        self.reasons.clear();
+        self.reason_ids.clear();
         self.order.clear();
         self.stale.clear();
         self.stale.extend((0..nodes as u32).map(NodeId));
@@ -112,31 +132,45 @@ impl ShapeCache {
 
     /// Forgets one node's verdict.
     fn forget(&mut self, id: NodeId) {
-        let Some(slot) = self.verdicts.get_mut(id.0 as usize) else {
+        let Some(slot) = self.slots.get_mut(id.0 as usize) else {
             return;
         };
-        if let Some(old) = slot.take() {
-            if let Ok(score) = old {
+        match std::mem::replace(slot, Slot::Unknown) {
+            Slot::Unknown => return,
+            Slot::Fit(score) => {
                 self.order.remove(&(Key(score), id));
             }
-            self.stale.push(id);
+            Slot::No(_) => {}
         }
+        self.stale.push(id);
         // A shape read only node by node (the extender's) never drains the list:
         // keep it as long as the cluster, at most twice over.
-        if self.stale.len() > 2 * self.verdicts.len() + 64 {
-            self.stale = (0..self.verdicts.len())
-                .filter(|&i| self.verdicts[i].is_none())
+        if self.stale.len() > 2 * self.slots.len() + 64 {
+            self.stale = (0..self.slots.len())
+                .filter(|&i| self.slots[i] == Slot::Unknown)
                 .map(|i| NodeId(i as u32))
                 .collect();
         }
     }
 
     fn set(&mut self, id: NodeId, v: Verdict) {
-        if let Ok(score) = v {
-            self.order.insert((Key(score), id));
-        }
-        if let Some(slot) = self.verdicts.get_mut(id.0 as usize) {
-            *slot = Some(v);
+        let slot = match v {
+            Ok(score) => {
+                self.order.insert((Key(score), id));
+                Slot::Fit(score)
+            }
+            Err(reason) => match self.reason_ids.get(&reason) {
+                Some(&i) => Slot::No(i),
+                None => {
+                    let i = self.reasons.len() as u32;
+                    self.reason_ids.insert(reason.clone(), i);
+                    self.reasons.push(reason);
+                    Slot::No(i)
+                }
+            },
+        };
+        if let Some(s) = self.slots.get_mut(id.0 as usize) {
+            *s = slot;
         }
     }
 
@@ -146,8 +180,8 @@ impl ShapeCache {
         &mut self,
         id: NodeId,
         judge: &mut impl FnMut(NodeId) -> Verdict,
-    ) -> Option<&Verdict> {
-        if self.verdicts.get(id.0 as usize)?.is_none() {
+    ) -> Option<Result<f64, &Reason>> {
+        if *self.slots.get(id.0 as usize)? == Slot::Unknown {
             let v = judge(id);
             self.set(id, v);
         }
@@ -155,8 +189,12 @@ impl ShapeCache {
     }
 
     /// The verdict on `id` if it has been judged.
-    pub fn known(&self, id: NodeId) -> Option<&Verdict> {
-        self.verdicts.get(id.0 as usize)?.as_ref()
+    pub fn known(&self, id: NodeId) -> Option<Result<f64, &Reason>> {
+        match *self.slots.get(id.0 as usize)? {
+            Slot::Unknown => None,
+            Slot::Fit(score) => Some(Ok(score)),
+            Slot::No(i) => self.reasons.get(i as usize).map(Err),
+        }
     }
 
     /// Judges every node whose verdict is not known, in the order they were
@@ -164,11 +202,7 @@ impl ShapeCache {
     pub fn judge_all(&mut self, judge: &mut impl FnMut(NodeId) -> Verdict) {
         let mut stale = std::mem::take(&mut self.stale);
         for &id in &stale {
-            if self
-                .verdicts
-                .get(id.0 as usize)
-                .is_some_and(Option::is_none)
-            {
+            if self.slots.get(id.0 as usize) == Some(&Slot::Unknown) {
                 let v = judge(id);
                 self.set(id, v);
             }
@@ -243,7 +277,8 @@ impl<K: Hash + Eq + Clone> Verdicts<K> {
             ..ShapeCache::default()
         });
         s.last_used = clock;
-        let changed = if reuse && s.verdicts.len() == nodes {
+        let fresh = s.slots.len() == nodes && s.reasons.len() < ShapeCache::MAX_REASONS;
+        let changed = if reuse && fresh {
             ledger.changes_since(s.cursor)
         } else {
             None
@@ -346,6 +381,12 @@ mod tests {
         );
     }
 
+    /// An entry stays two to a cache line (see [`Slot`]).
+    #[test]
+    fn a_node_entry_takes_16_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 16);
+    }
+
     /// The least recently used shape goes when the cache is full.
     #[test]
     fn the_least_recently_used_shape_is_dropped() {
@@ -379,6 +420,7 @@ mod tests {
         }
         assert_eq!(calls, 1000, "judged again after every forget");
         assert!(v.shapes[&7].stale.len() <= 2 * n + 64);
-        assert_eq!(v.shapes[&7].known(NodeId(3)), Some(&Err(Reason::Unhealthy)));
+        assert_eq!(v.shapes[&7].reasons.len(), 1, "one reason, kept once");
+        assert_eq!(v.shapes[&7].known(NodeId(3)), Some(Err(&Reason::Unhealthy)));
     }
 }

@@ -256,7 +256,7 @@ impl Mirror {
             .iter()
             .zip(&ids)
             .filter_map(|(name, id)| match id.and_then(|id| verdicts.known(id)) {
-                Some(Ok(s)) => Some((*name, *s)),
+                Some(Ok(s)) => Some((*name, s)),
                 _ => None,
             })
             .collect();
@@ -305,8 +305,8 @@ impl Mirror {
                 Some(Ok(score)) => {
                     e.fit += 1;
                     // Ties go to the earlier node, as in the core's order.
-                    if best.is_none_or(|(_, b)| *score > b) {
-                        best = Some((id, *score));
+                    if best.is_none_or(|(_, b)| score > b) {
+                        best = Some((id, score));
                     }
                 }
                 Some(Err(r)) => e.add(r.clone()),
