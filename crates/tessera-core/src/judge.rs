@@ -190,11 +190,25 @@ impl ShapeCache {
 
     /// The verdict on `id` if it has been judged.
     pub fn known(&self, id: NodeId) -> Option<Result<f64, &Reason>> {
+        match self.known_index(id)? {
+            Ok(score) => Some(Ok(score)),
+            Err(i) => self.reasons.get(i).map(Err),
+        }
+    }
+
+    /// Like [`ShapeCache::known`], with a rejection as its index into
+    /// [`ShapeCache::reasons`] (for a caller that words each reason once).
+    pub fn known_index(&self, id: NodeId) -> Option<Result<f64, usize>> {
         match *self.slots.get(id.0 as usize)? {
             Slot::Unknown => None,
             Slot::Fit(score) => Some(Ok(score)),
-            Slot::No(i) => self.reasons.get(i as usize).map(Err),
+            Slot::No(i) => Some(Err(i as usize)),
         }
+    }
+
+    /// The distinct reasons this shape's nodes were rejected for.
+    pub fn reasons(&self) -> &[Reason] {
+        &self.reasons
     }
 
     /// Judges every node whose verdict is not known, in the order they were
@@ -257,8 +271,8 @@ impl<K: Hash + Eq + Clone> Verdicts<K> {
     /// The verdicts of `key`'s shape on a cluster of `nodes` nodes, brought up
     /// to date with `ledger`: nodes changed since the shape was last asked are
     /// forgotten; everything is when the ledger's log no longer reaches back
-    /// that far, the cluster's size changed, or `reuse` is false (a policy that
-    /// is not [`cacheable`]).
+    /// that far, the cluster's size changed, the shape's table of reasons is
+    /// full, or `reuse` is false (a policy that is not [`cacheable`]).
     pub fn shape(&mut self, key: K, ledger: &Ledger, nodes: usize, reuse: bool) -> &mut ShapeCache {
         self.clock += 1;
         if self.shapes.len() >= self.max_shapes

@@ -133,27 +133,6 @@ impl Judging<'_> {
     }
 }
 
-/// The text of a rejection, made once per distinct reason in one answer (most
-/// nodes share a handful of reasons; a list of thousands repeats them).
-#[derive(Default)]
-struct Texts<'r>(Vec<(&'r Reason, Arc<str>)>);
-
-impl<'r> Texts<'r> {
-    /// Distinct reasons remembered at most (past that, each text is made anew).
-    const MAX: usize = 16;
-
-    fn of(&mut self, r: &'r Reason) -> Arc<str> {
-        if let Some((_, t)) = self.0.iter().find(|(x, _)| *x == r) {
-            return t.clone();
-        }
-        let t: Arc<str> = Arc::from(r.to_string());
-        if self.0.len() < Self::MAX {
-            self.0.push((r, t.clone()));
-        }
-        t
-    }
-}
-
 impl Mirror {
     /// The verdict cache apart from what judging reads, so both can be borrowed at once.
     fn split(&mut self) -> (&mut Verdicts<ShapeKey>, Judging<'_>) {
@@ -217,20 +196,24 @@ impl Mirror {
         let ids = self.ids_of(names);
         let key = (req, host);
         let verdicts = self.judged(&key, Some(&ids));
-        let mut texts = Texts::default();
+        // Each distinct reason is worded once per answer (thousands of nodes share a handful).
+        let reasons = verdicts.reasons();
+        let mut texts: Vec<Option<Arc<str>>> = vec![None; reasons.len()];
         out.passed.reserve(names.len());
         for (name, id) in names.iter().zip(&ids) {
-            match id.and_then(|id| verdicts.known(id)) {
+            let verdict = id.and_then(|id| verdicts.known_index(id));
+            match verdict.map(|v| v.map_err(|i| (i, reasons.get(i)))) {
                 Some(Ok(_)) => out.passed.push(name),
-                Some(Err(r)) => {
+                Some(Err((i, Some(r)))) => {
                     let into = if resolvable(r) {
                         &mut out.failed
                     } else {
                         &mut out.unresolvable
                     };
-                    into.push((name, texts.of(r)));
+                    let text = texts[i].get_or_insert_with(|| Arc::from(r.to_string()));
+                    into.push((name, text.clone()));
                 }
-                None => out.unresolvable.push((name, NO_INVENTORY.clone())),
+                Some(Err((_, None))) | None => out.unresolvable.push((name, NO_INVENTORY.clone())),
             }
         }
         Ok(out)
