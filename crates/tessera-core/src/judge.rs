@@ -174,18 +174,19 @@ impl ShapeCache {
         }
     }
 
-    /// The verdict on `id`, judged by `judge` now if it is not known; `None`
-    /// for a node outside the cluster.
-    pub fn verdict(
+    /// Judges each of `ids` whose verdict is not known (the nodes a caller is
+    /// about to read; ids outside the cluster are skipped).
+    pub fn judge_each(
         &mut self,
-        id: NodeId,
+        ids: impl IntoIterator<Item = NodeId>,
         judge: &mut impl FnMut(NodeId) -> Verdict,
-    ) -> Option<Result<f64, &Reason>> {
-        if *self.slots.get(id.0 as usize)? == Slot::Unknown {
-            let v = judge(id);
-            self.set(id, v);
+    ) {
+        for id in ids {
+            if let Some(Slot::Unknown) = self.slots.get(id.0 as usize) {
+                let v = judge(id);
+                self.set(id, v);
+            }
         }
-        self.known(id)
     }
 
     /// The verdict on `id` if it has been judged.
@@ -335,9 +336,7 @@ mod tests {
         if ids.is_empty() {
             s.judge_all(&mut judge);
         } else {
-            for &i in ids {
-                s.verdict(NodeId(i), &mut judge);
-            }
+            s.judge_each(ids.iter().map(|&i| NodeId(i)), &mut judge);
         }
         n
     }
@@ -427,7 +426,7 @@ mod tests {
         for _ in 0..1000 {
             v.forget(NodeId(3));
             let s = v.shape(7, &ledger, n, true);
-            s.verdict(NodeId(3), &mut |_| {
+            s.judge_each([NodeId(3)], &mut |_| {
                 calls += 1;
                 Err(Reason::Unhealthy)
             });

@@ -122,11 +122,7 @@ impl Judging<'_> {
             self.node(id, req).map(|s| s.score)
         };
         match ids {
-            Some(ids) => {
-                for id in ids.iter().flatten() {
-                    shape.verdict(*id, &mut judge);
-                }
-            }
+            Some(ids) => shape.judge_each(ids.iter().flatten().copied(), &mut judge),
             None => shape.judge_all(&mut judge),
         }
         shape
@@ -201,10 +197,10 @@ impl Mirror {
         let mut texts: Vec<Option<Arc<str>>> = vec![None; reasons.len()];
         out.passed.reserve(names.len());
         for (name, id) in names.iter().zip(&ids) {
-            let verdict = id.and_then(|id| verdicts.known_index(id));
-            match verdict.map(|v| v.map_err(|i| (i, reasons.get(i)))) {
+            match id.and_then(|id| verdicts.known_index(id)) {
                 Some(Ok(_)) => out.passed.push(name),
-                Some(Err((i, Some(r)))) => {
+                Some(Err(i)) if i < reasons.len() => {
+                    let r = &reasons[i];
                     let into = if resolvable(r) {
                         &mut out.failed
                     } else {
@@ -213,7 +209,7 @@ impl Mirror {
                     let text = texts[i].get_or_insert_with(|| Arc::from(r.to_string()));
                     into.push((name, text.clone()));
                 }
-                Some(Err((_, None))) | None => out.unresolvable.push((name, NO_INVENTORY.clone())),
+                Some(Err(_)) | None => out.unresolvable.push((name, NO_INVENTORY.clone())),
             }
         }
         Ok(out)
@@ -238,10 +234,12 @@ impl Mirror {
         let raw: Vec<(&'a str, f64)> = names
             .iter()
             .zip(&ids)
-            .filter_map(|(name, id)| match id.and_then(|id| verdicts.known(id)) {
-                Some(Ok(s)) => Some((*name, s)),
-                _ => None,
-            })
+            .filter_map(
+                |(name, id)| match id.and_then(|id| verdicts.known_index(id)) {
+                    Some(Ok(s)) => Some((*name, s)),
+                    _ => None,
+                },
+            )
             .collect();
         let (lo, hi) = raw
             .iter()
