@@ -48,6 +48,9 @@ pub enum Reason {
     Excluded { why: String },
     /// The policy declined the node.
     PolicyDeclined { policy: String },
+    /// A countable resource of the node that the pod takes (a pod slot, a device
+    /// plugin's resource) is used up: unlike [`Reason::Excluded`], freeing pods helps.
+    NodeResource { why: String },
 }
 
 impl fmt::Display for Reason {
@@ -84,6 +87,7 @@ impl fmt::Display for Reason {
             Reason::MixedArchitecture => write!(f, "free GPUs span architectures"),
             Reason::Excluded { why } => write!(f, "{why}"),
             Reason::PolicyDeclined { policy } => write!(f, "declined by policy {policy}"),
+            Reason::NodeResource { why } => write!(f, "{why}"),
         }
     }
 }

@@ -15,8 +15,8 @@
 use smallvec::SmallVec;
 
 use crate::explain::Reason;
-use crate::ledger::NodeUse;
-use crate::model::{Catalog, Health, Node};
+use crate::ledger::{Ledger, NodeUse};
+use crate::model::{Catalog, Cluster, Health, Node, NodeId};
 use crate::placement::GpuGrant;
 use crate::request::{GpuAsk, Request, Wish};
 
@@ -44,6 +44,17 @@ pub struct NodeView<'a> {
     pub node: &'a Node,
     pub used: &'a NodeUse,
     pub catalog: &'a Catalog,
+}
+
+impl<'a> NodeView<'a> {
+    /// Node `id` of `cluster`, with its use as `ledger` has it.
+    pub fn of(cluster: &'a Cluster, ledger: &'a Ledger, id: NodeId) -> NodeView<'a> {
+        NodeView {
+            node: cluster.node(id),
+            used: ledger.node(id),
+            catalog: &cluster.catalog,
+        }
+    }
 }
 
 /// A cheap, conservative test from the ledger's per-node maxima: `true` only when
@@ -110,6 +121,16 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
         return Err(Reason::Unhealthy);
     }
     let pinned = &req.constraints.pinned_uuids;
+    // Most rejections of a whole-GPU ask are settled by the ledger's summary
+    // without the per-GPU pass: only idle GPUs can be granted, so too few idle
+    // ones give the reason the pass would give (below 255: the summary saturates).
+    if let GpuAsk::Whole { count } = req.gpu
+        && pinned.is_empty()
+        && used.summary.idle_gpus < u8::MAX
+        && u32::from(used.summary.idle_gpus) < count
+    {
+        return Err(Reason::NotEnoughIdleGpus { want: count });
+    }
     let mut usable = GpuSet::new();
     // Counts of GPUs that failed only on memory, only on compute: which reason to give.
     let (mut short_memory, mut short_cores, mut mode_ok) = (0u32, 0u32, 0u32);

@@ -2,7 +2,7 @@
 //!
 //! Pure: the cluster model, requests and their parser, the ledger of what is in
 //! use, the shared fit filter, the placement policies (one file each), the
-//! scheduler that ranks nodes with them, fragmentation as FGD defines it,
+//! one node judge and its per-shape verdict cache, the scheduler that ranks nodes with them, fragmentation as FGD defines it,
 //! explanations, and the allocation annotation that the scheduler and the node
 //! agent share, and the chargeback meter. No async, no I/O, no clock: state and request in, values out.
 //! A test (`tests/purity.rs`) keeps it that way.
@@ -13,6 +13,7 @@ pub mod containers;
 pub mod explain;
 pub mod fit;
 pub mod frag;
+pub mod judge;
 pub mod ledger;
 pub mod model;
 pub mod placement;

@@ -4,25 +4,22 @@
 //! ledger and returns a [`Placement`] or an [`Explanation`]; the caller applies
 //! it (ledger, Kubernetes binding or simulator event). Nothing here mutates the ledger.
 //!
-//! Speed: scores that depend only on a node's state and the request's shape are
-//! cached per shape in an ordered index. A decision refreshes only the nodes the
-//! ledger logged as changed since that shape was last asked, then walks the index
-//! from the best node until one also passes the host-memory check (host memory is
+//! Speed: a cacheable policy's verdicts are kept per request shape in the core's
+//! one cache ([`crate::judge::Verdicts`]). A decision refreshes only the nodes the
+//! ledger logged as changed since that shape was last asked, then walks the shape's
+//! nodes from the best until one also passes the host-memory check (host memory is
 //! a filter only, never scored, so it is left out of the shape). The cost of a
 //! decision therefore grows with the number of nodes changed since the shape was
 //! last seen (times log N), not with the cluster size; the first request of a new
-//! shape pays one full scan.
-
-use std::cmp::Ordering;
-use std::collections::BTreeSet;
+//! shape pays one full pass.
 
 use rand::RngCore;
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use crate::explain::Explanation;
 use crate::fit::{self, NodeView};
+use crate::judge::{self, Key, Verdicts, judge};
 use crate::ledger::Ledger;
 use crate::model::{Cluster, NodeId};
 use crate::policy::Policy;
@@ -104,6 +101,22 @@ pub struct Placement {
     pub terms: Vec<ScoreTerm>,
 }
 
+impl Placement {
+    /// The placement of `req` on node `id` (seen through `view`) with the GPUs
+    /// and score a judge chose ([`crate::judge::judge`]).
+    pub fn of(view: NodeView<'_>, req: &Request, id: NodeId, scored: Scored) -> Placement {
+        Placement {
+            node: id,
+            grants: fit::grants(view, req, &scored.gpus),
+            cpu_milli: req.cpu_milli,
+            memory_mib: req.memory_mib,
+            class: request_class(req),
+            score: scored.score,
+            terms: scored.terms.to_vec(),
+        }
+    }
+}
+
 /// The class of a request: GPU count and per-GPU milli packed in one number (0 for CPU-only).
 pub fn request_class(req: &Request) -> u32 {
     let n = req.gpu.gpu_count();
@@ -138,46 +151,21 @@ pub struct Scored {
     pub terms: SmallVec<[ScoreTerm; 4]>,
 }
 
-/// Total order on scores: higher first, NaN last.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Key(f64);
-impl Eq for Key {}
-impl PartialOrd for Key {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Key {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // Descending: a higher score sorts first.
-        other.0.total_cmp(&self.0)
-    }
-}
+/// Most request shapes whose verdicts a scheduler keeps.
+const MAX_SHAPES: usize = 256;
 
-struct ShapeCache {
-    cursor: u64,
-    score: Vec<Option<f64>>,
-    order: BTreeSet<(Key, NodeId)>,
-    last_used: u64,
-}
-
-/// Makes decisions for one policy, caching scores per request shape.
+/// Makes decisions for one policy, keeping node verdicts per request shape
+/// ([`crate::judge::Verdicts`]; the shape is the request without host memory).
 pub struct Scheduler {
     policy: Box<dyn Policy>,
-    caches: FxHashMap<Request, ShapeCache>,
-    max_shapes: usize,
-    clock: u64,
-    stamp: Vec<u64>,
+    verdicts: Verdicts<Request>,
 }
 
 impl Scheduler {
     pub fn new(policy: Box<dyn Policy>) -> Scheduler {
         Scheduler {
             policy,
-            caches: FxHashMap::default(),
-            max_shapes: 256,
-            clock: 0,
-            stamp: Vec::new(),
+            verdicts: Verdicts::new(MAX_SHAPES),
         }
     }
 
@@ -185,53 +173,9 @@ impl Scheduler {
         self.policy.as_ref()
     }
 
-    /// Forgets cached scores (after the cluster itself changed shape).
+    /// Forgets cached verdicts (after the cluster itself changed shape).
     pub fn clear_cache(&mut self) {
-        self.caches.clear();
-    }
-
-    fn view<'a>(cluster: &'a Cluster, ledger: &'a Ledger, id: NodeId) -> NodeView<'a> {
-        NodeView {
-            node: cluster.node(id),
-            used: ledger.node(id),
-            catalog: &cluster.catalog,
-        }
-    }
-
-    /// Fit check without host memory, then the policy's score.
-    fn score_shape(
-        &self,
-        view: NodeView<'_>,
-        shape: &Request,
-        rng: &mut dyn RngCore,
-    ) -> Option<Scored> {
-        if shape.cpu_milli > view.used.free_cpu_milli || fit::cannot_fit(view.used, shape) {
-            return None;
-        }
-        let fit = fit::check_gpus(view, shape).ok()?;
-        self.score(view, shape, &fit, rng)
-    }
-
-    /// The policy's score, ranked first by how well the node can isolate a `hard`
-    /// share ([`fit::mig_layout::hard_rank_penalty`]; 0 for every other request).
-    fn score(
-        &self,
-        view: NodeView<'_>,
-        req: &Request,
-        fit: &fit::Fit,
-        rng: &mut dyn RngCore,
-    ) -> Option<Scored> {
-        let penalty = fit::mig_layout::hard_rank_penalty(view, req, fit);
-        self.policy.score(view, req, fit, rng).map(|mut s| {
-            if penalty > 0.0 {
-                s.score -= penalty;
-                s.terms.push(ScoreTerm {
-                    name: "isolation-tier",
-                    value: -penalty,
-                });
-            }
-            s
-        })
+        self.verdicts.clear();
     }
 
     /// Decides where `req` goes.
@@ -258,13 +202,12 @@ impl Scheduler {
         req: &Request,
         rng: &mut dyn RngCore,
     ) -> Option<Placement> {
-        let cacheable = self.policy.cacheable() && req.constraints.pinned_uuids.is_empty();
-        let best = if cacheable {
+        let best = if judge::cacheable(self.policy.as_ref(), req) {
             self.decide_cached(cluster, ledger, req, rng)
         } else {
             self.decide_scan(cluster, ledger, req, rng)
         };
-        best.map(|(id, scored)| Self::placement(cluster, ledger, req, id, scored))
+        best.map(|(id, scored)| Placement::of(NodeView::of(cluster, ledger, id), req, id, scored))
     }
 
     /// Like [`Scheduler::place`], but only on `nodes` (a topology domain for a gang,
@@ -282,26 +225,7 @@ impl Scheduler {
             .copied()
             .filter(|id| (id.0 as usize) < cluster.len());
         self.scan(cluster, ledger, req, ids, rng)
-            .map(|(id, scored)| Self::placement(cluster, ledger, req, id, scored))
-    }
-
-    fn placement(
-        cluster: &Cluster,
-        ledger: &Ledger,
-        req: &Request,
-        id: NodeId,
-        scored: Scored,
-    ) -> Placement {
-        let view = Self::view(cluster, ledger, id);
-        Placement {
-            node: id,
-            grants: fit::grants(view, req, &scored.gpus),
-            cpu_milli: req.cpu_milli,
-            memory_mib: req.memory_mib,
-            class: request_class(req),
-            score: scored.score,
-            terms: scored.terms.to_vec(),
-        }
+            .map(|(id, scored)| Placement::of(NodeView::of(cluster, ledger, id), req, id, scored))
     }
 
     fn decide_scan(
@@ -314,6 +238,8 @@ impl Scheduler {
         self.scan(cluster, ledger, req, cluster.ids(), rng)
     }
 
+    /// The best of `ids` (ties: the earlier node), each judged once, in order: a
+    /// policy that draws from the RNG draws once per node.
     fn scan(
         &self,
         cluster: &Cluster,
@@ -324,12 +250,12 @@ impl Scheduler {
     ) -> Option<(NodeId, Scored)> {
         let mut best: Option<(NodeId, Scored)> = None;
         for id in ids {
-            let view = Self::view(cluster, ledger, id);
-            let Ok(fit) = fit::check(view, req) else {
-                continue;
-            };
-            if let Some(s) = self.score(view, req, &fit, rng)
-                && best.as_ref().is_none_or(|(_, b)| s.score > b.score)
+            if let Ok(s) = judge(
+                self.policy.as_ref(),
+                NodeView::of(cluster, ledger, id),
+                req,
+                rng,
+            ) && best.as_ref().is_none_or(|(_, b)| s.score > b.score)
             {
                 best = Some((id, s));
             }
@@ -337,6 +263,8 @@ impl Scheduler {
         best
     }
 
+    /// The best node from the shape's cached order: the first that also has the
+    /// host memory, judged once more for its GPUs and score parts.
     fn decide_cached(
         &mut self,
         cluster: &Cluster,
@@ -346,86 +274,18 @@ impl Scheduler {
     ) -> Option<(NodeId, Scored)> {
         let mut shape = req.clone();
         shape.memory_mib = 0;
-        self.clock += 1;
-        if self.stamp.len() != cluster.len() {
-            self.stamp = vec![0; cluster.len()];
-        }
-        let mut cache = match self.caches.remove(&shape) {
-            Some(c) => c,
-            None => {
-                if self.caches.len() >= self.max_shapes
-                    && let Some(old) = self
-                        .caches
-                        .iter()
-                        .min_by_key(|(_, c)| c.last_used)
-                        .map(|(k, _)| k.clone())
-                {
-                    self.caches.remove(&old);
-                }
-                ShapeCache {
-                    cursor: u64::MAX,
-                    score: Vec::new(),
-                    order: BTreeSet::new(),
-                    last_used: 0,
-                }
-            }
-        };
-        cache.last_used = self.clock;
-        let changed = if cache.score.len() == cluster.len() {
-            ledger.changes_since(cache.cursor)
-        } else {
-            None
-        };
-        match changed {
-            Some(nodes) => {
-                for &id in nodes {
-                    // Score each changed node once, however often it changed.
-                    if self.stamp[id.0 as usize] == self.clock {
-                        continue;
-                    }
-                    self.stamp[id.0 as usize] = self.clock;
-                    if let Some(old) = cache.score[id.0 as usize].take() {
-                        cache.order.remove(&(Key(old), id));
-                    }
-                    let s = self
-                        .score_shape(Self::view(cluster, ledger, id), &shape, rng)
-                        .map(|s| s.score);
-                    if let Some(s) = s {
-                        cache.order.insert((Key(s), id));
-                    }
-                    cache.score[id.0 as usize] = s;
-                }
-            }
-            None => {
-                cache.order.clear();
-                cache.score = cluster
-                    .ids()
-                    .map(|id| {
-                        self.score_shape(Self::view(cluster, ledger, id), &shape, rng)
-                            .map(|s| s.score)
-                    })
-                    .collect();
-                for (i, s) in cache.score.iter().enumerate() {
-                    if let Some(s) = s {
-                        cache.order.insert((Key(*s), NodeId(i as u32)));
-                    }
-                }
-            }
-        }
-        cache.cursor = ledger.change_cursor();
-        let mut found = None;
-        for &(_, id) in cache.order.iter() {
-            let view = Self::view(cluster, ledger, id);
-            if fit::check_host(view, req).is_err() {
-                continue;
-            }
-            found = self.score_shape(view, &shape, rng).map(|s| (id, s));
-            if found.is_some() {
-                break;
-            }
-        }
-        self.caches.insert(shape, cache);
-        found
+        let policy = self.policy.as_ref();
+        let cache = self
+            .verdicts
+            .shape(shape.clone(), ledger, cluster.len(), true);
+        cache.judge_all(&mut |id| {
+            judge(policy, NodeView::of(cluster, ledger, id), &shape, rng).map(|s| s.score)
+        });
+        cache.ranked().find_map(|(id, _)| {
+            let view = NodeView::of(cluster, ledger, id);
+            fit::check_host(view, req).ok()?;
+            judge(policy, view, &shape, rng).ok().map(|s| (id, s))
+        })
     }
 
     /// Why `req` fits nowhere (or how many nodes it fits): one reason per node from the
@@ -439,7 +299,7 @@ impl Scheduler {
     ) -> Explanation {
         let mut e = Explanation::new(cluster.len());
         for id in cluster.ids() {
-            match fit::check(Self::view(cluster, ledger, id), req) {
+            match fit::check(NodeView::of(cluster, ledger, id), req) {
                 Ok(_) => e.fit += 1,
                 Err(r) => e.add(r),
             }
@@ -447,7 +307,7 @@ impl Scheduler {
         e
     }
 
-    /// Every feasible node with its score, best first (for `tessera place` and the extender's prioritize).
+    /// Every feasible node with its score, best first (for `tessera place`).
     pub fn rank(
         &self,
         cluster: &Cluster,
@@ -458,9 +318,14 @@ impl Scheduler {
         let mut v: Vec<(NodeId, Scored)> = cluster
             .ids()
             .filter_map(|id| {
-                let view = Self::view(cluster, ledger, id);
-                let fit = fit::check(view, req).ok()?;
-                self.score(view, req, &fit, rng).map(|s| (id, s))
+                judge(
+                    self.policy.as_ref(),
+                    NodeView::of(cluster, ledger, id),
+                    req,
+                    rng,
+                )
+                .ok()
+                .map(|s| (id, s))
             })
             .collect();
         v.sort_by(|a, b| Key(a.1.score).cmp(&Key(b.1.score)).then(a.0.cmp(&b.0)));

@@ -2,7 +2,7 @@
 //! N nodes with `nodeCacheCapable` (names only), through the real router
 //! (JSON decode, decision, JSON encode), on a half-full synthetic cluster.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
@@ -13,7 +13,7 @@ use tower::ServiceExt;
 use crate::extender::{ExtenderState, router};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::mirror::{Mirror, Reservation};
+use crate::mirror::{Mirror, Reservation, SharedMirror};
 
 /// Latency figures in microseconds.
 #[derive(Debug, Clone, Serialize)]
@@ -180,7 +180,7 @@ pub async fn extender_latency(
         }
     }
     let gpus = mirror.cluster().gpu_count();
-    let mirror = Arc::new(Mutex::new(mirror));
+    let mirror = SharedMirror::new(mirror);
     let observer = crate::ui::Observer::new(mirror.clone(), Arc::new(Metrics::new()));
     let (mut ticks, mut locks): (Vec<f64>, Vec<f64>) = (0..5u64)
         .map(|i| {
@@ -232,7 +232,7 @@ pub async fn extender_latency(
                 last_update: Some(format!("2026-12-01T00:{:02}:00Z", updates % 60)),
                 ..Default::default()
             });
-            crate::binder::lock(&mirror).upsert_inventory(gn);
+            mirror.lock().upsert_inventory(gn);
             updates += 1;
         }
         let body = serde_json::to_vec(&json!({
@@ -270,7 +270,7 @@ pub async fn extender_latency(
             serde_json::from_slice(&scored).map_err(|e| e.to_string())?;
         if let Some(best) = scores.iter().max_by_key(|h| h.score) {
             let p = pod(&format!("bench-{it}"), ask.clone());
-            let mut m = crate::binder::lock(&mirror);
+            let mut m = mirror.lock();
             let _ = m.reserve(&p, &best.host);
             m.mark_accepted(crate::convert::pod_uid(&p));
             placed += 1;
@@ -281,7 +281,7 @@ pub async fn extender_latency(
             serde_json::from_slice(&body_copy).map_err(|e| e.to_string())?;
         let t4 = Instant::now();
         {
-            let mut m = crate::binder::lock(&mirror);
+            let mut m = mirror.lock();
             let names = args.candidate_names();
             let _ = m.filter(&args.pod, &names);
             let _ = m.prioritize(&args.pod, &names);

@@ -23,7 +23,7 @@
 //! deadline (see [`crate::leader`]), so a replica that stopped renewing its Lease
 //! stops writing before another may start.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
@@ -33,7 +33,7 @@ use tessera_core::allocation::ANNOTATION;
 use crate::convert;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
-use crate::mirror::{Mirror, Reservation, ReserveError};
+use crate::mirror::{Reservation, ReserveError, SharedMirror};
 
 /// Why a bind failed.
 #[derive(Debug, thiserror::Error)]
@@ -95,17 +95,11 @@ pub enum BindError {
 /// The least leadership left for a write to be started.
 const MIN_WRITE_WINDOW: Duration = Duration::from_millis(500);
 
-/// Locks the mirror; a panic in another holder does not make the data unusable
-/// (every mutation keeps the ledger consistent before it can panic).
-pub fn lock(mirror: &Mutex<Mirror>) -> std::sync::MutexGuard<'_, Mirror> {
-    mirror.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Binds pods through the API server.
 #[derive(Clone)]
 pub struct Binder {
     client: kube::Client,
-    mirror: Arc<Mutex<Mirror>>,
+    mirror: SharedMirror,
     leader: Leadership,
     gate: SyncGate,
     /// The `schedulerName`s whose pods we bind; empty: any.
@@ -118,7 +112,7 @@ pub struct Binder {
 /// releases the reservation; afterwards the outcome is unknown and the
 /// reservation waits for its deadline or the watch.
 struct Pending<'a> {
-    mirror: &'a Mutex<Mirror>,
+    mirror: &'a SharedMirror,
     uid: &'a str,
     armed: bool,
 }
@@ -126,7 +120,7 @@ struct Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if self.armed {
-            lock(self.mirror).unreserve(self.uid);
+            self.mirror.lock().unreserve(self.uid);
         }
     }
 }
@@ -138,7 +132,7 @@ impl Binder {
         &self.client
     }
 
-    pub fn new(client: kube::Client, mirror: Arc<Mutex<Mirror>>, leader: Leadership) -> Binder {
+    pub fn new(client: kube::Client, mirror: SharedMirror, leader: Leadership) -> Binder {
         Binder {
             client,
             mirror,
@@ -161,7 +155,7 @@ impl Binder {
         self
     }
 
-    pub fn mirror(&self) -> &Arc<Mutex<Mirror>> {
+    pub fn mirror(&self) -> &SharedMirror {
         &self.mirror
     }
 
@@ -195,7 +189,7 @@ impl Binder {
         let key = format!("{namespace}/{name}");
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let known = {
-            let m = lock(&self.mirror);
+            let m = self.mirror.lock();
             if uid.is_empty() {
                 m.pod_by_name(namespace, name).cloned()
             } else {
@@ -230,7 +224,7 @@ impl Binder {
         if pod.metadata.deletion_timestamp.is_some() {
             return Err(BindError::Deleting { pod: key });
         }
-        let reservation = { lock(&self.mirror).reserve(&pod, node)? };
+        let reservation = { self.mirror.lock().reserve(&pod, node)? };
         match reservation {
             Reservation::AlreadyBound => Ok(()),
             Reservation::Write { annotation } => self.write(&pod, node, annotation).await,
@@ -270,7 +264,7 @@ impl Binder {
         let outcome = tokio::time::timeout(budget, call).await;
         match outcome {
             Ok(Ok(())) => {
-                lock(&self.mirror).mark_accepted(&found);
+                self.mirror.lock().mark_accepted(&found);
                 Ok(())
             }
             Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
@@ -281,7 +275,7 @@ impl Binder {
                             && convert::pod_node(&now) == Some(node)
                             && annotation_of(&now) == annotation.as_deref() =>
                     {
-                        lock(&self.mirror).mark_accepted(&found);
+                        self.mirror.lock().mark_accepted(&found);
                         Ok(())
                     }
                     // Cannot tell whether an earlier write of ours landed: keep it.
@@ -294,7 +288,7 @@ impl Binder {
                         ),
                     }),
                     _ => {
-                        lock(&self.mirror).unreserve(&found);
+                        self.mirror.lock().unreserve(&found);
                         Err(BindError::Refused {
                             pod: key,
                             node: node.to_string(),
@@ -314,7 +308,7 @@ impl Binder {
             }
             Ok(Err(kube::Error::Api(s))) => {
                 // A 4xx: the server refused; nothing was written.
-                lock(&self.mirror).unreserve(&found);
+                self.mirror.lock().unreserve(&found);
                 Err(BindError::Refused {
                     pod: key,
                     node: node.to_string(),

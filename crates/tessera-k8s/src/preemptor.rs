@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -25,13 +25,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, 
 use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
 
-use crate::binder::lock;
 use crate::convert;
 use crate::events::EventSink;
 use crate::extender::preempt::priority;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
-use crate::mirror::{Mirror, may_preempt_for, victims_text};
+use crate::mirror::{SharedMirror, may_preempt_for, victims_text};
 
 /// How long a preemptor waits for its victims to leave before planning again.
 pub const PREEMPTION_WAIT: Duration = Duration::from_secs(120);
@@ -50,7 +49,7 @@ pub const DEFAULT_MIN_RUNTIME: Duration = Duration::from_secs(60);
 
 /// Plans and carries out preemptions; remembers whom each preemptor evicted.
 pub struct Preemptor {
-    mirror: Arc<Mutex<Mirror>>,
+    mirror: SharedMirror,
     client: kube::Client,
     events: Option<EventSink>,
     /// Preemptors whose victims are leaving: their UIDs and how long to wait.
@@ -62,11 +61,7 @@ pub struct Preemptor {
 }
 
 impl Preemptor {
-    pub fn new(
-        mirror: Arc<Mutex<Mirror>>,
-        client: kube::Client,
-        events: Option<EventSink>,
-    ) -> Preemptor {
+    pub fn new(mirror: SharedMirror, client: kube::Client, events: Option<EventSink>) -> Preemptor {
         Preemptor {
             mirror,
             client,
@@ -105,7 +100,7 @@ impl Preemptor {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let plan = {
-            let mut m = lock(&self.mirror);
+            let mut m = self.mirror.lock();
             if let Some((victims, until)) = self.preempting.get(&uid) {
                 let left = victims.iter().filter(|v| m.pod(v).is_some()).count();
                 if left > 0 && Instant::now() < *until {
@@ -169,7 +164,7 @@ impl Preemptor {
         };
         let by = convert::pod_key(pod);
         if let Some(events) = &self.events {
-            let m = lock(&self.mirror);
+            let m = self.mirror.lock();
             for v in &evicted {
                 if let Some(victim) = m.pod(&v.uid) {
                     events.pod_event(
@@ -228,7 +223,7 @@ fn marked_unschedulable(pod: &Pod) -> bool {
 /// first; returns how many evicted something (or are waiting for victims).
 pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
     let mut todo: Vec<(Pod, String)> = {
-        let mut m = lock(&p.mirror);
+        let mut m = p.mirror.lock();
         let waiting: Vec<Pod> = m
             .waiting_pods()
             .filter(|pod| {

@@ -9,18 +9,16 @@
 //! the API server answers 409 and the next tick writes from the newer object.
 //! A status equal to what the object already has is not written.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
 use tessera_api::{GpuQueue, GpuQueueStatus, QueueResources};
 use tessera_core::queue::Resources;
 
-use crate::binder::lock;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
-use crate::mirror::Mirror;
 use crate::mirror::QueueFigures;
+use crate::mirror::{Mirror, SharedMirror};
 use crate::view::ViewError;
 
 /// How often statuses are refreshed.
@@ -72,8 +70,8 @@ pub fn changed(mirror: &mut Mirror) -> Vec<(String, String, GpuQueueStatus)> {
 }
 
 /// One round of writes; returns how many statuses were written.
-pub async fn publish(client: &kube::Client, mirror: &Arc<Mutex<Mirror>>) -> usize {
-    let todo = changed(&mut lock(mirror));
+pub async fn publish(client: &kube::Client, mirror: &SharedMirror) -> usize {
+    let todo = changed(&mut mirror.lock());
     let api: Api<GpuQueue> = Api::all(client.clone());
     let mut written = 0;
     for (name, rv, status) in todo {
@@ -100,7 +98,7 @@ pub async fn publish(client: &kube::Client, mirror: &Arc<Mutex<Mirror>>) -> usiz
 /// Publishes every [`INTERVAL`] while leading and synced, until `shutdown`.
 pub async fn run(
     client: kube::Client,
-    mirror: Arc<Mutex<Mirror>>,
+    mirror: SharedMirror,
     leader: Leadership,
     gate: SyncGate,
     shutdown: impl std::future::Future<Output = ()>,

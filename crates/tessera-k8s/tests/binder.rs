@@ -9,7 +9,6 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{Value, json};
 use tessera_core::allocation::{ANNOTATION, Allocation};
-use tessera_k8s::binder::lock;
 use tessera_k8s::extender::router;
 
 const UID: &str = "5c821d97-cbf6-4af6-96e8-39693dca64a6";
@@ -49,7 +48,7 @@ async fn bind_is_one_binding_carrying_the_signed_annotation_with_preconditions()
     // A repeated bind of the same pod: no second allocation, no further API call.
     let (_, v) = call(app, "/scheduler/bind", body).await;
     assert_eq!(v, json!({"Error": ""}));
-    assert_eq!(lock(&m).ledger().allocation_count(), 1);
+    assert_eq!(m.lock().ledger().allocation_count(), 1);
     drop(m);
 
     let seen = api.await.unwrap();
@@ -126,7 +125,7 @@ async fn a_conflict_counts_as_bound_only_when_the_pod_is_already_here_with_our_g
     )
     .await;
     assert_eq!(v, json!({"Error": ""}));
-    assert_eq!(lock(&m).ledger().allocation_count(), 1);
+    assert_eq!(m.lock().ledger().allocation_count(), 1);
     drop(m);
     assert_eq!(api.await.unwrap().len(), 2);
 
@@ -159,7 +158,7 @@ async fn a_conflict_counts_as_bound_only_when_the_pod_is_already_here_with_our_g
             err.contains("refused by the API server") && err.contains("already assigned"),
             "{err}"
         );
-        assert_eq!(lock(&m).ledger().allocation_count(), 0, "{node}");
+        assert_eq!(m.lock().ledger().allocation_count(), 0, "{node}");
         drop(m);
         assert_eq!(api.await.unwrap().len(), 2);
     }
@@ -178,7 +177,7 @@ async fn a_pod_of_another_scheduler_is_not_bound() {
     let (_, v) = call(router(st), "/bind", body).await;
     let err = v["Error"].as_str().unwrap();
     assert!(err.contains("schedulerName \"default-scheduler\""), "{err}");
-    assert_eq!(lock(&m).ledger().allocation_count(), 0);
+    assert_eq!(m.lock().ledger().allocation_count(), 0);
     drop(m);
     assert!(api.await.unwrap().is_empty());
 }
@@ -252,7 +251,7 @@ async fn a_refused_binding_releases_the_reservation() {
             && err.contains("is invalid"),
         "{err}"
     );
-    assert_eq!(lock(&m).ledger().allocation_count(), 0);
+    assert_eq!(m.lock().ledger().allocation_count(), 0);
     drop(m);
     assert_eq!(api.await.unwrap().len(), 1);
 }
@@ -294,7 +293,7 @@ async fn a_server_error_keeps_the_reservation_since_the_write_may_have_landed() 
             "{code}: {err}"
         );
         {
-            let mut mm = lock(&m);
+            let mut mm = m.lock();
             assert_eq!(mm.ledger().allocation_count(), 1, "{code}: GPUs kept");
             assert!(mm.held(UID).is_some_and(|h| !h.bound));
         }
@@ -349,7 +348,7 @@ async fn concurrent_binds_never_overcommit_a_gpu() {
         errors.iter().any(|e| e.contains("does not fit on node n1")),
         "{errors:?}"
     );
-    assert_eq!(lock(&m).ledger().allocation_count(), 1);
+    assert_eq!(m.lock().ledger().allocation_count(), 1);
     drop(m);
     // Only the winner talked to the API: one binding.
     assert_eq!(api.await.unwrap().len(), 1);
@@ -398,14 +397,14 @@ async fn an_unanswered_bind_keeps_its_reservation_until_the_deadline_then_frees_
     let (_, v) = call(app, "/bind", body).await;
     assert!(!v["Error"].as_str().unwrap().is_empty(), "{v}");
     // Unknown outcome: the GPUs stay reserved (a second pod must not get them) …
-    assert_eq!(lock(&m).ledger().allocation_count(), 1);
+    assert_eq!(m.lock().ledger().allocation_count(), 1);
     tokio::time::advance(tessera_k8s::mirror::RESERVATION_TTL - Duration::from_secs(1)).await;
-    lock(&m).expire_reservations();
-    assert_eq!(lock(&m).ledger().allocation_count(), 1);
+    m.lock().expire_reservations();
+    assert_eq!(m.lock().ledger().allocation_count(), 1);
     // … until the deadline, when a reservation the watch never confirmed is dropped.
     tokio::time::advance(Duration::from_secs(2)).await;
-    lock(&m).expire_reservations();
-    assert_eq!(lock(&m).ledger().allocation_count(), 0);
+    m.lock().expire_reservations();
+    assert_eq!(m.lock().ledger().allocation_count(), 0);
     drop(m);
     assert_eq!(server.await.unwrap(), 1);
 }
@@ -429,7 +428,7 @@ async fn a_leader_near_its_deadline_does_not_start_a_write() {
         v["Error"].as_str().unwrap().contains("not the leader"),
         "{v}"
     );
-    assert_eq!(lock(&m).ledger().allocation_count(), 0, "released at once");
+    assert_eq!(m.lock().ledger().allocation_count(), 0, "released at once");
     // With a fresh renewal the same bind goes through.
     st.leader
         .set_until(true, Some(now + Duration::from_secs(10)));

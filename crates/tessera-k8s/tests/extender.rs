@@ -173,14 +173,14 @@ async fn preempt_answers_with_the_victims_that_free_the_right_gpu() {
                 uid,
                 &[("tessera.io/gpu", "1"), ("tessera.io/gpu-cores", cores)],
             );
-            tessera_k8s::binder::lock(&m).reserve(&p, "n1").unwrap();
+            m.lock().reserve(&p, "n1").unwrap();
             if let (true, Some((annotation, priority))) = (uid == "v2", v2_pod) {
                 if let Some(a) = annotation {
                     p.metadata.annotations =
                         Some([("tessera.io/preemptible".to_string(), a.to_string())].into());
                 }
                 p.spec.as_mut().unwrap().priority = priority;
-                tessera_k8s::binder::lock(&m).upsert_pod(p);
+                m.lock().upsert_pod(p);
             }
         }
         // A 50 % share at priority 1 (v1..v3 have none: 0); kube-scheduler, counting
@@ -208,7 +208,7 @@ async fn preempt_answers_with_the_victims_that_free_the_right_gpu() {
         .await;
         assert_eq!(status, StatusCode::OK, "{case}: {v}");
         assert_eq!(v, json!({ "NodeNameToMetaVictims": want }), "{case}");
-        assert_eq!(tessera_k8s::binder::lock(&m).ledger().allocation_count(), 3);
+        assert_eq!(m.lock().ledger().allocation_count(), 3);
     }
 }
 
@@ -223,7 +223,7 @@ async fn preempt_keeps_nodes_where_the_victims_make_room() {
     // A victim holds n1's only GPU, another holds n2's.
     for (uid, node) in [("victim-1", "n1"), ("victim-2", "n2")] {
         let p = pod("ml", uid, uid, &[("tessera.io/gpu", "1")]);
-        let r = tessera_k8s::binder::lock(&m).reserve(&p, node).unwrap();
+        let r = m.lock().reserve(&p, node).unwrap();
         assert!(matches!(
             r,
             tessera_k8s::mirror::Reservation::Write {
@@ -253,5 +253,5 @@ async fn preempt_keeps_nodes_where_the_victims_make_room() {
         json!({"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "victim-1"}], "NumPDBViolations": 0}}})
     );
     // The check left the ledger as it was.
-    assert_eq!(tessera_k8s::binder::lock(&m).ledger().allocation_count(), 2);
+    assert_eq!(m.lock().ledger().allocation_count(), 2);
 }

@@ -5,15 +5,12 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ObjectMeta;
 use rand::{Rng, SeedableRng};
 use tessera_api::{PodGroup, PodGroupSpec};
-use tessera_k8s::binder::lock;
-use tessera_k8s::mirror::{Mirror, gang_of};
+use tessera_k8s::mirror::{Mirror, SharedMirror, gang_of};
 use tessera_k8s::standalone::Standalone;
 
 fn group(name: &str, min: i32) -> PodGroup {
@@ -56,7 +53,7 @@ fn scheduler(
     pods: Vec<Pod>,
     groups: Vec<PodGroup>,
     events: bool,
-) -> (Standalone, Arc<std::sync::Mutex<Mirror>>, Api) {
+) -> (Standalone, SharedMirror, Api) {
     let nodes = (0..gpus_per_node.len())
         .map(|i| kube_node(&format!("n{i}"), "64", "256Gi"))
         .collect();
@@ -66,7 +63,7 @@ fn scheduler(
         .map(|(i, &g)| gpu_node(&format!("n{i}"), "A100-80GB", 81_920, g))
         .collect();
     let m = mirror("tessera", nodes, inv, pods);
-    lock(&m).replace_pod_groups(groups);
+    m.lock().replace_pod_groups(groups);
     let (client, api) = mock_api(accept_writes);
     let s = standalone(&m, client, events);
     (s, m, api)
@@ -93,13 +90,13 @@ async fn a_gang_is_bound_whole_or_not_at_all() {
     s.pass().await;
     s.flush().await;
     assert_eq!(
-        held_of(&lock(&m), "train", 3),
+        held_of(&m.lock(), "train", 3),
         0,
         "nothing held for a gang that does not fit"
     );
     // A second node arrives: the whole gang goes.
     {
-        let mut g = lock(&m);
+        let mut g = m.lock();
         g.upsert_node(kube_node("n1", "64", "256Gi"));
         g.upsert_inventory(gpu_node("n1", "A100-80GB", 81_920, 4));
     }
@@ -108,7 +105,7 @@ async fn a_gang_is_bound_whole_or_not_at_all() {
     s.pass().await;
     s.flush().await;
     drop(s);
-    assert_eq!(held_of(&lock(&m), "train", 3), 3);
+    assert_eq!(held_of(&m.lock(), "train", 3), 3);
     drop(m);
     let seen = api.await.unwrap();
     assert_eq!(
@@ -142,16 +139,16 @@ async fn a_gang_waits_for_its_members_and_its_podgroup() {
     s.pass().await;
     s.flush().await;
     drop(s);
-    assert_eq!(held_of(&lock(&m), "train", 2), 0);
+    assert_eq!(held_of(&m.lock(), "train", 2), 0);
     // Explain says the pod waits for its gang, and how far the gang is.
-    let p = lock(&m).pod("uid-train-0").unwrap().clone();
-    let r = tessera_k8s::explain::report(&mut lock(&m), &p);
+    let p = m.lock().pod("uid-train-0").unwrap().clone();
+    let r = tessera_k8s::explain::report(&mut m.lock(), &p);
     assert!(
         r.to_string()
             .contains("placed only with its gang ml/train: minMember 3: 0 placed, 2 waiting"),
         "{r}"
     );
-    assert!(lock(&m).held("uid-orphan-0").is_none());
+    assert!(m.lock().held("uid-orphan-0").is_none());
     drop(m);
     let notes = notes(&api.await.unwrap());
     assert!(
@@ -174,7 +171,7 @@ async fn beyond_min_member_the_rest_follow_one_by_one() {
     s.pass().await;
     s.flush().await;
     drop(s);
-    assert_eq!(held_of(&lock(&m), "train", 3), 2);
+    assert_eq!(held_of(&m.lock(), "train", 3), 2);
     drop(m);
     drop(api);
 }
@@ -215,7 +212,7 @@ async fn no_gang_is_ever_partly_placed() {
         let (mut s, m, api) = scheduler(&nodes, pods, groups, false);
         s.pass().await;
         s.flush().await;
-        let g = lock(&m);
+        let g = m.lock();
         for (name, n, min) in &sizes {
             let held = held_of(&g, name, *n);
             assert!(

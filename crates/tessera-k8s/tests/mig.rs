@@ -10,8 +10,7 @@ use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use tessera_api::{GpuNode, MigInstance};
 use tessera_core::allocation::{ANNOTATION, Allocation};
-use tessera_k8s::binder::lock;
-use tessera_k8s::mirror::{Reservation, ReserveError};
+use tessera_k8s::mirror::{Reservation, ReserveError, SharedMirror};
 
 const MIG_UUID: &str = "MIG-8a2f0c1e-5b7d-5e2a-9c3f-1d2e3f4a5b6c";
 
@@ -50,8 +49,8 @@ fn bound(mut p: Pod, node: &str, annotation: String) -> Pod {
     p
 }
 
-fn reserve(m: &std::sync::Mutex<tessera_k8s::mirror::Mirror>, p: &Pod, node: &str) -> String {
-    match lock(m).reserve(p, node) {
+fn reserve(m: &SharedMirror, p: &Pod, node: &str) -> String {
+    match m.lock().reserve(p, node) {
         Ok(Reservation::Write {
             annotation: Some(a),
         }) => a,
@@ -87,7 +86,7 @@ fn the_grant_names_the_existing_instance_at_its_placement_once() {
 
     // The one instance is now taken: a second pod is refused, not given it again.
     let second = mig_pod("second");
-    match lock(&m).reserve(&second, "a100") {
+    match m.lock().reserve(&second, "a100") {
         Err(ReserveError::DoesNotFit { reason, .. }) => {
             assert_eq!(reason, "every 3g.40gb MIG instance is in use")
         }
@@ -95,22 +94,23 @@ fn the_grant_names_the_existing_instance_at_its_placement_once() {
     }
 
     // A restart replays the annotation into the same ledger, and still refuses the second pod.
-    lock(&m).upsert_pod(bound(first.clone(), "a100", annotation.clone()));
-    let before = lock(&m).usage();
+    m.lock()
+        .upsert_pod(bound(first.clone(), "a100", annotation.clone()));
+    let before = m.lock().usage();
     let restarted = mirror(
         "tessera",
         nodes,
         inv,
         vec![bound(first, "a100", annotation)],
     );
-    assert_eq!(lock(&restarted).usage(), before);
+    assert_eq!(restarted.lock().usage(), before);
     assert!(
-        lock(&restarted).problems().is_empty(),
+        restarted.lock().problems().is_empty(),
         "{:?}",
-        lock(&restarted).problems()
+        restarted.lock().problems()
     );
     assert!(matches!(
-        lock(&restarted).reserve(&second, "a100"),
+        restarted.lock().reserve(&second, "a100"),
         Err(ReserveError::DoesNotFit { .. })
     ));
 }
@@ -127,8 +127,9 @@ fn a_mig_gpu_without_instances_is_refused_with_a_clear_reason() {
     ];
     let m = mirror("tessera", nodes, inv, vec![]);
     let req =
-        tessera_k8s::convert::pod_request(&mig_pod("p"), &lock(&m).cluster().catalog).unwrap();
-    let e = lock(&m)
+        tessera_k8s::convert::pod_request(&mig_pod("p"), &m.lock().cluster().catalog).unwrap();
+    let e = m
+        .lock()
         .decide(&req, &Default::default(), |_| Ok(()))
         .expect_err("no 3g.40gb instance exists");
     assert_eq!(
@@ -136,7 +137,7 @@ fn a_mig_gpu_without_instances_is_refused_with_a_clear_reason() {
         "0/2 nodes fit: 1 no MIG GPU offering 3g.40gb, 1 no 3g.40gb MIG instance exists \
          on a GPU (Tessera does not create MIG instances yet)"
     );
-    match lock(&m).reserve(&mig_pod("p"), "a100") {
+    match m.lock().reserve(&mig_pod("p"), "a100") {
         Err(ReserveError::DoesNotFit { reason, .. }) => {
             assert!(reason.contains("does not create MIG instances"), "{reason}")
         }
@@ -163,12 +164,12 @@ fn whole_and_shared_gpus_stay_off_a_gpu_in_mig_mode() {
             [(1, false)],
             "{name}: the plain GPU only"
         );
-        lock(&m).unreserve(&format!("uid-{name}"));
+        m.lock().unreserve(&format!("uid-{name}"));
     }
     // Two whole GPUs do not fit: one of the two is in MIG mode.
     let two = pod("ml", "two", "uid-two", &[("tessera.io/gpu", "2")]);
     assert!(matches!(
-        lock(&m).reserve(&two, "a100"),
+        m.lock().reserve(&two, "a100"),
         Err(ReserveError::DoesNotFit { .. })
     ));
 }
@@ -220,12 +221,65 @@ fn an_annotation_without_uuid_replays_at_its_placement() {
     let old = a.encode_signed(KEY);
     let restarted = mirror("tessera", nodes, inv, vec![bound(first, "a100", old)]);
     assert!(
-        lock(&restarted).problems().is_empty(),
+        restarted.lock().problems().is_empty(),
         "{:?}",
-        lock(&restarted).problems()
+        restarted.lock().problems()
     );
     assert!(matches!(
-        lock(&restarted).reserve(&mig_pod("second"), "a100"),
+        restarted.lock().reserve(&mig_pod("second"), "a100"),
         Err(ReserveError::DoesNotFit { .. })
     ));
+}
+
+/// Standalone decides through the core's judge, so a `hard` share ranks nodes
+/// by isolation tier first (a free MIG instance before a whole GPU) exactly as
+/// the core scheduler does: same node, same score, same score parts.
+#[test]
+fn a_hard_share_is_ranked_as_the_core_scheduler_ranks_it() {
+    use rand::SeedableRng;
+    use tessera_core::placement::{Decision, Scheduler};
+    use tessera_core::policy::{PolicyArgs, by_name};
+    use tessera_core::request::{IsolationLevel, Request};
+    let nodes = vec![
+        kube_node("a100", "32", "256Gi"),
+        kube_node("t4", "8", "32Gi"),
+    ];
+    let inv = vec![
+        mig_node("a100", vec![instance("3g.40gb", 4, 4, MIG_UUID)]),
+        gpu_node("t4", "T4", 15_360, 1),
+    ];
+    let hard = Request::share_level(300, IsolationLevel::Hard, 0, 0);
+    // Policies without a learned workload (the mirror builds `tessera` from the
+    // pods it has seen, so its fragmentation target differs from the default).
+    for policy in ["binpack", "spread", "bestfit"] {
+        let m = mirror(policy, nodes.clone(), inv.clone(), vec![]);
+        let mut m = m.lock();
+        let (cluster, ledger) = (m.cluster().clone(), m.ledger().clone());
+        let mut core = Scheduler::new(by_name(policy, &PolicyArgs::default()).unwrap());
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let Decision::Place(want) = core.decide(&cluster, &ledger, &hard, &mut rng) else {
+            panic!("{policy}: a hard share fits");
+        };
+        let (got, e) = m
+            .decide(&hard, &Default::default(), |_| Ok(()))
+            .expect("fits");
+        assert_eq!(e.fit, 2, "{policy}: both nodes can take it");
+        assert_eq!(
+            (got.node, got.score, &got.terms),
+            (want.node, want.score, &want.terms),
+            "{policy}"
+        );
+        // On the T4 it would get a whole GPU: ranked below by the isolation tier.
+        let (on_t4, _) = m
+            .decide(&hard, &Default::default(), |f| {
+                (f.name == "t4").then_some(()).ok_or("not the t4".into())
+            })
+            .expect("the t4 takes it");
+        assert!(
+            on_t4.terms.iter().any(|t| t.name == "isolation-tier"),
+            "{policy}: {:?}",
+            on_t4.terms
+        );
+        assert!(on_t4.score < got.score, "{policy}");
+    }
 }

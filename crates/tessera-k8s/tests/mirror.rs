@@ -68,7 +68,8 @@ fn a_new_mirror_rebuilds_the_same_ledger_from_pod_annotations() {
     let mut api_pods = Vec::new();
     for (name, node, res) in &asks {
         let p = pod("ml", name, &format!("uid-{name}"), res);
-        let r = tessera_k8s::binder::lock(&first)
+        let r = first
+            .lock()
             .reserve(&p, node)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let Reservation::Write { annotation } = r else {
@@ -93,17 +94,17 @@ fn a_new_mirror_rebuilds_the_same_ledger_from_pod_annotations() {
     );
     api_pods.push(forged);
     // Its cpu/memory count in both: the first mirror learns it from the watch stream.
-    tessera_k8s::binder::lock(&first).upsert_pod(api_pods.last().unwrap().clone());
+    first.lock().upsert_pod(api_pods.last().unwrap().clone());
     // The watch stream now shows the bound pods; nothing changes.
     for p in &api_pods {
-        tessera_k8s::binder::lock(&first).upsert_pod(p.clone());
+        first.lock().upsert_pod(p.clone());
     }
-    let before = tessera_k8s::binder::lock(&first).usage();
+    let before = first.lock().usage();
 
     // A new process lists the same objects (in another order).
     api_pods.reverse();
     let second = mirror("tessera", nodes, inv, api_pods.clone());
-    let mut m2 = tessera_k8s::binder::lock(&second);
+    let mut m2 = second.lock();
     assert_eq!(m2.usage(), before);
     assert_eq!(m2.ledger().allocation_count(), asks.len() + 1);
     assert!(
@@ -149,7 +150,7 @@ fn fractional_pods_pack_onto_one_gpu_until_it_is_full() {
     let mut placed = Vec::new();
     for i in 0..3 {
         let p = pod("ml", &format!("frac-{i}"), &format!("uid-{i}"), &ask);
-        let mut mm = tessera_k8s::binder::lock(&m);
+        let mut mm = m.lock();
         // What kube-scheduler does: filter, prioritize, pick the highest score, bind.
         let passed = mm.filter(&p, &names).unwrap().passed;
         assert_eq!(passed.len(), 2, "pod {i}: both nodes can take 40 %");
@@ -185,7 +186,7 @@ fn cached_verdicts_follow_the_ledger_and_the_inventory() {
     let m = mirror("tessera", nodes, inv.clone(), vec![]);
     let names = vec!["n1"];
     let ask = [("tessera.io/gpu", "1")];
-    let mut mm = tessera_k8s::binder::lock(&m);
+    let mut mm = m.lock();
     let probe = pod("ml", "probe", "uid-probe", &ask);
     assert_eq!(mm.filter(&probe, &names).unwrap().passed, names);
     // Another pod of the same shape takes the only GPU.
@@ -217,7 +218,7 @@ fn cached_verdicts_follow_the_ledger_and_the_inventory() {
 fn only_changes_placement_reads_rebuild_the_cluster() {
     let (nodes, inv) = cluster();
     let m = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
-    let mut m = tessera_k8s::binder::lock(&m);
+    let mut m = m.lock();
     let start = m.generation();
 
     // Status churn: free memory and the timestamp change, nothing else.
@@ -275,8 +276,8 @@ fn the_scheduler_learns_the_workload_from_arriving_pods() {
         &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "300")],
     );
     // The best placement's raw score (the extender's 0–10 scale is too coarse to show it).
-    let scores = |m: &std::sync::Arc<std::sync::Mutex<tessera_k8s::mirror::Mirror>>| {
-        let mut m = tessera_k8s::binder::lock(m);
+    let scores = |m: &tessera_k8s::mirror::SharedMirror| {
+        let mut m = m.lock();
         let catalog = m.cluster().catalog.clone();
         let req = tessera_k8s::convert::pod_request(&probe, &catalog).expect("request");
         let host = tessera_k8s::hostfit::host_ask(&probe).expect("host ask");
@@ -284,7 +285,7 @@ fn the_scheduler_learns_the_workload_from_arriving_pods() {
         (placement.node, placement.score.to_bits())
     };
     let before = scores(&live);
-    let learned_before = tessera_k8s::binder::lock(&live).learned();
+    let learned_before = live.lock().learned();
     // 600 pending pods of one new shape (a 70 % share) arrive.
     let arrivals: Vec<Pod> = (0..600)
         .map(|i| {
@@ -297,9 +298,9 @@ fn the_scheduler_learns_the_workload_from_arriving_pods() {
         })
         .collect();
     for p in &arrivals {
-        tessera_k8s::binder::lock(&live).upsert_pod(p.clone());
+        live.lock().upsert_pod(p.clone());
     }
-    let learned_after = tessera_k8s::binder::lock(&live).learned();
+    let learned_after = live.lock().learned();
     assert_eq!(
         learned_after.0,
         learned_before.0 + 600,
@@ -307,17 +308,11 @@ fn the_scheduler_learns_the_workload_from_arriving_pods() {
     );
     assert!(learned_after.1 > learned_before.1, "the target moved");
     // Seeing the same pods again (a relist) learns nothing more.
-    tessera_k8s::binder::lock(&live).replace_pods(arrivals.clone());
-    assert_eq!(
-        tessera_k8s::binder::lock(&live).learned().0,
-        learned_after.0
-    );
+    live.lock().replace_pods(arrivals.clone());
+    assert_eq!(live.lock().learned().0, learned_after.0);
     // A restarted scheduler rebuilds the same workload from the pods.
     let restarted = mirror("tessera", nodes, inv, arrivals);
-    assert_eq!(
-        tessera_k8s::binder::lock(&restarted).learned().0,
-        learned_after.0
-    );
+    assert_eq!(restarted.lock().learned().0, learned_after.0);
     assert_eq!(
         scores(&restarted),
         scores(&live),

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -18,8 +17,7 @@ use k8s_openapi::api::policy::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
 use tessera_api::{GpuQueue, GpuQueueSpec, QueueResources};
-use tessera_k8s::binder::lock;
-use tessera_k8s::mirror::{Mirror, Reservation};
+use tessera_k8s::mirror::{Reservation, SharedMirror};
 use tessera_k8s::standalone::Standalone;
 
 /// `name` in `ns` asking one GPU, ours, with a priority.
@@ -33,8 +31,8 @@ fn gpu_pod(ns: &str, name: &str, priority: i32) -> Pod {
 }
 
 /// `p` bound to `node` with a signed allocation, as the API would show it.
-fn bound(m: &Arc<Mutex<Mirror>>, mut p: Pod, node: &str) -> Pod {
-    let mut g = lock(m);
+fn bound(m: &SharedMirror, mut p: Pod, node: &str) -> Pod {
+    let mut g = m.lock();
     let uid = p.metadata.uid.clone().unwrap();
     let Ok(Reservation::Write { annotation }) = g.reserve(&p, node) else {
         panic!("reserve {uid}")
@@ -74,7 +72,7 @@ fn pdb(ns: &str, app: &str, allowed: i32) -> PodDisruptionBudget {
 
 struct World {
     s: Standalone,
-    m: Arc<Mutex<Mirror>>,
+    m: SharedMirror,
     api: tokio::task::JoinHandle<Vec<Seen>>,
 }
 
@@ -94,9 +92,9 @@ fn world_answering(
     let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
     let m = mirror("tessera", nodes, inv, vec![]);
     let holder = bound(&m, holder, "n1");
-    lock(&m).replace_pods(vec![holder, waiting]);
+    m.lock().replace_pods(vec![holder, waiting]);
     if let Some(p) = pdbs {
-        lock(&m).replace_pdbs(p);
+        m.lock().replace_pdbs(p);
     }
     let (client, api) = mock_api(move |s| {
         if s.path.ends_with("/eviction") && evict_status == 429 {
@@ -139,17 +137,17 @@ async fn a_higher_priority_pod_evicts_and_then_runs() {
     w.s.pass().await;
     w.s.flush().await;
     assert!(
-        lock(&w.m).held("uid-high").is_none(),
+        w.m.lock().held("uid-high").is_none(),
         "not before the victim is gone"
     );
     // The second pass waits for the victim instead of choosing more.
     w.s.pass().await;
     // The watch shows the victim gone; past the preemptor's backoff it is placed.
-    lock(&w.m).remove_pod("uid-low");
+    w.m.lock().remove_pod("uid-low");
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     w.s.pass().await;
     w.s.flush().await;
-    assert!(lock(&w.m).held("uid-high").is_some());
+    assert!(w.m.lock().held("uid-high").is_some());
     let seen = finish(w).await;
     let ev = evictions(&seen);
     assert_eq!(ev.len(), 1, "one eviction, not one per pass: {seen:?}");
@@ -256,7 +254,7 @@ fn namespace(name: &str, queue: &str) -> Namespace {
 #[tokio::test]
 async fn lent_quota_is_reclaimed_across_queues_and_only_what_is_borrowed() {
     let setup = |w: &World| {
-        let mut g = lock(&w.m);
+        let mut g = w.m.lock();
         g.replace_queues(vec![queue("team-a", "1"), queue("team-b", "0")]);
         g.replace_namespaces(vec![namespace("a", "team-a"), namespace("b", "team-b")]);
     };
@@ -314,9 +312,9 @@ async fn an_eviction_the_api_refuses_leaves_the_preemptor_waiting() {
     );
     w.s.pass().await;
     w.s.flush().await;
-    assert!(lock(&w.m).held("uid-high").is_none());
+    assert!(w.m.lock().held("uid-high").is_none());
     assert!(
-        lock(&w.m).held("uid-low").is_some(),
+        w.m.lock().held("uid-low").is_some(),
         "the victim keeps its GPU"
     );
     let seen = finish(w).await;
@@ -359,7 +357,7 @@ async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
         }]),
         ..Default::default()
     });
-    lock(&w.m).upsert_pod(high);
+    w.m.lock().upsert_pod(high);
     assert_eq!(extender_round(&mut p, &names).await, 1);
     assert_eq!(
         extender_round(&mut p, &names).await,
@@ -392,7 +390,7 @@ async fn no_eviction_on_a_node_the_pod_may_not_use() {
         }]),
         ..Default::default()
     });
-    lock(&w.m).upsert_node(tainted);
+    w.m.lock().upsert_node(tainted);
     w.s.pass().await;
     w.s.flush().await;
     assert!(evictions(&finish(w).await).is_empty());

@@ -5,17 +5,14 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::ObjectMeta;
 use tessera_api::{GpuQueue, GpuQueueSpec, QueueResources};
-use tessera_k8s::binder::lock;
 use tessera_k8s::convert;
 use tessera_k8s::explain::{self, Report};
 use tessera_k8s::metrics::Metrics;
-use tessera_k8s::mirror::{Mirror, QuotaCheck, Reservation};
+use tessera_k8s::mirror::{Mirror, QuotaCheck, Reservation, SharedMirror};
 use tessera_k8s::standalone::Standalone;
 
 fn queue(name: &str, gpus: &str, limit: Option<&str>, borrow: bool) -> GpuQueue {
@@ -75,11 +72,11 @@ fn nodes() -> Vec<&'static str> {
     vec!["fake-gpu-node-1", "fake-gpu-node-2"]
 }
 
-fn setup(queues: Vec<GpuQueue>, namespaces: Vec<Namespace>) -> Arc<std::sync::Mutex<Mirror>> {
+fn setup(queues: Vec<GpuQueue>, namespaces: Vec<Namespace>) -> SharedMirror {
     let (n, inv) = fixture_cluster();
     let m = mirror("tessera", n, inv, vec![]);
     {
-        let mut g = lock(&m);
+        let mut g = m.lock();
         g.replace_queues(queues);
         g.replace_namespaces(namespaces);
     }
@@ -95,7 +92,7 @@ fn a_queue_without_borrowing_stops_at_its_guarantee() {
             namespace("free", None, None),
         ],
     );
-    let mut g = lock(&m);
+    let mut g = m.lock();
     let first = gpu_pod("ml", "first", "2");
     let req = convert::pod_request(&first, &g.cluster().catalog.clone()).unwrap();
     assert_eq!(
@@ -138,7 +135,7 @@ fn borrowing_stops_at_the_limit_and_counts_real_grants() {
         ],
         vec![namespace("ml", Some("team-a"), None)],
     );
-    let mut g = lock(&m);
+    let mut g = m.lock();
     let a = gpu_pod("ml", "a", "2");
     let req = convert::pod_request(&a, &g.cluster().catalog.clone()).unwrap();
     assert_eq!(
@@ -179,7 +176,7 @@ fn a_pod_names_a_queue_only_where_its_namespace_allows() {
             namespace("web", Some("team-a"), None),
         ],
     );
-    let mut g = lock(&m);
+    let mut g = m.lock();
     let mut allowed = gpu_pod("ml", "x", "1");
     allowed.metadata.annotations = Some([("tessera.io/queue".into(), "team-b".into())].into());
     let req = convert::pod_request(&allowed, &g.cluster().catalog.clone()).unwrap();
@@ -209,7 +206,7 @@ fn a_broken_queue_is_reported_and_the_last_valid_tree_stays() {
         vec![queue("team-a", "1", None, false)],
         vec![namespace("ml", Some("team-a"), None)],
     );
-    let mut g = lock(&m);
+    let mut g = m.lock();
     assert!(g.queue_tree().is_some());
     place(&mut g, &gpu_pod("ml", "a", "1"));
     // A typo in another queue: the spec does not read.
@@ -257,7 +254,7 @@ async fn standalone_refuses_over_quota_with_an_event() {
     let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 4)];
     let m = mirror("tessera", nodes, inv, vec![a, b]);
     {
-        let mut g = lock(&m);
+        let mut g = m.lock();
         g.replace_queues(vec![queue("team-a", "1", None, false)]);
         g.replace_namespaces(vec![namespace("ml", Some("team-a"), None)]);
     }
@@ -268,7 +265,7 @@ async fn standalone_refuses_over_quota_with_an_event() {
     drop(s);
     let held: Vec<bool> = ["uid-a", "uid-b"]
         .iter()
-        .map(|u| lock(&m).held(u).is_some())
+        .map(|u| m.lock().held(u).is_some())
         .collect();
     assert_eq!(
         held.iter().filter(|h| **h).count(),
@@ -299,16 +296,12 @@ fn standalone_over(
     pods: Vec<Pod>,
     queues: Vec<GpuQueue>,
     namespaces: Vec<Namespace>,
-) -> (
-    Standalone,
-    Arc<std::sync::Mutex<Mirror>>,
-    tokio::task::JoinHandle<Vec<Seen>>,
-) {
+) -> (Standalone, SharedMirror, tokio::task::JoinHandle<Vec<Seen>>) {
     let nodes = vec![kube_node("n1", "32", "64Gi")];
     let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 3)];
     let m = mirror("tessera", nodes, inv, pods);
     {
-        let mut g = lock(&m);
+        let mut g = m.lock();
         g.replace_queues(queues);
         g.replace_namespaces(namespaces);
     }
@@ -341,15 +334,15 @@ async fn standalone_serves_the_queue_furthest_below_its_share_first() {
             namespace("ml-b", Some("team-b"), None),
         ],
     );
-    place(&mut lock(&m), &holder);
+    place(&mut m.lock(), &holder);
     s.pass().await;
     s.flush().await;
     drop(s);
     assert!(
-        lock(&m).held("uid-b-new").is_some(),
+        m.lock().held("uid-b-new").is_some(),
         "team-b holds nothing: it goes first"
     );
-    assert!(lock(&m).held("uid-a-new").is_none());
+    assert!(m.lock().held("uid-a-new").is_none());
     drop(m);
     let seen = api.await.unwrap();
     assert!(seen.iter().any(|s| s.path.ends_with("/pods/b-new/binding")));
@@ -367,14 +360,14 @@ async fn gated_pods_are_left_alone() {
     let (mut s, m, api) = standalone_over(vec![gated.clone()], vec![], vec![]);
     s.pass().await;
     s.flush().await;
-    assert!(lock(&m).held("uid-gated").is_none());
+    assert!(m.lock().held("uid-gated").is_none());
     // Kueue admits it: the gate is removed and the pod is placed.
     gated.spec.as_mut().unwrap().scheduling_gates = None;
-    lock(&m).upsert_pod(gated);
+    m.lock().upsert_pod(gated);
     s.pass().await;
     s.flush().await;
     drop(s);
-    assert!(lock(&m).held("uid-gated").is_some());
+    assert!(m.lock().held("uid-gated").is_some());
     drop(m);
     let seen = api.await.unwrap();
     assert_eq!(
@@ -392,7 +385,7 @@ fn metrics_show_each_queue_s_quota_use_share_and_waiting_pods() {
         ],
         vec![namespace("ml", Some("team-a"), None)],
     );
-    let mut g = lock(&m);
+    let mut g = m.lock();
     place(&mut g, &gpu_pod("ml", "a", "3"));
     g.upsert_pod(gpu_pod("ml", "waiting", "1"));
     let metrics = Metrics::new();
@@ -432,7 +425,7 @@ async fn queue_status_is_written_with_a_precondition_and_only_when_changed() {
     let mut q = queue("team-a", "1", None, true);
     q.metadata.resource_version = Some("7".into());
     let m = setup(vec![q.clone()], vec![namespace("ml", Some("team-a"), None)]);
-    place(&mut lock(&m), &gpu_pod("ml", "a", "2"));
+    place(&mut m.lock(), &gpu_pod("ml", "a", "2"));
     let (client, api) = mock_api(|s| {
         if s.body["metadata"]["resourceVersion"] == "stale" {
             (409, status(409, "Conflict", "the object has been modified"))
@@ -445,15 +438,15 @@ async fn queue_status_is_written_with_a_precondition_and_only_when_changed() {
     });
     assert_eq!(tessera_k8s::queue_status::publish(&client, &m).await, 1);
     // The watch brings the written status back: nothing more to write.
-    let written = tessera_k8s::queue_status::changed(&mut lock(&m));
+    let written = tessera_k8s::queue_status::changed(&mut m.lock());
     assert_eq!(written.len(), 1);
     q.status = Some(written[0].2.clone());
-    lock(&m).upsert_queue(q.clone());
+    m.lock().upsert_queue(q.clone());
     assert_eq!(tessera_k8s::queue_status::publish(&client, &m).await, 0);
     // A stale object (someone else wrote since): the 409 is not counted as written.
     q.status = None;
     q.metadata.resource_version = Some("stale".into());
-    lock(&m).upsert_queue(q);
+    m.lock().upsert_queue(q);
     assert_eq!(tessera_k8s::queue_status::publish(&client, &m).await, 0);
     drop(client);
     let seen = api.await.unwrap();
@@ -516,16 +509,17 @@ async fn recent_use_makes_a_queue_yield_when_history_is_on() {
             ],
         );
         if history {
-            lock(&m).set_usage_history(std::time::Duration::from_secs(300), 1.0);
+            m.lock()
+                .set_usage_history(std::time::Duration::from_secs(300), 1.0);
         }
         let old = gpu_pod("a", "old", "2");
-        place(&mut lock(&m), &old);
+        place(&mut m.lock(), &old);
         let (pa, pb) = (gpu_pod("a", "a-next", "1"), gpu_pod("b", "b-next", "1"));
         let waiting = vec![pa, pb];
-        lock(&m).queue_order(&waiting);
+        m.lock().queue_order(&waiting);
         tokio::time::advance(std::time::Duration::from_secs(600)).await;
-        lock(&m).remove_pod("uid-old");
-        let keys = lock(&m).queue_order(&waiting).unwrap();
+        m.lock().remove_pod("uid-old");
+        let keys = m.lock().queue_order(&waiting).unwrap();
         (keys[0].clone(), keys[1].clone())
     };
     let (a, b) = order(false).await;

@@ -9,7 +9,6 @@ use common::*;
 use http::StatusCode;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
-use tessera_k8s::binder::lock;
 use tessera_k8s::extender::router;
 use tessera_k8s::gate::{Kind, SyncGate};
 use tower::ServiceExt;
@@ -75,7 +74,7 @@ async fn nothing_is_judged_or_ready_before_the_initial_lists_are_in() {
     let mut holder = pod("ml", "a", "uid-a", &SHARE);
     holder.spec.as_mut().unwrap().node_name = Some("n1".into());
     let value = {
-        let mut mm = lock(&m);
+        let mut mm = m.lock();
         let p = pod("ml", "a", "uid-a", &SHARE);
         let r = mm.reserve(&p, "n1").unwrap();
         let tessera_k8s::mirror::Reservation::Write { annotation } = r else {
@@ -86,7 +85,7 @@ async fn nothing_is_judged_or_ready_before_the_initial_lists_are_in() {
     };
     holder.metadata.annotations =
         Some([(tessera_core::allocation::ANNOTATION.to_string(), value)].into());
-    lock(&m).replace_pods(vec![holder]);
+    m.lock().replace_pods(vec![holder]);
     st.gate.mark(Kind::Pods);
     let (_, v) = call(app.clone(), "/filter", filter_body(&newcomer, &["n1"])).await;
     assert_eq!(v["NodeNames"], json!([]), "{v}");
@@ -160,15 +159,15 @@ async fn device_plugin_slots_are_respected() {
         let p = pod("ml", &format!("p{i}"), &format!("uid-{i}"), &ask);
         let (_, v) = call(app.clone(), "/filter", filter_body(&p, &["n1"])).await;
         if v["NodeNames"] == json!(["n1"]) {
-            let r = lock(&m).reserve(&p, "n1");
+            let r = m.lock().reserve(&p, "n1");
             assert!(r.is_ok(), "{r:?}");
-            lock(&m).mark_accepted(&format!("uid-{i}"));
+            m.lock().mark_accepted(&format!("uid-{i}"));
             placed += 1;
         } else {
             let why = v["FailedNodes"]["n1"].as_str().unwrap();
             assert_eq!(why, "too little tessera.io/gpu: asks 1, 0 of 16 free");
             // A bind straight to the node is refused the same way.
-            let err = lock(&m).reserve(&p, "n1").unwrap_err().to_string();
+            let err = m.lock().reserve(&p, "n1").unwrap_err().to_string();
             assert!(err.contains("too little tessera.io/gpu"), "{err}");
         }
     }
@@ -185,7 +184,7 @@ async fn node_objects_in_a_filter_body_are_not_trusted() {
     let body = serde_json::to_vec(&json!({"Pod": p, "Nodes": {"items": [forged]}})).unwrap();
     let (_, v) = call(app, "/filter", body).await;
     assert_eq!(v["Nodes"]["items"], json!([]), "{v}");
-    assert!(!lock(&m).knows_node("forged"));
+    assert!(!m.lock().knows_node("forged"));
 }
 
 /// Finding 10: a follower answers filter from its own synced mirror and is
@@ -225,7 +224,7 @@ async fn the_stock_resource_name_is_placed_as_whole_gpus() {
     let p = pod("ml", "cuda", "uid-c", &[("nvidia.com/gpu", "2")]);
     let (_, v) = call(app.clone(), "/filter", filter_body(&p, &["n1"])).await;
     assert_eq!(v["NodeNames"], json!(["n1"]), "{v}");
-    let r = lock(&m).reserve(&p, "n1").unwrap();
+    let r = m.lock().reserve(&p, "n1").unwrap();
     let tessera_k8s::mirror::Reservation::Write {
         annotation: Some(value),
     } = r
@@ -246,7 +245,7 @@ fn grant_for(p: &k8s_openapi::api::core::v1::Pod, node: &str) -> String {
     let nodes = vec![kube_node(node, "32", "64Gi")];
     let inv = vec![gpu_node(node, "A100-80GB", 81_920, 1)];
     let m = mirror("tessera", nodes, inv, vec![]);
-    let r = lock(&m).reserve(p, node).unwrap();
+    let r = m.lock().reserve(p, node).unwrap();
     match r {
         tessera_k8s::mirror::Reservation::Write {
             annotation: Some(a),
@@ -275,9 +274,9 @@ async fn a_node_whose_bound_grants_overcommit_takes_nothing_more() {
     // 60 % + 60 % of one GPU, both validly signed.
     let m = mirror("tessera", nodes, inv, bound);
     assert!(
-        lock(&m).problems().iter().any(|p| p.contains("ml/")),
+        m.lock().problems().iter().any(|p| p.contains("ml/")),
         "{:?}",
-        lock(&m).problems()
+        m.lock().problems()
     );
     let app = router(state(m.clone(), None));
     let small = pod(
@@ -296,9 +295,9 @@ async fn a_node_whose_bound_grants_overcommit_takes_nothing_more() {
         .as_str()
         .unwrap_or_default();
     assert!(why.contains("hold more than its GPUs have"), "{v}");
-    assert!(lock(&m).reserve(&small, "n1").is_err());
+    assert!(m.lock().reserve(&small, "n1").is_err());
     // One of them leaves: the node is consistent again and takes the small pod.
-    lock(&m).remove_pod("uid-b");
+    m.lock().remove_pod("uid-b");
     let (_, v) = call(app, "/filter", filter_body(&small, &["n1"])).await;
     assert_eq!(v["NodeNames"], json!(["n1"]), "{v}");
 }

@@ -10,7 +10,7 @@ use common::*;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::Value;
-use tessera_k8s::binder::{Binder, lock};
+use tessera_k8s::binder::Binder;
 use tessera_k8s::leader::Leadership;
 use tessera_k8s::metrics::Metrics;
 use tessera_k8s::standalone::Standalone;
@@ -114,7 +114,7 @@ async fn places_binds_and_explains() {
     assert!(next_retry.is_some(), "two pods wait for a retry");
     // Only the good pod is held now: 4 CPUs fit only on `labelled` (the taint and CPU rule out the rest).
     {
-        let mm = lock(&m);
+        let mm = m.lock();
         let held = mm.held("uid-good").expect("good pod placed");
         assert_eq!(held.node, "labelled");
         assert!(mm.held("uid-big").is_none() && mm.held("uid-theirs").is_none());
@@ -183,7 +183,7 @@ fn one_node_standalone(
     leader: Leadership,
 ) -> (
     Standalone,
-    std::sync::Arc<std::sync::Mutex<tessera_k8s::mirror::Mirror>>,
+    tessera_k8s::mirror::SharedMirror,
     tokio::task::JoinHandle<Vec<Seen>>,
 ) {
     let nodes = vec![kube_node("n1", "32", "64Gi")];
@@ -222,13 +222,13 @@ async fn a_new_leader_places_pods_at_once() {
     }));
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert!(
-        lock(&m).held("uid-a").is_none(),
+        m.lock().held("uid-a").is_none(),
         "a follower places nothing"
     );
     leader.set(true);
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(
-        lock(&m).held("uid-a").is_some(),
+        m.lock().held("uid-a").is_some(),
         "placed within 100 ms of gaining leadership"
     );
     let _ = stop.send(());
@@ -251,7 +251,7 @@ async fn pods_needing_checks_this_mode_does_not_make_are_refused_clearly() {
         }]);
     let (mut s, m, api) = one_node_standalone(vec![p], Leadership::always());
     s.pass().await;
-    assert!(lock(&m).held("uid-w").is_none());
+    assert!(m.lock().held("uid-w").is_none());
     s.flush().await;
     drop(s);
     drop(m);

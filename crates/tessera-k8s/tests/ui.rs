@@ -5,14 +5,14 @@
 mod browser;
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use tessera_api::{GpuHealth, GpuNode};
 use tessera_core::allocation::ANNOTATION;
 use tessera_k8s::extender::ops_router;
-use tessera_k8s::mirror::{Mirror, Reservation};
+use tessera_k8s::mirror::{Mirror, Reservation, SharedMirror};
 
 use browser::Browser;
 use common::{gpu_node, kube_node, pod};
@@ -96,7 +96,7 @@ fn pending_with_condition(name: &str, message: &str) -> Pod {
 
 struct Served {
     base: String,
-    mirror: Arc<Mutex<Mirror>>,
+    mirror: SharedMirror,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -131,7 +131,7 @@ async fn serve(nodes: usize, fill_ratio: f64) -> Served {
     let (kn, gn) = cluster(nodes);
     let mirror = common::mirror("tessera", kn, gn, vec![]);
     {
-        let mut m = mirror.lock().unwrap();
+        let mut m = mirror.lock();
         // Two teams under one organisation; nlp and ml-train share the research queue.
         m.replace_queues(vec![
             queue("org", None, "600"),
@@ -266,7 +266,7 @@ async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
     let live = "document.querySelectorAll('.tile[data-node=\"node-00198\"] i[data-ns=\"live-team\"]').length";
     assert_eq!(b.eval(live), 0);
     {
-        let mut m = s.mirror.lock().unwrap();
+        let mut m = s.mirror.lock();
         assert!(place(
             &mut m,
             pod(
@@ -282,7 +282,7 @@ async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
     b.wait_for(live, "the new live-team share on node-00198");
     {
         // Four more whole GPUs for prod: its row follows.
-        let mut m = s.mirror.lock().unwrap();
+        let mut m = s.mirror.lock();
         assert!(place(
             &mut m,
             pod("cv-infer", "more", "uid-more", &[("tessera.io/gpu", "4")]),
@@ -403,7 +403,7 @@ fn accounting_charges_each_grant_for_the_time_it_was_held() {
     let mirror = common::mirror("tessera", kn, gn, vec![]);
     {
         // ml's pods count against the research queue; cv is in none.
-        let mut m = mirror.lock().unwrap();
+        let mut m = mirror.lock();
         m.replace_queues(vec![queue("research", None, "8")]);
         m.replace_namespaces(vec![namespace("ml", "research")]);
     }
@@ -412,7 +412,7 @@ fn accounting_charges_each_grant_for_the_time_it_was_held() {
     let t0 = 1_700_000_000_000u64;
     o.observe(t0);
     {
-        let mut m = mirror.lock().unwrap();
+        let mut m = mirror.lock();
         assert!(place(
             &mut m,
             pod("ml", "a", "uid-a", &[("tessera.io/gpu", "2")]),
@@ -425,7 +425,7 @@ fn accounting_charges_each_grant_for_the_time_it_was_held() {
         ));
     }
     o.observe(t0 + 10_000);
-    mirror.lock().unwrap().remove_pod("uid-a");
+    mirror.lock().remove_pod("uid-a");
     o.observe(t0 + 25_000);
     o.observe(t0 + 40_000);
     // ml: 2 GPUs × 15 s = 30 GPU-s; cv: 0.3 GPU × 30 s = 9 GPU-s (in milli × ms: × 10⁶).
@@ -477,7 +477,7 @@ fn the_offline_snapshot_renders_from_a_file() {
     };
     let (kn, gn) = cluster(30);
     let mirror = common::mirror("tessera", kn, gn, vec![]);
-    let mut m = mirror.lock().unwrap();
+    let mut m = mirror.lock();
     fill(&mut m, 30, 0.5);
     let names: std::collections::HashMap<tessera_core::AllocId, (String, String)> = m
         .holds()
@@ -524,7 +524,7 @@ fn a_delta_carries_only_the_changed_tiles() {
     o.observe(1_000);
     let mut rx = o.subscribe();
     assert!(place(
-        &mut mirror.lock().unwrap(),
+        &mut mirror.lock(),
         pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]),
         "node-00017"
     ));

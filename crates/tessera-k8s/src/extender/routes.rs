@@ -7,7 +7,7 @@
 //! one (filter, bind), so kube-scheduler shows our message; a body that is not
 //! valid JSON for the verb is a `400` naming what is wrong.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -22,16 +22,16 @@ use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, NodeList, NodeMessages, Text,
 };
-use crate::binder::{Binder, lock};
+use crate::binder::Binder;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::mirror::Mirror;
+use crate::mirror::SharedMirror;
 
 /// What the extender's handlers share.
 #[derive(Clone)]
 pub struct ExtenderState {
-    pub mirror: Arc<Mutex<Mirror>>,
+    pub mirror: SharedMirror,
     /// `None`: binding is not configured here (bind answers with an error).
     pub binder: Option<Binder>,
     pub metrics: Arc<Metrics>,
@@ -138,7 +138,7 @@ async fn filter(State(st): State<ExtenderState>, body: Bytes) -> Response {
     let names = args.candidate_names();
     // Node objects in the body are never taken into the mirror: only the watch is trusted.
     let outcome = if st.ours(&args.pod) {
-        lock(&st.mirror).filter(&args.pod, &names)
+        st.mirror.lock().filter(&args.pod, &names)
     } else {
         // Not a pod of ours (another profile shares this extender): no opinion.
         Ok(crate::mirror::FilterOutcome {
@@ -215,7 +215,7 @@ async fn prioritize(State(st): State<ExtenderState>, body: Bytes) -> Response {
     let started = Instant::now();
     let names = args.candidate_names();
     let scores = if st.ours(&args.pod) {
-        lock(&st.mirror).prioritize(&args.pod, &names)
+        st.mirror.lock().prioritize(&args.pod, &names)
     } else {
         Ok(names.iter().map(|n| (*n, 0)).collect())
     };
@@ -275,7 +275,7 @@ async fn preempt(State(st): State<ExtenderState>, body: Bytes) -> Response {
     let candidates = args.meta_victims();
     let chosen = if st.ours(&args.pod) {
         let now_s = u64::try_from(k8s_openapi::jiff::Timestamp::now().as_second()).unwrap_or(0);
-        super::preempt::choose(&mut lock(&st.mirror), &args.pod, &candidates, now_s)
+        super::preempt::choose(&mut st.mirror.lock(), &args.pod, &candidates, now_s)
     } else {
         // Not a pod of ours: no opinion, kube-scheduler's candidates stand.
         Ok(candidates
@@ -317,7 +317,7 @@ async fn ready(State(st): State<ExtenderState>) -> Response {
 
 async fn metrics(State(st): State<ExtenderState>) -> Response {
     {
-        let mut m = lock(&st.mirror);
+        let mut m = st.mirror.lock();
         st.metrics.update_cluster(&mut m);
         st.metrics.set_state(
             st.leader.is_leader(),

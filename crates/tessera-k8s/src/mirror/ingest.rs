@@ -290,11 +290,7 @@ impl Mirror {
         let Some(id) = self.by_name.get(node).copied() else {
             return;
         };
-        for c in self.shapes.values_mut().chain(self.uncached.as_mut()) {
-            if let Some(v) = c.verdicts.get_mut(id.0 as usize) {
-                *v = None;
-            }
-        }
+        self.verdicts.forget(id);
     }
 
     pub(super) fn release(&mut self, uid: &str) {

@@ -90,8 +90,7 @@ impl Mirror {
         match policy::by_name(self.policy.name(), &args) {
             Ok(p) => {
                 self.policy = p;
-                self.shapes.clear();
-                self.uncached = None;
+                self.verdicts.clear();
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not rebuild the policy; keeping the old one")

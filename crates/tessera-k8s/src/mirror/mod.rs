@@ -23,7 +23,7 @@
 //! Parts: [`ingest`] (watch events and holds), [`reservations`] (assumed
 //! placements with deadlines), [`verdicts`] (per-shape node judgements for the
 //! extender and the standalone loop), [`queues`] (queues and quota admission),
-//! [`groups`] (gangs);
+//! [`groups`] (gangs), [`shared`] (the lock every task shares it through);
 //! this file holds the state and its reads.
 
 use std::collections::{BTreeMap, HashMap};
@@ -36,7 +36,6 @@ use rustc_hash::FxHashMap;
 use tessera_api::GpuNode;
 use tessera_core::ledger::NodeUse;
 use tessera_core::model::Catalog;
-use tessera_core::request::Request;
 use tessera_core::{Cluster, Ledger, NodeId, Policy};
 
 use tokio::time::Instant;
@@ -50,13 +49,14 @@ mod learning;
 mod preemption;
 mod queues;
 mod reservations;
+mod shared;
 mod verdicts;
 
 pub use groups::gang_of;
 pub use preemption::{PreemptionPlan, Victim, may_preempt_for, victims_text};
 pub use queues::{QueueFigures, QuotaCheck, queue_spec};
 pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};
-use verdicts::ShapeCache;
+pub use shared::SharedMirror;
 pub use verdicts::{FilterOutcome, resolvable};
 
 /// Nodes, pods and inventory, and the core state derived from them.
@@ -77,10 +77,8 @@ pub struct Mirror {
     facts: Vec<NodeFacts>,
     dirty: bool,
     rng: SmallRng,
-    /// Per request shape, each node's verdict (see [`ShapeCache`]).
-    shapes: HashMap<(Request, HostAsk), ShapeCache>,
-    /// The verdicts of the last request a non-cacheable policy judged.
-    uncached: Option<ShapeCache>,
+    /// Per request shape, each node's verdict (see [`verdicts`]).
+    verdicts: tessera_core::judge::Verdicts<verdicts::ShapeKey>,
     /// Node name to id, for the extender's name lists.
     by_name: FxHashMap<String, NodeId>,
     generation: u64,
@@ -123,8 +121,7 @@ impl Mirror {
             facts: Vec::new(),
             dirty: false,
             rng: SmallRng::seed_from_u64(0x7e55e7a),
-            shapes: HashMap::new(),
-            uncached: None,
+            verdicts: tessera_core::judge::Verdicts::new(verdicts::MAX_SHAPES),
             by_name: FxHashMap::default(),
             generation: 0,
             node_problems: Vec::new(),
@@ -198,8 +195,7 @@ impl Mirror {
             .enumerate()
             .map(|(i, n)| (n.name.clone(), NodeId(i as u32)))
             .collect();
-        self.shapes.clear();
-        self.uncached = None;
+        self.verdicts.clear();
         self.blocked.clear();
         self.ledger = Ledger::new(&self.cluster);
         // The GPU inventory is part of what a learning policy is built from.

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use std::time::Duration;
 use tessera_core::AllocId;
 use tessera_core::allocation::Allocation;
-use tessera_core::fit::{self, NodeView};
+use tessera_core::fit::NodeView;
 use tessera_core::placement::Placement;
 use tessera_core::request::{GpuAsk, Request, RequestError};
 use tokio::time::Instant;
@@ -165,20 +165,12 @@ impl Mirror {
                     node: node.to_string(),
                     reason: r.to_string(),
                 })?;
-            let view = NodeView {
-                node: self.cluster.node(id),
-                used: self.ledger.node(id),
-                catalog: &self.cluster.catalog,
-            };
-            Placement {
-                node: id,
-                grants: fit::grants(view, &req, &scored.gpus),
-                cpu_milli: req.cpu_milli,
-                memory_mib: req.memory_mib,
-                class: tessera_core::placement::request_class(&req),
-                score: scored.score,
-                terms: scored.terms.to_vec(),
-            }
+            Placement::of(
+                NodeView::of(&self.cluster, &self.ledger, id),
+                &req,
+                id,
+                scored,
+            )
         };
         self.hold(pod, placement, req, host)
     }

@@ -1,15 +1,26 @@
 //! The extender's and the standalone loop's judgements of nodes: per request
-//! shape, each node's verdict, kept as of the ledger's change cursor.
+//! shape, each node's verdict from the core's one cache
+//! ([`tessera_core::judge::Verdicts`]), kept as of the ledger's change cursor.
+//!
+//! A verdict here is the core's judge after the checks only Kubernetes has: the
+//! node's countable resources (pod slots, device-plugin resources; part of the
+//! shape's key, and forgotten when the pods held on the node change), a node
+//! blocked until the next rebuild, a node with no GPU inventory. A rebuild of
+//! the cluster, or of a learning policy, drops every shape.
 
 use crate::convert::{self, NodeFacts};
-use crate::hostfit::HostAsk;
+use crate::hostfit::{self, HostAsk};
 use k8s_openapi::api::core::v1::Pod;
+use rand::rngs::SmallRng;
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
-use tessera_core::NodeId;
 use tessera_core::explain::{Explanation, Reason};
-use tessera_core::fit::{self, NodeView};
+use tessera_core::fit::NodeView;
+use tessera_core::judge::{self, ShapeCache, Verdict, Verdicts};
 use tessera_core::placement::{Placement, Scored};
 use tessera_core::request::{GpuAsk, Request, RequestError};
+use tessera_core::{Cluster, Ledger, NodeId, Policy};
 
 use super::Mirror;
 
@@ -39,28 +50,13 @@ impl FilterOutcome<'_> {
 static NO_INVENTORY: LazyLock<Arc<str>> =
     LazyLock::new(|| Arc::from("no GPU inventory (GpuNode) known for the node"));
 
-/// Most request shapes whose verdicts are kept (the cache is dropped when full).
-const MAX_SHAPES: usize = 128;
+/// Most request shapes whose verdicts are kept.
+pub(super) const MAX_SHAPES: usize = 128;
 
-/// A node's verdict for one request shape.
-#[derive(Debug, Clone)]
-pub(super) enum Verdict {
-    Fit(f64),
-    No { message: Arc<str>, resolvable: bool },
-}
-
-/// Verdicts of every node for one request shape, valid as of a ledger cursor.
-///
-/// Filter and prioritize of one pod, and the next pod of the same shape, only
-/// re-judge the nodes the ledger logged as changed since (the core scheduler's
-/// idea, applied to the extender's per-node answers). A rebuild of the cluster
-/// bumps the mirror's generation and drops them all.
-#[derive(Debug, Clone)]
-pub(super) struct ShapeCache {
-    pub(super) cursor: u64,
-    pub(super) generation: u64,
-    pub(super) verdicts: Vec<Option<Verdict>>,
-}
+/// What a shape's verdicts are kept under: the whole request (host memory
+/// included: the extender answers node by node) and the node resources the pod
+/// counts against.
+pub(super) type ShapeKey = (Request, HostAsk);
 
 /// Whether preemption could make room on a node rejected for `reason`.
 pub fn resolvable(reason: &Reason) -> bool {
@@ -76,8 +72,21 @@ pub fn resolvable(reason: &Reason) -> bool {
     )
 }
 
-impl Mirror {
-    pub(super) fn score_node(&mut self, id: NodeId, req: &Request) -> Result<Scored, Reason> {
+/// What judging a node reads, borrowed apart from the verdict cache.
+pub(super) struct Judging<'m> {
+    cluster: &'m Cluster,
+    ledger: &'m Ledger,
+    policy: &'m dyn Policy,
+    blocked: &'m FxHashMap<NodeId, String>,
+    facts: &'m [NodeFacts],
+    host_used: &'m FxHashMap<String, BTreeMap<String, u64>>,
+    rng: &'m mut SmallRng,
+}
+
+impl Judging<'_> {
+    /// The core's judge on node `id`, after the checks of a node blocked until
+    /// the next rebuild and of a GPU request on a node with no GPU inventory.
+    pub(super) fn node(&mut self, id: NodeId, req: &Request) -> Result<Scored, Reason> {
         if let Some(why) = self.blocked.get(&id) {
             return Err(Reason::Excluded { why: why.clone() });
         }
@@ -86,75 +95,67 @@ impl Mirror {
                 why: "no GPUs known (no GpuNode inventory)".into(),
             });
         }
-        let view = NodeView {
-            node: self.cluster.node(id),
-            used: self.ledger.node(id),
-            catalog: &self.cluster.catalog,
-        };
-        let fit = fit::check(view, req)?;
-        self.policy
-            .score(view, req, &fit, &mut self.rng)
-            .ok_or_else(|| Reason::PolicyDeclined {
-                policy: self.policy.name().to_string(),
-            })
+        judge::judge(
+            self.policy,
+            NodeView::of(self.cluster, self.ledger, id),
+            req,
+            self.rng,
+        )
     }
 
-    /// Fills the verdict cache of `req`'s shape for `ids`, refreshing only the
-    /// nodes the ledger changed since the shape was last asked (see [`ShapeCache`]).
-    pub(super) fn ensure_verdicts(&mut self, key: &(Request, HostAsk), ids: &[Option<NodeId>]) {
-        let req = &key.0;
-        let cacheable = self.policy.cacheable() && req.constraints.pinned_uuids.is_empty();
-        let cursor = self.ledger.change_cursor();
-        let mut cache = match self.shapes.remove(key) {
-            Some(c) if cacheable && c.generation == self.generation => c,
-            _ => ShapeCache {
-                cursor,
-                generation: self.generation,
-                verdicts: vec![None; self.cluster.len()],
+    /// `key`'s verdicts brought up to date, with `ids` judged (every node when `None`).
+    fn verdicts<'v>(
+        &mut self,
+        cache: &'v mut Verdicts<ShapeKey>,
+        key: &ShapeKey,
+        ids: Option<&[Option<NodeId>]>,
+    ) -> &'v ShapeCache {
+        let (req, host) = key;
+        let reuse = judge::cacheable(self.policy, req);
+        let shape = cache.shape(key.clone(), self.ledger, self.cluster.len(), reuse);
+        let mut judge = |id: NodeId| -> Verdict {
+            // Device-plugin slots and the pod count come first: preemption can free them.
+            if let Some(f) = self.facts.get(id.0 as usize) {
+                hostfit::check(&f.allocatable, self.host_used.get(&f.name), host)
+                    .map_err(|why| Reason::NodeResource { why })?;
+            }
+            self.node(id, req).map(|s| s.score)
+        };
+        match ids {
+            Some(ids) => shape.judge_each(ids.iter().flatten().copied(), &mut judge),
+            None => shape.judge_all(&mut judge),
+        }
+        shape
+    }
+}
+
+impl Mirror {
+    /// The verdict cache apart from what judging reads, so both can be borrowed at once.
+    fn split(&mut self) -> (&mut Verdicts<ShapeKey>, Judging<'_>) {
+        (
+            &mut self.verdicts,
+            Judging {
+                cluster: &self.cluster,
+                ledger: &self.ledger,
+                policy: self.policy.as_ref(),
+                blocked: &self.blocked,
+                facts: &self.facts,
+                host_used: &self.host_used,
+                rng: &mut self.rng,
             },
-        };
-        match self.ledger.changes_since(cache.cursor) {
-            Some(changed) => {
-                for id in changed {
-                    cache.verdicts[id.0 as usize] = None;
-                }
-            }
-            None => cache.verdicts.iter_mut().for_each(|v| *v = None),
-        }
-        cache.cursor = cursor;
-        for id in ids.iter().flatten() {
-            if cache.verdicts[id.0 as usize].is_none() {
-                let host = self.host_fits(&self.facts[id.0 as usize], &key.1);
-                let v = match host.map(|()| self.score_node(*id, req)) {
-                    // Device-plugin slots, pod count: preemption can free them.
-                    Err(why) => Verdict::No {
-                        message: why.into(),
-                        resolvable: true,
-                    },
-                    Ok(Ok(s)) => Verdict::Fit(s.score),
-                    Ok(Err(r)) => Verdict::No {
-                        message: r.to_string().into(),
-                        resolvable: resolvable(&r),
-                    },
-                };
-                cache.verdicts[id.0 as usize] = Some(v);
-            }
-        }
-        if cacheable {
-            if self.shapes.len() >= MAX_SHAPES {
-                self.shapes.clear();
-            }
-            self.shapes.insert(key.clone(), cache);
-        } else {
-            self.uncached = Some(cache);
-        }
+        )
     }
 
-    pub(super) fn verdicts(&self, key: &(Request, HostAsk)) -> &[Option<Verdict>] {
-        self.shapes
-            .get(key)
-            .or(self.uncached.as_ref())
-            .map_or(&[], |c| c.verdicts.as_slice())
+    /// The judge on one node, without the node-resource check (a bind checks
+    /// those apart, to say which refused).
+    pub(super) fn score_node(&mut self, id: NodeId, req: &Request) -> Result<Scored, Reason> {
+        self.split().1.node(id, req)
+    }
+
+    /// The verdicts of `key`'s shape, with `ids` judged (every node when `None`).
+    fn judged(&mut self, key: &ShapeKey, ids: Option<&[Option<NodeId>]>) -> &ShapeCache {
+        let (cache, mut judging) = self.split();
+        judging.verdicts(cache, key, ids)
     }
 
     pub(super) fn ids_of(&self, names: &[&str]) -> Vec<Option<NodeId>> {
@@ -190,27 +191,25 @@ impl Mirror {
         }
         let ids = self.ids_of(names);
         let key = (req, host);
-        self.ensure_verdicts(&key, &ids);
-        let verdicts = self.verdicts(&key);
+        let verdicts = self.judged(&key, Some(&ids));
+        // Each distinct reason is worded once per answer (thousands of nodes share a handful).
+        let reasons = verdicts.reasons();
+        let mut texts: Vec<Option<Arc<str>>> = vec![None; reasons.len()];
         out.passed.reserve(names.len());
         for (name, id) in names.iter().zip(&ids) {
-            match id
-                .and_then(|id| verdicts.get(id.0 as usize))
-                .and_then(Option::as_ref)
-            {
-                Some(Verdict::Fit(_)) => out.passed.push(name),
-                Some(Verdict::No {
-                    message,
-                    resolvable,
-                }) => {
-                    let into = if *resolvable {
+            match id.and_then(|id| verdicts.known_index(id)) {
+                Some(Ok(_)) => out.passed.push(name),
+                Some(Err(i)) if i < reasons.len() => {
+                    let r = &reasons[i];
+                    let into = if resolvable(r) {
                         &mut out.failed
                     } else {
                         &mut out.unresolvable
                     };
-                    into.push((name, message.clone()));
+                    let text = texts[i].get_or_insert_with(|| Arc::from(r.to_string()));
+                    into.push((name, text.clone()));
                 }
-                None => out.unresolvable.push((name, NO_INVENTORY.clone())),
+                Some(Err(_)) | None => out.unresolvable.push((name, NO_INVENTORY.clone())),
             }
         }
         Ok(out)
@@ -231,14 +230,13 @@ impl Mirror {
         }
         let ids = self.ids_of(names);
         let key = (req, asks.host.unwrap_or_default());
-        self.ensure_verdicts(&key, &ids);
-        let verdicts = self.verdicts(&key);
+        let verdicts = self.judged(&key, Some(&ids));
         let raw: Vec<(&'a str, f64)> = names
             .iter()
             .zip(&ids)
             .filter_map(
-                |(name, id)| match id.and_then(|id| verdicts.get(id.0 as usize)) {
-                    Some(Some(Verdict::Fit(s))) => Some((*name, *s)),
+                |(name, id)| match id.and_then(|id| verdicts.known_index(id)) {
+                    Some(Ok(s)) => Some((*name, s)),
                     _ => None,
                 },
             )
@@ -263,7 +261,8 @@ impl Mirror {
 
     /// Places a pod on the best node among those `eligible` allows (standalone
     /// mode): the placement and the per-node reasons, or why nothing fits (with
-    /// `eligible`'s reasons counted).
+    /// `eligible`'s reasons counted). Node verdicts come from the shape's cache;
+    /// `eligible` (the pod's selectors, affinity and tolerations) is the pod's own.
     pub fn decide(
         &mut self,
         req: &Request,
@@ -272,45 +271,34 @@ impl Mirror {
     ) -> Result<(Placement, Explanation), Explanation> {
         self.refresh();
         self.expire_reservations();
-        let mut e = Explanation::new(self.cluster.len());
-        let mut best: Option<(NodeId, Scored)> = None;
-        for i in 0..self.cluster.len() {
+        let key = (req.clone(), host.clone());
+        let (cache, mut judging) = self.split();
+        let verdicts = judging.verdicts(cache, &key, None);
+        let mut e = Explanation::new(judging.cluster.len());
+        let mut best: Option<(NodeId, f64)> = None;
+        for (i, facts) in judging.facts.iter().enumerate().take(e.total) {
             let id = NodeId(i as u32);
-            if let Err(why) =
-                eligible(&self.facts[i]).and_then(|()| self.host_fits(&self.facts[i], host))
-            {
+            if let Err(why) = eligible(facts) {
                 e.add(Reason::Excluded { why });
                 continue;
             }
-            match self.score_node(id, req) {
-                Ok(s) => {
+            match verdicts.known(id) {
+                Some(Ok(score)) => {
                     e.fit += 1;
-                    if best.as_ref().is_none_or(|(_, b)| s.score > b.score) {
-                        best = Some((id, s));
+                    // Ties go to the earlier node, as in the core's order.
+                    if best.is_none_or(|(_, b)| score > b) {
+                        best = Some((id, score));
                     }
                 }
-                Err(r) => e.add(r),
+                Some(Err(r)) => e.add(r.clone()),
+                None => {}
             }
         }
-        let Some((id, scored)) = best else {
+        // Judged once more for the GPUs it picks (the cache keeps scores only).
+        let Some((id, Ok(scored))) = best.map(|(id, _)| (id, judging.node(id, req))) else {
             return Err(e);
         };
-        let view = NodeView {
-            node: self.cluster.node(id),
-            used: self.ledger.node(id),
-            catalog: &self.cluster.catalog,
-        };
-        Ok((
-            Placement {
-                node: id,
-                grants: fit::grants(view, req, &scored.gpus),
-                cpu_milli: req.cpu_milli,
-                memory_mib: req.memory_mib,
-                class: tessera_core::placement::request_class(req),
-                score: scored.score,
-                terms: scored.terms.to_vec(),
-            },
-            e,
-        ))
+        let view = NodeView::of(judging.cluster, judging.ledger, id);
+        Ok((Placement::of(view, req, id, scored), e))
     }
 }

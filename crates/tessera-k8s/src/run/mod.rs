@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -16,12 +16,12 @@ use tessera_api::{GpuNode, GpuQueue, PodGroup};
 use tessera_core::policy::{self, PolicyArgs};
 use tokio::sync::{Notify, watch};
 
-use crate::binder::{Binder, lock};
+use crate::binder::Binder;
 use crate::extender::{ExtenderState, ops_router, router};
 use crate::gate::{Kind, SyncGate};
 use crate::leader::{self, Leadership};
 use crate::metrics::Metrics;
-use crate::mirror::Mirror;
+use crate::mirror::{Mirror, SharedMirror};
 use crate::standalone::Standalone;
 use crate::tls::{TlsError, TlsListener};
 use crate::webhook::{self};
@@ -54,7 +54,7 @@ pub async fn connect() -> Result<kube::Client, kube::Error> {
 /// Feeds one kind of object into the mirror until the stream ends (it does not: the watcher retries).
 async fn feed<K, F>(
     api: Api<K>,
-    mirror: Arc<Mutex<Mirror>>,
+    mirror: SharedMirror,
     wake: Arc<Notify>,
     gate: (SyncGate, Kind),
     apply: F,
@@ -71,16 +71,16 @@ async fn feed<K, F>(
             Ok(Event::InitApply(o)) => buffer.push(o),
             Ok(Event::InitDone) => {
                 let all = std::mem::take(&mut buffer);
-                apply(&mut lock(&mirror), Change::Replace(all));
+                apply(&mut mirror.lock(), Change::Replace(all));
                 gate.0.mark(gate.1);
                 wake.notify_one();
             }
             Ok(Event::Apply(o)) => {
-                apply(&mut lock(&mirror), Change::Upsert(o));
+                apply(&mut mirror.lock(), Change::Upsert(o));
                 wake.notify_one();
             }
             Ok(Event::Delete(o)) => {
-                apply(&mut lock(&mirror), Change::Delete(o));
+                apply(&mut mirror.lock(), Change::Delete(o));
                 wake.notify_one();
             }
             Err(e) => tracing::warn!(error = %e, "watch failed; retrying"),
@@ -132,7 +132,7 @@ pub async fn run(
     if let Some((half_life, weight)) = config.usage_history {
         m.set_usage_history(half_life, weight);
     }
-    let mirror = Arc::new(Mutex::new(m));
+    let mirror = SharedMirror::new(m);
     let metrics = Arc::new(Metrics::new());
     let wake = Arc::new(Notify::new());
     let gate = SyncGate::new();

@@ -3,7 +3,6 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{Decided, Standalone, decide_locked};
-use crate::binder::lock;
 use crate::convert;
 
 impl Standalone {
@@ -14,7 +13,7 @@ impl Standalone {
     /// released and each member gets an event saying why. A waiting gang holds
     /// nothing, so two gangs can never deadlock holding half each.
     pub(super) fn attempt_gang(&mut self, key: &str, mut members: Vec<Pod>) {
-        let mut m = lock(&self.mirror);
+        let mut m = self.mirror.lock();
         let Some(spec) = m.pod_group(key).cloned() else {
             drop(m);
             let why = format!(

@@ -23,26 +23,29 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{EventType, Recorder};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use crate::binder::{Binder, lock};
-use crate::convert::{self, NodeFacts};
+use crate::binder::Binder;
+use crate::convert::{self};
 use crate::events::EventSink;
 use crate::extender::preempt::priority;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::mirror::{Mirror, Reservation, gang_of};
+use crate::mirror::{Mirror, Reservation, SharedMirror, gang_of};
 pub use crate::preemptor::DEFAULT_MIN_RUNTIME;
 use crate::preemptor::Preemptor;
 
+mod eligible;
 mod gang;
+
+pub use eligible::{node_allows, unsupported};
 
 /// First retry delay after a failed attempt.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -53,143 +56,6 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
 pub fn backoff(failures: u32) -> Duration {
     let exp = failures.saturating_sub(1).min(16);
     (BACKOFF_START * 2u32.pow(exp)).min(BACKOFF_MAX)
-}
-
-fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = req.values.as_deref().unwrap_or(&[]);
-    match req.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => !value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(x)) = (
-                value.and_then(|v| v.parse::<i64>().ok()),
-                values.first().and_then(|x| x.parse::<i64>().ok()),
-            ) else {
-                return false;
-            };
-            if req.operator == "Gt" { v > x } else { v < x }
-        }
-        _ => false,
-    }
-}
-
-fn term_matches(term: &NodeSelectorTerm, node: &NodeFacts) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
-    let fields = term.match_fields.as_deref().unwrap_or(&[]);
-    if exprs.is_empty() && fields.is_empty() {
-        // An empty term matches nothing (Kubernetes semantics).
-        return false;
-    }
-    exprs
-        .iter()
-        .all(|r| requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
-        && fields.iter().all(|r| {
-            let value = (r.key == "metadata.name").then_some(node.name.as_str());
-            requirement_matches(r, value)
-        })
-}
-
-/// Whether a pod may go to a node at all, before any resource is looked at:
-/// `Err` carries the reason as it appears in the sentence.
-pub fn node_allows(pod: &Pod, node: &NodeFacts) -> Result<(), String> {
-    if node.unschedulable {
-        return Err("node is cordoned".into());
-    }
-    if !node.ready {
-        return Err("node is not ready".into());
-    }
-    let Some(spec) = pod.spec.as_ref() else {
-        return Ok(());
-    };
-    if let Some(sel) = &spec.node_selector
-        && sel.iter().any(|(k, v)| node.labels.get(k) != Some(v))
-    {
-        return Err("node does not match the pod's nodeSelector".into());
-    }
-    if let Some(required) = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| {
-            na.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        && !required
-            .node_selector_terms
-            .iter()
-            .any(|t| term_matches(t, node))
-    {
-        return Err("node does not match the pod's required node affinity".into());
-    }
-    let tolerations = spec.tolerations.as_deref().unwrap_or(&[]);
-    if node
-        .taints
-        .iter()
-        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-        .any(|t| !tolerations.iter().any(|tol| convert::tolerates(tol, t)))
-    {
-        return Err("node has a taint the pod does not tolerate".into());
-    }
-    Ok(())
-}
-
-/// What a pod asks that this mode does not evaluate (see the module docs).
-pub fn unsupported(pod: &Pod) -> Option<String> {
-    let spec = pod.spec.as_ref()?;
-    let mut what = Vec::new();
-    let ports = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .flat_map(|c| c.ports.iter().flatten());
-    if ports.clone().any(|p| p.host_port.is_some_and(|h| h > 0)) {
-        what.push("host ports");
-    }
-    let aff = spec.affinity.as_ref();
-    if aff
-        .and_then(|a| a.pod_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .is_some_and(|t| !t.is_empty())
-    {
-        what.push("required pod affinity");
-    }
-    if aff
-        .and_then(|a| a.pod_anti_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .is_some_and(|t| !t.is_empty())
-    {
-        what.push("required pod anti-affinity");
-    }
-    if spec
-        .topology_spread_constraints
-        .iter()
-        .flatten()
-        .any(|t| t.when_unsatisfiable == "DoNotSchedule")
-    {
-        what.push("topology spread constraints (DoNotSchedule)");
-    }
-    if spec
-        .volumes
-        .iter()
-        .flatten()
-        .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
-    {
-        what.push("persistent volume claims");
-    }
-    (!what.is_empty()).then(|| {
-        format!(
-            "Tessera's standalone mode does not evaluate {} (kube-scheduler does: use the extender mode for such pods)",
-            what.join(", ")
-        )
-    })
 }
 
 /// Binds in flight at most; further pods wait for the next pass (kube-scheduler
@@ -252,7 +118,7 @@ fn decide_locked(
 /// The standalone scheduler loop.
 pub struct Standalone {
     pub scheduler_name: String,
-    pub mirror: Arc<Mutex<Mirror>>,
+    pub mirror: SharedMirror,
     pub binder: Binder,
     pub leader: Leadership,
     pub metrics: Arc<Metrics>,
@@ -275,7 +141,7 @@ impl Standalone {
     /// spawned on the current runtime.
     pub fn new(
         scheduler_name: String,
-        mirror: Arc<Mutex<Mirror>>,
+        mirror: SharedMirror,
         binder: Binder,
         leader: Leadership,
         metrics: Arc<Metrics>,
@@ -319,7 +185,7 @@ impl Standalone {
     /// flight is held in the mirror and not listed; a pod behind scheduling
     /// gates (Kueue's admission, for one) is not ours to place until they are gone.
     pub fn pending(&self) -> Vec<Pod> {
-        let mut m = lock(&self.mirror);
+        let mut m = self.mirror.lock();
         let pods: Vec<Pod> = m
             .waiting_pods()
             .filter(|p| convert::scheduler_name(p) == self.scheduler_name && !convert::is_gated(p))
@@ -349,7 +215,7 @@ impl Standalone {
     /// critical section (the ledger is the one truth: the next decision sees
     /// this one). `Err` carries the event sentence and the metrics reason.
     fn decide(&self, pod: &Pod) -> Result<Decided, (String, String)> {
-        decide_locked(&mut lock(&self.mirror), &self.metrics, pod)
+        decide_locked(&mut self.mirror.lock(), &self.metrics, pod)
     }
 
     fn spawn_bind(&mut self, pod: Pod, d: Decided) {
@@ -501,106 +367,11 @@ impl Standalone {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{
-        Affinity, NodeAffinity, NodeSelector, PodSpec, Taint, Toleration,
-    };
-
     use super::*;
-
-    fn facts(labels: &[(&str, &str)], taints: Vec<Taint>) -> NodeFacts {
-        NodeFacts {
-            name: "n1".into(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            taints,
-            unschedulable: false,
-            ready: true,
-            allocatable: Default::default(),
-        }
-    }
-
-    fn pod(spec: PodSpec) -> Pod {
-        Pod {
-            spec: Some(spec),
-            ..Pod::default()
-        }
-    }
 
     #[test]
     fn backoff_doubles_to_a_cap() {
         let secs: Vec<u64> = (1..=9).map(|n| backoff(n).as_secs()).collect();
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
-    }
-
-    #[test]
-    fn selectors_affinity_and_taints() {
-        let gpu = facts(&[("pool", "gpu"), ("zone", "a")], vec![]);
-        let sel = pod(PodSpec {
-            node_selector: Some([("pool".to_string(), "gpu".to_string())].into()),
-            ..PodSpec::default()
-        });
-        assert_eq!(node_allows(&sel, &gpu), Ok(()));
-        assert!(
-            node_allows(&sel, &facts(&[("pool", "cpu")], vec![]))
-                .unwrap_err()
-                .contains("nodeSelector")
-        );
-
-        let affinity = |op: &str, values: &[&str]| {
-            pod(PodSpec {
-                affinity: Some(Affinity {
-                    node_affinity: Some(NodeAffinity {
-                        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                            node_selector_terms: vec![NodeSelectorTerm {
-                                match_expressions: Some(vec![NodeSelectorRequirement {
-                                    key: "zone".into(),
-                                    operator: op.into(),
-                                    values: Some(values.iter().map(|v| v.to_string()).collect()),
-                                }]),
-                                match_fields: None,
-                            }],
-                        }),
-                        ..NodeAffinity::default()
-                    }),
-                    ..Affinity::default()
-                }),
-                ..PodSpec::default()
-            })
-        };
-        assert_eq!(node_allows(&affinity("In", &["a", "b"]), &gpu), Ok(()));
-        assert!(
-            node_allows(&affinity("NotIn", &["a"]), &gpu)
-                .unwrap_err()
-                .contains("affinity")
-        );
-        assert!(node_allows(&affinity("DoesNotExist", &[]), &gpu).is_err());
-
-        let tainted = facts(
-            &[],
-            vec![Taint {
-                key: "nvidia.com/gpu".into(),
-                effect: "NoSchedule".into(),
-                ..Taint::default()
-            }],
-        );
-        let plain = pod(PodSpec::default());
-        assert!(node_allows(&plain, &tainted).unwrap_err().contains("taint"));
-        let tolerant = pod(PodSpec {
-            tolerations: Some(vec![Toleration {
-                key: Some("nvidia.com/gpu".into()),
-                operator: Some("Exists".into()),
-                ..Toleration::default()
-            }]),
-            ..PodSpec::default()
-        });
-        assert_eq!(node_allows(&tolerant, &tainted), Ok(()));
-        let mut cordoned = gpu.clone();
-        cordoned.unschedulable = true;
-        assert_eq!(
-            node_allows(&plain, &cordoned),
-            Err("node is cordoned".into())
-        );
     }
 }

@@ -22,7 +22,7 @@ pub mod mosaic;
 pub mod observer;
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -40,7 +40,7 @@ pub use observer::Observer;
 
 use crate::accounting::{Usage, UsageQuery};
 use crate::metrics::Metrics;
-use crate::mirror::Mirror;
+use crate::mirror::SharedMirror;
 
 const INDEX: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -53,7 +53,7 @@ const STREAM_FOR: Duration = Duration::from_secs(25);
 
 /// The UI and chargeback routes over a new observer of `mirror`, sampling on
 /// the current runtime while the router lives.
-pub fn router(mirror: Arc<Mutex<Mirror>>, metrics: Arc<Metrics>) -> Router {
+pub fn router(mirror: SharedMirror, metrics: Arc<Metrics>) -> Router {
     let observer = Observer::new(mirror, metrics);
     observer.start();
     router_with(observer)

@@ -22,7 +22,7 @@ use tokio::sync::broadcast;
 use super::mosaic::{self, Names, Tile};
 use crate::convert;
 use crate::metrics::Metrics;
-use crate::mirror::Mirror;
+use crate::mirror::{Mirror, SharedMirror};
 
 /// How often the mirror is read.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -146,7 +146,7 @@ struct Inner {
 
 /// Reads the mirror each tick and keeps what the page and chargeback serve.
 pub struct Observer {
-    mirror: Arc<Mutex<Mirror>>,
+    mirror: SharedMirror,
     metrics: Arc<Metrics>,
     workload: TargetWorkload,
     inner: Mutex<Inner>,
@@ -167,7 +167,7 @@ pub fn unix_ms() -> u64 {
 }
 
 impl Observer {
-    pub fn new(mirror: Arc<Mutex<Mirror>>, metrics: Arc<Metrics>) -> Arc<Observer> {
+    pub fn new(mirror: SharedMirror, metrics: Arc<Metrics>) -> Arc<Observer> {
         let (deltas, _) = broadcast::channel(16);
         Arc::new(Observer {
             mirror,
@@ -221,7 +221,7 @@ impl Observer {
         // pods)); the tiles, fragmentation and charges are computed after it.
         let (parts, waiting, state, catalog) = {
             let held_since = std::time::Instant::now();
-            let mut m = crate::binder::lock(&self.mirror);
+            let mut m = self.mirror.lock();
             let _timer = HoldTimer(&self.lock_held_us, held_since);
             let parts = mosaic::Parts::take(&mut m, &mut inner.copies);
             let state = (m.generation(), m.ledger().change_cursor());
@@ -452,7 +452,7 @@ fn summarise(tiles: &[Tile], holding: &Holding, pending: usize) -> Summary {
 /// few pods per tick (each under its own short hold of the mirror's lock, as
 /// one filter call is) and kept until the mirror changes.
 fn pending_pods(
-    mirror: &Mutex<Mirror>,
+    mirror: &SharedMirror,
     waiting: Vec<Pod>,
     catalog: &tessera_core::model::Catalog,
     state: (u64, u64),
@@ -492,7 +492,7 @@ fn pending_pods(
                 _ if budget == 0 => "not judged yet".to_string(),
                 _ => {
                     budget -= 1;
-                    let r = explain_reason(&mut crate::binder::lock(mirror), pod);
+                    let r = explain_reason(&mut mirror.lock(), pod);
                     cache.insert(uid, (state, r.clone()));
                     r
                 }

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Body as AxumBody;
 use http::{Request, Response, StatusCode};
@@ -19,7 +19,7 @@ use tessera_k8s::binder::Binder;
 use tessera_k8s::extender::ExtenderState;
 use tessera_k8s::leader::Leadership;
 use tessera_k8s::metrics::Metrics;
-use tessera_k8s::mirror::Mirror;
+use tessera_k8s::mirror::{Mirror, SharedMirror};
 use tower::ServiceExt;
 
 pub const KEY: &[u8] = b"test-signing-key";
@@ -135,18 +135,18 @@ pub fn mirror(
     nodes: Vec<Node>,
     inventory: Vec<GpuNode>,
     pods: Vec<Pod>,
-) -> Arc<Mutex<Mirror>> {
+) -> SharedMirror {
     let policy = by_name(policy, &PolicyArgs::default()).expect("known policy");
-    Arc::new(Mutex::new(Mirror::from_objects(
+    SharedMirror::new(Mirror::from_objects(
         policy,
         KEY.to_vec(),
         nodes,
         inventory,
         pods,
-    )))
+    ))
 }
 
-pub fn state(mirror: Arc<Mutex<Mirror>>, client: Option<kube::Client>) -> ExtenderState {
+pub fn state(mirror: SharedMirror, client: Option<kube::Client>) -> ExtenderState {
     let leader = Leadership::always();
     ExtenderState {
         binder: client.map(|c| Binder::new(c, mirror.clone(), leader.clone())),
@@ -252,7 +252,7 @@ pub fn accept_writes(s: &Seen) -> (u16, serde_json::Value) {
 /// A leading standalone scheduler (`schedulerName: tessera`) over `m`, writing
 /// through `client`; its events are published when `events`.
 pub fn standalone(
-    m: &Arc<Mutex<Mirror>>,
+    m: &SharedMirror,
     client: kube::Client,
     events: bool,
 ) -> tessera_k8s::standalone::Standalone {

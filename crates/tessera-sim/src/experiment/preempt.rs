@@ -48,10 +48,11 @@ use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use tessera_core::Scheduler;
-use tessera_core::fit::{self, NodeView};
+use tessera_core::fit::NodeView;
+use tessera_core::judge::judge;
 use tessera_core::ledger::{AllocId, Ledger, LedgerError};
 use tessera_core::model::{Cluster, Health, NodeId};
-use tessera_core::placement::{Placement, request_class};
+use tessera_core::placement::Placement;
 use tessera_core::policy::{Policy, UnknownPolicy};
 use tessera_core::queue::preempt::{self, Context};
 use tessera_core::queue::{Budgets, PodMeta, Running};
@@ -488,22 +489,9 @@ fn place_on(
     node: NodeId,
     rng: &mut SmallRng,
 ) -> Option<Placement> {
-    let view = NodeView {
-        node: cluster.node(node),
-        used: ledger.node(node),
-        catalog: &cluster.catalog,
-    };
-    let fit = fit::check(view, req).ok()?;
-    let scored = policy.score(view, req, &fit, rng)?;
-    Some(Placement {
-        node,
-        grants: fit::grants(view, req, &scored.gpus),
-        cpu_milli: req.cpu_milli,
-        memory_mib: req.memory_mib,
-        class: request_class(req),
-        score: scored.score,
-        terms: scored.terms.to_vec(),
-    })
+    let view = NodeView::of(cluster, ledger, node);
+    let scored = judge(policy, view, req, rng).ok()?;
+    Some(Placement::of(view, req, node, scored))
 }
 
 /// A node's free resources as kube-scheduler sees them: sums, not devices.

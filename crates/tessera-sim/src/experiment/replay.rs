@@ -41,8 +41,9 @@ use rand::rngs::SmallRng;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use tessera_core::Scheduler;
-use tessera_core::fit::{self, NodeView};
+use tessera_core::fit::NodeView;
 use tessera_core::frag::TargetWorkload;
+use tessera_core::judge::judge;
 use tessera_core::ledger::{AllocId, Ledger, LedgerError};
 use tessera_core::model::{Cluster, NodeId};
 use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
@@ -413,7 +414,8 @@ pub(crate) fn fits_when_empty(
         .any(|id| accepts(cluster, &empty, policy, rng, id, req))
 }
 
-/// Whether `node` passes the filter and the policy for `req`.
+/// Whether `node` passes the filter and the policy for `req` (the core's judge;
+/// a policy that draws from the RNG draws once, as a decision would).
 pub(crate) fn accepts(
     cluster: &Cluster,
     ledger: &Ledger,
@@ -422,15 +424,7 @@ pub(crate) fn accepts(
     node: NodeId,
     req: &Request,
 ) -> bool {
-    let view = NodeView {
-        node: cluster.node(node),
-        used: ledger.node(node),
-        catalog: &cluster.catalog,
-    };
-    match fit::check(view, req) {
-        Ok(f) => policy.score(view, req, &f, rng).is_some(),
-        Err(_) => false,
-    }
+    judge(policy, NodeView::of(cluster, ledger, node), req, rng).is_ok()
 }
 
 pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
