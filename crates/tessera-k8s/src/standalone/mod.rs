@@ -287,8 +287,16 @@ impl Standalone {
             }
         }
         for pod in pending {
-            if self.binds.len() >= MAX_BINDS_IN_FLIGHT {
-                // The loop wakes when one finishes.
+            // At the cap, wait here for a bind to finish and go on down this list:
+            // leaving the pass instead would list, order and copy every waiting
+            // pod again for each bind that finishes (quadratic in a backlog).
+            while self.binds.len() >= MAX_BINDS_IN_FLIGHT {
+                match self.binds.join_next().await {
+                    Some(done) => self.finish(done),
+                    None => break,
+                }
+            }
+            if !self.leader.is_leader() {
                 break;
             }
             let uid = convert::pod_uid(&pod).to_string();
