@@ -53,6 +53,27 @@ pub struct MigProfile {
     pub starts: Vec<u8>,
 }
 
+impl MigProfile {
+    /// A table row: compute and memory slices, MiB, most instances, allowed starts.
+    fn new(
+        name: &str,
+        compute_slices: u8,
+        memory_slices: u8,
+        memory_mib: u64,
+        max_instances: u8,
+        starts: &[u8],
+    ) -> MigProfile {
+        MigProfile {
+            name: name.to_string(),
+            compute_slices,
+            memory_slices,
+            memory_mib,
+            max_instances,
+            starts: starts.to_vec(),
+        }
+    }
+}
+
 /// MIG geometry of a model: slice counts and the profile table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigGeometry {
@@ -164,14 +185,7 @@ impl GpuSpec {
 /// The GA100/GH100 7-compute/8-memory-slice geometry with per-profile memory.
 /// `mem` gives the MiB of the 1-, 2-, 4- and 8-memory-slice profiles.
 fn ga100_like(names: [&str; 7], mem: [u64; 4]) -> MigGeometry {
-    let p = |name: &str, c: u8, m: u8, memory_mib: u64, max: u8, starts: &[u8]| MigProfile {
-        name: name.to_string(),
-        compute_slices: c,
-        memory_slices: m,
-        memory_mib,
-        max_instances: max,
-        starts: starts.to_vec(),
-    };
+    let p = MigProfile::new;
     MigGeometry {
         compute_slices: 7,
         memory_slices: 8,
@@ -193,14 +207,7 @@ fn ga100_like(names: [&str; 7], mem: [u64; 4]) -> MigGeometry {
 /// instance never promises more than the driver gives; NVML reports the exact
 /// size of an instance once it exists.
 fn a30_geometry() -> MigGeometry {
-    let p = |name: &str, c: u8, m: u8, memory_mib: u64, max: u8, starts: &[u8]| MigProfile {
-        name: name.to_string(),
-        compute_slices: c,
-        memory_slices: m,
-        memory_mib,
-        max_instances: max,
-        starts: starts.to_vec(),
-    };
+    let p = MigProfile::new;
     MigGeometry {
         compute_slices: 4,
         memory_slices: 4,
