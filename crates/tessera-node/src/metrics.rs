@@ -473,14 +473,9 @@ impl Collector {
                 continue;
             }
             for g in &alloc.gpus {
-                let gpu = view.gpus.iter().find(|x| {
-                    if g.uuid.is_empty() {
-                        x.index == g.index
-                    } else {
-                        x.uuid == g.uuid
-                    }
-                });
-                let Some(gpu) = gpu else { continue };
+                let Some(gpu) = view.grant_gpu(g) else {
+                    continue;
+                };
                 let mut l = self.gpu_labels(gpu);
                 l.push(("pod".into(), pod.name.clone()));
                 l.push(("namespace".into(), pod.namespace.clone()));

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tessera_core::allocation::{ANNOTATION, Allocation};
+use tessera_core::allocation::Allocation;
 use tokio::sync::watch;
 
 use crate::backend::{BackendError, GpuBackend};
@@ -84,11 +84,7 @@ impl MigPlanner {
             let Some(m) = g.mig.as_ref().filter(|m| m.create) else {
                 continue;
             };
-            let Some(gpu) = view
-                .gpus
-                .iter()
-                .find(|x| x.uuid == g.uuid || (g.uuid.is_empty() && x.index == g.index))
-            else {
+            let Some(gpu) = view.grant_gpu(g) else {
                 continue;
             };
             let exists = gpu.mig_enabled
@@ -143,13 +139,7 @@ impl MigPlanner {
         node: &str,
         now: Instant,
     ) -> Result<usize, BackendError> {
-        let held: Vec<(String, u32, String, u8)> = pods
-            .iter()
-            .filter(|p| p.phase != "Succeeded" && p.phase != "Failed")
-            .filter_map(|p| {
-                let v = p.annotations.get(ANNOTATION)?;
-                Allocation::decode_verified(v, key, &p.uid, node).ok()
-            })
+        let held: Vec<(String, u32, String, u8)> = PodInfo::live_decisions(pods, key, node)
             .flat_map(|a| {
                 a.gpus
                     .into_iter()

@@ -33,7 +33,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tessera_core::allocation::{ANNOTATION, Allocation};
 use tessera_core::request::Isolation;
 
 use crate::deviceplugin::NodeView;
@@ -162,6 +161,20 @@ struct Daemon {
     last_exit: Option<String>,
 }
 
+impl Daemon {
+    /// Not started yet.
+    fn new(gpus: &[String]) -> Daemon {
+        Daemon {
+            gpus: sorted(gpus),
+            child: None,
+            restarts: 0,
+            retry_at: None,
+            unheld_since: None,
+            last_exit: None,
+        }
+    }
+}
+
 /// The agent's MPS control daemons.
 #[derive(Debug)]
 pub struct MpsDaemons {
@@ -187,14 +200,9 @@ impl MpsDaemons {
     pub fn ensure(&self, gpus: &[String]) -> Result<PathBuf, MpsError> {
         let key = daemon_key(gpus);
         let mut daemons = self.lock();
-        let d = daemons.entry(key.clone()).or_insert_with(|| Daemon {
-            gpus: sorted(gpus),
-            child: None,
-            restarts: 0,
-            retry_at: None,
-            unheld_since: None,
-            last_exit: None,
-        });
+        let d = daemons
+            .entry(key.clone())
+            .or_insert_with(|| Daemon::new(gpus));
         d.unheld_since = None;
         reap_exit(d);
         if d.child.is_some() {
@@ -217,14 +225,9 @@ impl MpsDaemons {
             held.iter().map(|g| (daemon_key(g), g)).collect();
         let mut daemons = self.lock();
         for (key, gpus) in &held_keys {
-            let d = daemons.entry(key.clone()).or_insert_with(|| Daemon {
-                gpus: sorted(gpus),
-                child: None,
-                restarts: 0,
-                retry_at: None,
-                unheld_since: None,
-                last_exit: None,
-            });
+            let d = daemons
+                .entry(key.clone())
+                .or_insert_with(|| Daemon::new(gpus));
             d.unheld_since = None;
             if reap_exit(d) {
                 tracing::warn!(gpus = ?d.gpus, exit = ?d.last_exit, "MPS control daemon exited while pods hold it");
@@ -465,12 +468,7 @@ pub fn held_sets(
     node: &str,
     view: &NodeView,
 ) -> BTreeSet<Vec<String>> {
-    pods.iter()
-        .filter(|p| p.phase != "Succeeded" && p.phase != "Failed")
-        .filter_map(|p| {
-            let v = p.annotations.get(ANNOTATION)?;
-            Allocation::decode_verified(v, key, &p.uid, node).ok()
-        })
+    PodInfo::live_decisions(pods, key, node)
         .filter(|a| a.isolation == Isolation::Mps)
         .flat_map(|a| {
             // Each container is a client of the daemon for its own GPUs.
@@ -487,10 +485,7 @@ pub fn held_sets(
                         .iter()
                         .filter_map(|g| {
                             if g.uuid.is_empty() {
-                                view.gpus
-                                    .iter()
-                                    .find(|x| x.index == g.index)
-                                    .map(|x| x.uuid.clone())
+                                view.grant_gpu(g).map(|x| x.uuid.clone())
                             } else {
                                 Some(g.uuid.clone())
                             }

@@ -48,6 +48,21 @@ impl PodInfo {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    /// The decisions (verified with `key` for this pod and `node`) of the pods in
+    /// `pods` that still hold their GPUs: every phase but Succeeded and Failed.
+    pub fn live_decisions<'a>(
+        pods: &'a [PodInfo],
+        key: &'a [u8],
+        node: &'a str,
+    ) -> impl Iterator<Item = Allocation> + 'a {
+        pods.iter()
+            .filter(|p| p.phase != "Succeeded" && p.phase != "Failed")
+            .filter_map(move |p| {
+                let v = p.annotations.get(ANNOTATION)?;
+                Allocation::decode_verified(v, key, &p.uid, node).ok()
+            })
+    }
 }
 
 /// Failure to list pods.

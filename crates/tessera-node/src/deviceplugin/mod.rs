@@ -67,6 +67,16 @@ impl NodeView {
     pub fn gpu(&self, uuid: &str) -> Option<&GpuInfo> {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
+
+    /// The GPU a decision's grant names: by UUID, or by NVML index when the
+    /// decision has no UUID for it.
+    pub fn grant_gpu(&self, g: &tessera_core::allocation::AllocatedGpu) -> Option<&GpuInfo> {
+        if g.uuid.is_empty() {
+            self.gpus.iter().find(|x| x.index == g.index)
+        } else {
+            self.gpu(&g.uuid)
+        }
+    }
 }
 
 /// One extended resource the agent serves.

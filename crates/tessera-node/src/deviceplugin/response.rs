@@ -18,12 +18,7 @@ pub(super) fn find_gpu<'a>(
     g: &AllocatedGpu,
     view: &'a NodeView,
 ) -> Result<&'a GpuInfo, AllocateError> {
-    let found = if g.uuid.is_empty() {
-        view.gpus.iter().find(|x| x.index == g.index)
-    } else {
-        view.gpu(&g.uuid)
-    };
-    let gpu = found.ok_or_else(|| AllocateError::UnknownGpu {
+    let gpu = view.grant_gpu(g).ok_or_else(|| AllocateError::UnknownGpu {
         pod: pod.to_string(),
         gpu: if g.uuid.is_empty() {
             format!("index {}", g.index)
