@@ -118,11 +118,11 @@ pub(crate) struct GrantCopies {
 
 impl GrantCopy {
     /// Whether the copy still says what the hold says.
-    fn matches(&self, h: &crate::mirror::Held, queue: &Option<String>) -> bool {
+    fn matches(&self, h: &crate::mirror::Held, queue: Option<&str>) -> bool {
         match (&self.grants, &h.allocation) {
             (None, None) => true,
             (Some(c), Some(a)) => {
-                c.queue == *queue
+                c.queue.as_deref() == queue
                     && c.node == h.node
                     && c.bound == h.bound
                     && c.gpus.len() == a.gpus.len()
@@ -151,13 +151,14 @@ impl GrantCopies {
         self.reads += 1;
         let read = self.reads;
         for (uid, h) in mirror.holds() {
+            // Compared borrowed: an unchanged hold costs no copy, its queue's name included.
             let queue = mirror.held_queue(uid, h);
             match self.by_uid.get_mut(uid.as_str()) {
-                Some(c) if c.matches(h, &queue) => c.seen = read,
+                Some(c) if c.matches(h, queue) => c.seen = read,
                 _ => {
                     let copy = GrantCopy {
                         seen: read,
-                        grants: copy_grants(h, queue).map(Arc::new),
+                        grants: copy_grants(h, queue.map(str::to_string)).map(Arc::new),
                     };
                     self.by_uid.insert(uid.clone(), copy);
                 }

@@ -10,13 +10,12 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::{
     PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
-use tessera_api::{GpuQueue, GpuQueueSpec, QueueResources};
 use tessera_k8s::mirror::{Reservation, SharedMirror};
 use tessera_k8s::standalone::Standalone;
 
@@ -224,30 +223,6 @@ async fn budgets_non_preemptible_pods_and_unlisted_budgets_stop_it() {
     assert!(evictions(&finish(w).await).is_empty(), "equal priority");
 }
 
-fn queue(name: &str, gpus: &str) -> GpuQueue {
-    GpuQueue::new(
-        name,
-        GpuQueueSpec {
-            guaranteed: QueueResources {
-                gpus: Some(gpus.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-}
-
-fn namespace(name: &str, queue: &str) -> Namespace {
-    Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("tessera.io/queue".to_string(), queue.to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
 /// Reclaim: team-b borrows team-a's idle GPU with a high-priority pod; team-a's
 /// pod, within its guarantee, takes it back whatever the priorities. The other
 /// way round nothing is evicted: team-a's pod holds its own guarantee.
@@ -255,8 +230,14 @@ fn namespace(name: &str, queue: &str) -> Namespace {
 async fn lent_quota_is_reclaimed_across_queues_and_only_what_is_borrowed() {
     let setup = |w: &World| {
         let mut g = w.m.lock();
-        g.replace_queues(vec![queue("team-a", "1"), queue("team-b", "0")]);
-        g.replace_namespaces(vec![namespace("a", "team-a"), namespace("b", "team-b")]);
+        g.replace_queues(vec![
+            gpu_queue("team-a", None, "1"),
+            gpu_queue("team-b", None, "0"),
+        ]);
+        g.replace_namespaces(vec![
+            queue_namespace("a", "team-a"),
+            queue_namespace("b", "team-b"),
+        ]);
     };
     let mut w = world(
         gpu_pod("b", "borrower", 1000),

@@ -15,7 +15,7 @@ use tessera_k8s::extender::ops_router;
 use tessera_k8s::mirror::{Mirror, Reservation, SharedMirror};
 
 use browser::Browser;
-use common::{gpu_node, kube_node, pod};
+use common::{gpu_node, gpu_queue, kube_node, pod, queue_namespace};
 
 /// `nodes` nodes: even ones 8 × A100-80GB, odd ones 4 × L4. GPU 1 of node 3 is unhealthy.
 fn cluster(nodes: usize) -> (Vec<k8s_openapi::api::core::v1::Node>, Vec<GpuNode>) {
@@ -100,33 +100,6 @@ struct Served {
     server: tokio::task::JoinHandle<()>,
 }
 
-/// A queue `name` under `parent` guaranteed `gpus` GPU-equivalents.
-fn queue(name: &str, parent: Option<&str>, gpus: &str) -> tessera_api::GpuQueue {
-    tessera_api::GpuQueue::new(
-        name,
-        tessera_api::GpuQueueSpec {
-            parent: parent.map(str::to_string),
-            guaranteed: tessera_api::QueueResources {
-                gpus: Some(gpus.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-}
-
-/// A namespace whose pods go to `queue`.
-fn namespace(name: &str, queue: &str) -> k8s_openapi::api::core::v1::Namespace {
-    k8s_openapi::api::core::v1::Namespace {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("tessera.io/queue".to_string(), queue.to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
 async fn serve(nodes: usize, fill_ratio: f64) -> Served {
     let (kn, gn) = cluster(nodes);
     let mirror = common::mirror("tessera", kn, gn, vec![]);
@@ -134,14 +107,14 @@ async fn serve(nodes: usize, fill_ratio: f64) -> Served {
         let mut m = mirror.lock();
         // Two teams under one organisation; nlp and ml-train share the research queue.
         m.replace_queues(vec![
-            queue("org", None, "600"),
-            queue("research", Some("org"), "300"),
-            queue("prod", Some("org"), "200"),
+            gpu_queue("org", None, "600"),
+            gpu_queue("research", Some("org"), "300"),
+            gpu_queue("prod", Some("org"), "200"),
         ]);
         m.replace_namespaces(vec![
-            namespace("ml-train", "research"),
-            namespace("nlp", "research"),
-            namespace("cv-infer", "prod"),
+            queue_namespace("ml-train", "research"),
+            queue_namespace("nlp", "research"),
+            queue_namespace("cv-infer", "prod"),
         ]);
         let placed = fill(&mut m, nodes, fill_ratio);
         assert!(placed > nodes, "the fill placed only {placed} pods");
@@ -404,8 +377,8 @@ fn accounting_charges_each_grant_for_the_time_it_was_held() {
     {
         // ml's pods count against the research queue; cv is in none.
         let mut m = mirror.lock();
-        m.replace_queues(vec![queue("research", None, "8")]);
-        m.replace_namespaces(vec![namespace("ml", "research")]);
+        m.replace_queues(vec![gpu_queue("research", None, "8")]);
+        m.replace_namespaces(vec![queue_namespace("ml", "research")]);
     }
     let metrics = Arc::new(tessera_k8s::metrics::Metrics::new());
     let o = tessera_k8s::ui::Observer::new(mirror.clone(), metrics.clone());

@@ -341,10 +341,10 @@ impl Mirror {
 
     /// The name of the queue a held pod counts against, as quota counts it (none
     /// without queues; the tree as of the last [`Mirror::queue_tree`]).
-    pub(crate) fn held_queue(&self, uid: &str, h: &super::Held) -> Option<String> {
+    pub(crate) fn held_queue(&self, uid: &str, h: &super::Held) -> Option<&str> {
         let tree = self.queues.tree.as_ref()?;
         self.held_queue_id(uid, h)
-            .map(|q| tree.spec(q).name.clone())
+            .map(|q| tree.spec(q).name.as_str())
     }
 
     /// Each pod's queue (if any), every queue's usage, and demand (usage plus

@@ -116,6 +116,34 @@ pub fn pod(namespace: &str, name: &str, uid: &str, resources: &[(&str, &str)]) -
     }
 }
 
+/// A GpuQueue `name` under `parent`, guaranteed `gpus` GPU-equivalents (lends and
+/// borrows by default).
+pub fn gpu_queue(name: &str, parent: Option<&str>, gpus: &str) -> tessera_api::GpuQueue {
+    tessera_api::GpuQueue::new(
+        name,
+        tessera_api::GpuQueueSpec {
+            parent: parent.map(str::to_string),
+            guaranteed: tessera_api::QueueResources {
+                gpus: Some(gpus.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+}
+
+/// A namespace whose pods go to `queue` (the `tessera.io/queue` label).
+pub fn queue_namespace(name: &str, queue: &str) -> k8s_openapi::api::core::v1::Namespace {
+    k8s_openapi::api::core::v1::Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("tessera.io/queue".to_string(), queue.to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
 /// Two A100-80GB nodes named as in the captured fixtures: 8 and 4 GPUs.
 pub fn fixture_cluster() -> (Vec<Node>, Vec<GpuNode>) {
     (
