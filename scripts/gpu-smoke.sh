@@ -10,6 +10,7 @@
 #   TESSERA_SMOKE_MIG=1 scripts/gpu-smoke.sh   # also a MIG create/discover/destroy step (see below)
 #   TESSERA_BIN=path scripts/gpu-smoke.sh   # use an existing binary
 set -euo pipefail
+TMPDIR_SMOKE_ERR="$(mktemp)"
 
 cd "$(dirname "$0")/.."
 
@@ -63,41 +64,47 @@ else
 fi
 
 # MIG (opt-in: TESSERA_SMOKE_MIG=1, as root, on a GPU you have put in MIG mode
-# yourself; this script never switches MIG mode or resets a GPU): create one GPU
-# instance and its compute instance, check that the agent's NVML discovery
-# reports it, destroy it, and check that it is gone.
-#   TESSERA_SMOKE_MIG_GPU (default 0), TESSERA_SMOKE_MIG_PROFILE (GPU instance
-#   profile ID, default 19: the 1-slice profile of A100/H100/H200; 14 on an A30)
+# yourself; this script never switches MIG mode or resets a GPU): the agent's own
+# NVML calls (crates/tessera-node/src/backend/nvml/mig.rs), as it makes them for a
+# planned decision: create a GPU instance and its compute instance at a placement,
+# check that NVML discovery and nvidia-smi report it, that an overlapping
+# placement is refused with NVML's error, destroy it, check that it is gone.
+#   TESSERA_SMOKE_MIG_GPU (index, default 0), TESSERA_SMOKE_MIG_PROFILE (default:
+#   the GPU's smallest 1g profile from `nvidia-smi mig -lgip`, e.g. 1g.10gb, 1g.18gb)
 if [[ "${TESSERA_SMOKE_MIG:-0}" == 1 ]]; then
     gpu="${TESSERA_SMOKE_MIG_GPU:-0}"
-    profile="${TESSERA_SMOKE_MIG_PROFILE:-19}"
     mode="$(nvidia-smi -i "$gpu" --query-gpu=mig.mode.current --format=csv,noheader | tr -d ' ')"
     if [[ "$mode" != "Enabled" ]]; then
         echo "FAIL: GPU $gpu is not in MIG mode ($mode); enable it yourself (nvidia-smi -i $gpu -mig 1)" >&2
         exit 1
     fi
-    echo "== MIG: nvidia-smi mig -i $gpu -cgi $profile -C" >&2
-    created="$(nvidia-smi mig -i "$gpu" -cgi "$profile" -C)"
+    profile="${TESSERA_SMOKE_MIG_PROFILE:-$(nvidia-smi mig -i "$gpu" -lgip | grep -oE 'MIG 1g\.[0-9]+gb( |$)' | head -n 1 | sed 's/MIG //; s/ //g')}"
+    [[ -n "$profile" ]] || { echo "FAIL: no 1g profile in nvidia-smi mig -lgip" >&2; exit 1; }
+    agent=("$TESSERA_BIN" node-agent --backend nvml --metrics-addr off)
+    created="" start=""
+    for s in 0 1 2 3 4 5 6; do
+        echo "== MIG: tessera node-agent --mig-create $gpu:$profile@$s" >&2
+        if created="$("${agent[@]}" --mig-create "$gpu:$profile@$s")"; then start="$s"; break; fi
+        created=""
+    done
+    [[ -n "$created" ]] || { echo "FAIL: the agent created no $profile instance at any start" >&2; exit 1; }
     echo "$created" >&2
-    gi="$(sed -n 's/.*created GPU instance ID *\([0-9][0-9]*\).*/\1/p' <<<"$created" | head -n 1)"
-    if [[ -z "$gi" ]]; then
-        echo "FAIL: no GPU instance ID in nvidia-smi's answer" >&2
+    mig_uuid="$(sed -n 's/.*"uuid": *"\(MIG-[^"]*\)".*/\1/p' <<<"$created" | head -n 1)"
+    [[ -n "$mig_uuid" ]] || { echo "FAIL: no MIG UUID in the agent's answer" >&2; exit 1; }
+    nvidia-smi -L | grep -q "$mig_uuid" || { echo "FAIL: nvidia-smi -L does not list $mig_uuid" >&2; exit 1; }
+    inventory="$("${agent[@]}" --once --print-inventory --node-name "$(hostname)")"
+    grep -q "$mig_uuid" <<<"$inventory" || { echo "FAIL: the agent's discovery does not report $mig_uuid" >&2; exit 1; }
+    grep -q "\"start\": $start" <<<"$inventory" || { echo "FAIL: discovery does not report start $start" >&2; exit 1; }
+    if "${agent[@]}" --mig-create "$gpu:$profile@$start" >/dev/null 2>"$TMPDIR_SMOKE_ERR"; then
+        echo "FAIL: a second $profile at start $start (overlapping) was accepted" >&2
         exit 1
     fi
-    inventory="$("$TESSERA_BIN" node-agent --backend nvml --once --print-inventory --node-name "$(hostname)")"
-    count_with="$(grep -c 'MIG-' <<<"$inventory" || true)"
-    echo "== MIG: the agent sees $count_with MIG device line(s) with instance $gi created" >&2
-    nvidia-smi mig -i "$gpu" -gi "$gi" -dci >&2
-    nvidia-smi mig -i "$gpu" -gi "$gi" -dgi >&2
-    inventory="$("$TESSERA_BIN" node-agent --backend nvml --once --print-inventory --node-name "$(hostname)")"
-    count_without="$(grep -c 'MIG-' <<<"$inventory" || true)"
-    if (( count_with <= count_without )); then
-        echo "FAIL: the agent's inventory did not change with the instance ($count_with vs $count_without MIG lines)" >&2
+    echo "== MIG: the overlapping placement was refused: $(cat "$TMPDIR_SMOKE_ERR")" >&2
+    echo "== MIG: tessera node-agent --mig-destroy $gpu:$mig_uuid" >&2
+    "${agent[@]}" --mig-destroy "$gpu:$mig_uuid" >&2
+    if nvidia-smi -L | grep -q "$mig_uuid"; then
+        echo "FAIL: $mig_uuid is still listed after destroy" >&2
         exit 1
     fi
-    echo "OK: MIG instance $gi created, discovered by the agent, destroyed" >&2
+    echo "OK: MIG $profile at memory slice $start created, discovered, an overlap refused, destroyed by the agent's NVML calls" >&2
 fi
-
-echo "== XID knowledge base sample: tessera doctor 79" >&2
-"$TESSERA_BIN" doctor 79
-echo "OK: NVML discovery and metrics work" >&2

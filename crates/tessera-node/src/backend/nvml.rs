@@ -4,6 +4,9 @@
 //! starts on a machine without a driver and reports [`BackendError::NvmlUnavailable`]
 //! instead of failing to link. The NVML handle lives for the whole process (it is
 //! leaked once) so the XID event set, which borrows it, can be kept beside it.
+//! MIG instances are created and destroyed through NVML's C API ([`mig`]).
+
+mod mig;
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -216,8 +219,12 @@ impl GpuBackend for Nvml {
             }
             let mut mig_instances = Vec::new();
             if mig_enabled {
-                let n = dev.mig_device_count().unwrap_or(0);
-                for m in 0..n {
+                // NVML's own profile names and placements; the catalog's name for
+                // the geometry where NVML cannot say (an older driver).
+                let profiles = mig::gi_profiles(self.nvml.lib(), dev).unwrap_or_default();
+                // The maximum count (nvmlDeviceGetMaxMigDeviceCount): indices may be empty.
+                let max = dev.mig_device_count().unwrap_or(0);
+                for m in 0..max {
                     let Ok(mig) = dev.mig_device_by_index(m) else {
                         continue;
                     };
@@ -228,10 +235,15 @@ impl GpuBackend for Nvml {
                         .as_ref()
                         .map(|a| a.gpu_instance_slice_count)
                         .unwrap_or(0);
+                    let placed = mig::placement_of(self.nvml.lib(), dev, &mig).ok();
+                    let profile = placed
+                        .and_then(|(id, _)| profiles.iter().find(|p| p.id == id))
+                        .map(|p| p.name.clone())
+                        .unwrap_or_else(|| self.mig_profile_name(model.as_deref(), slices, mem));
                     mig_instances.push(MigInstance {
                         uuid: mig_uuid,
-                        profile: self.mig_profile_name(model.as_deref(), slices, mem),
-                        start: None,
+                        profile,
+                        start: placed.map(|(_, start)| start),
                         memory_mib: mem,
                         sm_count: attrs.map(|a| a.multiprocessor_count),
                     });
@@ -314,6 +326,58 @@ impl GpuBackend for Nvml {
         })
     }
 
+    fn set_mig_mode(&self, gpu: &str, enabled: bool) -> Result<(), BackendError> {
+        let dev = self.device(gpu)?;
+        let refuse = |code: &'static str, message: String| BackendError::Mig {
+            gpu: gpu.to_string(),
+            code,
+            message,
+        };
+        if enabled
+            && !dev
+                .running_compute_processes()
+                .unwrap_or_default()
+                .is_empty()
+        {
+            return Err(refuse(
+                "NVML_ERROR_IN_USE",
+                "processes run on the GPU; MIG mode changes need an idle GPU".into(),
+            ));
+        }
+        dev.set_mig_mode(enabled)
+            .map_err(|e| refuse(nvml_error_name(&e), format!("nvmlDeviceSetMigMode: {e}")))?;
+        // Some GPUs (A100 on bare metal without a reset) only take the new mode
+        // after a GPU reset: the pending mode changed, the current did not.
+        let mode = dev
+            .mig_mode()
+            .map_err(|e| refuse(nvml_error_name(&e), format!("nvmlDeviceGetMigMode: {e}")))?;
+        if (mode.current == 1) != enabled {
+            return Err(refuse(
+                "NVML_ERROR_RESET_REQUIRED",
+                format!(
+                    "MIG mode {} is pending until the GPU is reset (nvidia-smi -r)",
+                    if enabled { "on" } else { "off" }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn create_mig_instance(
+        &self,
+        gpu: &str,
+        profile: &str,
+        start: u8,
+    ) -> Result<MigInstance, BackendError> {
+        let dev = self.device(gpu)?;
+        mig::create(self.nvml.lib(), &dev, profile, start).map_err(|f| f.into_backend(gpu))
+    }
+
+    fn destroy_mig_instance(&self, gpu: &str, mig_uuid: &str) -> Result<(), BackendError> {
+        let dev = self.device(gpu)?;
+        mig::destroy(self.nvml.lib(), &dev, mig_uuid).map_err(|f| f.into_backend(gpu))
+    }
+
     fn wait_xid_events(&self, timeout: Duration) -> Result<Vec<XidEvent>, BackendError> {
         let guard = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let Some(set) = guard.as_ref() else {
@@ -351,5 +415,23 @@ impl GpuBackend for Nvml {
             }
         }
         Ok(out)
+    }
+}
+
+/// NVML's name for an error nvml-wrapper reports.
+fn nvml_error_name(e: &NvmlError) -> &'static str {
+    match e {
+        NvmlError::InvalidArg => "NVML_ERROR_INVALID_ARGUMENT",
+        NvmlError::NotSupported => "NVML_ERROR_NOT_SUPPORTED",
+        NvmlError::NoPermission => "NVML_ERROR_NO_PERMISSION",
+        NvmlError::NotFound => "NVML_ERROR_NOT_FOUND",
+        NvmlError::GpuLost => "NVML_ERROR_GPU_IS_LOST",
+        NvmlError::ResetRequired => "NVML_ERROR_RESET_REQUIRED",
+        NvmlError::InUse => "NVML_ERROR_IN_USE",
+        NvmlError::FunctionNotFound | NvmlError::FailedToLoadSymbol(_) => {
+            "NVML_ERROR_FUNCTION_NOT_FOUND"
+        }
+        NvmlError::Uninitialized => "NVML_ERROR_UNINITIALIZED",
+        _ => "NVML_ERROR_UNKNOWN",
     }
 }

@@ -48,6 +48,17 @@ pub struct NodeAgentArgs {
     /// Print the discovered inventory (JSON) at start.
     #[arg(long)]
     print_inventory: bool,
+    /// Create one MIG instance the way the agent does for a planned decision (a GPU
+    /// instance of PROFILE at memory slice START and one compute instance filling
+    /// it), print it as JSON and exit. GPU is a UUID or an index; the GPU must be in
+    /// MIG mode. For checking a driver (scripts/gpu-smoke.sh); the running agent
+    /// creates instances only for decisions.
+    #[arg(long, value_name = "GPU:PROFILE@START", conflicts_with_all = ["once", "mig_destroy"])]
+    mig_create: Option<String>,
+    /// Destroy one MIG instance (compute, then GPU instance) and exit. Refused
+    /// while a process runs on it.
+    #[arg(long, value_name = "GPU:MIG-UUID", conflicts_with = "once")]
+    mig_destroy: Option<String>,
     /// The kubelet's device-plugins directory.
     #[arg(
         long,
@@ -141,6 +152,76 @@ fn parse_xids(s: &str) -> Result<std::collections::BTreeSet<u64>, String> {
     XidPolicy::parse_list(s)
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MigAction {
+    Create,
+    Destroy,
+}
+
+/// `--mig-create GPU:PROFILE@START` / `--mig-destroy GPU:MIG-UUID`: one backend
+/// call, its result on stdout (JSON), NVML's refusal on stderr with exit 1.
+fn mig_action(backend: &dyn GpuBackend, spec: &str, action: MigAction) -> anyhow::Result<ExitCode> {
+    let flag = match action {
+        MigAction::Create => "--mig-create",
+        MigAction::Destroy => "--mig-destroy",
+    };
+    let Some((gpu, rest)) = spec.split_once(':') else {
+        return bad_input(format!(
+            "{flag} {spec:?}: expected GPU:{}",
+            match action {
+                MigAction::Create => "PROFILE@START",
+                MigAction::Destroy => "MIG-UUID",
+            }
+        ));
+    };
+    let gpus = match backend.discover() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("error: backend {}: {e}", backend.name());
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let Some(uuid) = gpus
+        .iter()
+        .find(|g| g.uuid == gpu || g.index.to_string() == gpu)
+        .map(|g| g.uuid.clone())
+    else {
+        return bad_input(format!(
+            "{flag}: no GPU {gpu:?} on this node (a UUID or an index)"
+        ));
+    };
+    let result = match action {
+        MigAction::Create => {
+            let Some((profile, start)) = rest.rsplit_once('@') else {
+                return bad_input(format!(
+                    "{flag} {spec:?}: expected GPU:PROFILE@START, e.g. 0:1g.10gb@6"
+                ));
+            };
+            let Ok(start) = start.parse::<u8>() else {
+                return bad_input(format!(
+                    "{flag} {spec:?}: START {start:?} is not a memory slice number"
+                ));
+            };
+            backend
+                .create_mig_instance(&uuid, profile, start)
+                .map(|m| serde_json::json!({ "gpu": uuid, "created": m }))
+        }
+        MigAction::Destroy => backend
+            .destroy_mig_instance(&uuid, rest)
+            .map(|()| serde_json::json!({ "gpu": uuid, "destroyed": rest })),
+    };
+    match result {
+        Ok(v) => {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
 fn default_node_name() -> String {
     std::fs::read_to_string("/etc/hostname")
         .ok()
@@ -222,6 +303,13 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .or_else(|| std::env::var("NODE_NAME").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(default_node_name);
+
+    if let Some(spec) = &args.mig_create {
+        return mig_action(backend.as_ref(), spec, MigAction::Create);
+    }
+    if let Some(spec) = &args.mig_destroy {
+        return mig_action(backend.as_ref(), spec, MigAction::Destroy);
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
