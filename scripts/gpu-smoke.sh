@@ -39,6 +39,21 @@ if [[ $rc -ne 0 ]]; then
     exit "$rc"
 fi
 
+# tessera doctor snapshot on real GPUs: the archive a bug report gets (NVML state,
+# driver, kernel NVRM/Xid lines, agent and plugin state). dmesg may need root; the
+# snapshot records why a part is missing instead of failing.
+echo "== tessera doctor snapshot --backend nvml" >&2
+snap_dir="$(mktemp -d)"
+"$TESSERA_BIN" doctor snapshot --backend nvml --agent-metrics off --node-name "$(hostname)" -o "$snap_dir/snapshot.tar.gz" >&2
+listing="$(tar -tzf "$snap_dir/snapshot.tar.gz")"
+echo "$listing" >&2
+grep -q "snapshot.json" <<<"$listing" || { echo "FAIL: the snapshot has no snapshot.json" >&2; exit 1; }
+tar -xzf "$snap_dir/snapshot.tar.gz" -C "$snap_dir"
+json="$(find "$snap_dir" -name snapshot.json | head -n 1)"
+grep -q '"uuid": *"GPU-' "$json" || { echo "FAIL: snapshot.json names no GPU UUID" >&2; exit 1; }
+grep -q '"driverVersion": *"[0-9]' "$json" || { echo "FAIL: snapshot.json has no driver version" >&2; exit 1; }
+echo "OK: doctor snapshot holds the GPUs (${snap_dir}/snapshot.tar.gz)" >&2
+
 # The contract the agent's per-GPU MPS daemons rely on (--mps-daemons per-gpu,
 # crates/tessera-node/src/mps.rs): `nvidia-cuda-mps-control -f` with one GPU
 # visible opens <pipe>/control, and `echo quit | nvidia-cuda-mps-control` stops it.
