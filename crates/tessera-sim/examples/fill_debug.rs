@@ -69,6 +69,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut failed_by_kind: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let (mut idle_total, mut sliver_total, mut cpu_stranded) = (0u64, 0u64, 0u64);
     let mut hist: BTreeMap<u32, u64> = BTreeMap::new();
+    // Leftovers in used GPUs by the node's GPU model.
+    let mut by_model: BTreeMap<String, u64> = BTreeMap::new();
     let mut idle_nodes: BTreeMap<String, u32> = BTreeMap::new();
     // Share placements by ask (bucket of 100): on an idle GPU, leaving < 100 free, other.
     let mut share_landing: BTreeMap<u32, [u64; 3]> = BTreeMap::new();
@@ -130,6 +132,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         }
                         k => format!("whole{k}"),
                     };
+                    let kind = match req.constraints.models.first() {
+                        Some(m) => format!("{kind}@{m}"),
+                        None => kind,
+                    };
                     let e = failed_by_kind.entry(kind).or_default();
                     e.0 += 1;
                     e.1 += req.gpu.total_milli();
@@ -177,6 +183,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         cpu_stranded += 1000;
                     }
                 } else {
+                    let node = cluster.node(id);
+                    let model = node
+                        .primary_model()
+                        .map_or("-".to_string(), |m| cluster.catalog.spec(m).name.clone());
+                    *by_model.entry(model).or_default() += u64::from(g.free_cores_milli);
                     sliver_total += u64::from(g.free_cores_milli);
                     *hist.entry(g.free_cores_milli / 50 * 50).or_default() +=
                         u64::from(g.free_cores_milli);
@@ -224,5 +235,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "  leftover GPUs by free milli (bucket of 50: GPUs of leftover): {}",
         line.join(" ")
     );
+    print!("  leftovers in used GPUs by model (GPUs):");
+    for (m, v) in &by_model {
+        print!(" {m} {:.1}", *v as f64 / 1000.0 / nf);
+    }
+    println!();
     Ok(())
 }
