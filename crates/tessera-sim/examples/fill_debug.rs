@@ -82,6 +82,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .filter(|p| p.request.gpu.gpu_count() == 1)
         .map(|p| (p.request.gpu.milli_per_gpu(), p.request.cpu_milli))
         .collect();
+    {
+        // The model pressure Tessera derives from the typical pods, per model.
+        let wl = typical_pods(&pods, config.typical_coverage);
+        let gpm = policy::gpus_per_model(&cluster0);
+        let pressure = tessera_core::policy::tessera::model_pressure(&wl, &gpm);
+        print!("{trace}: model pressure (GPUs):");
+        for (m, (&pr, &n)) in pressure.iter().zip(&gpm).enumerate() {
+            if n > 0 {
+                let name = &cluster0
+                    .catalog
+                    .spec(tessera_core::model::ModelId(m as u8))
+                    .name;
+                print!(" {name} {pr:.2} ({n})");
+            }
+        }
+        println!();
+    }
     for seed in seeds(n) {
         let wl = typical_pods(&pods, config.typical_coverage);
         let args = PolicyArgs::for_cluster(Arc::new(wl), &cluster0);
