@@ -275,7 +275,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
             match Nvml::init() {
                 Ok(n) => (Arc::new(n), procs),
                 Err(e) => {
-                    if args.once {
+                    if args.once || args.mig_create.is_some() || args.mig_destroy.is_some() {
                         eprintln!("error: backend nvml: {e}");
                         return Ok(ExitCode::from(1));
                     }
