@@ -86,6 +86,7 @@ impl Domain {
             Domain::Nvml => &[
                 "nvml",
                 "nvidia-smi",
+                "libnvidia-ml",
                 "unable to determine the device handle",
             ],
             Domain::Xid => &["xid"],
