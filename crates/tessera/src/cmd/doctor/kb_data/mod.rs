@@ -2,6 +2,8 @@
 //! libraries; values as in NVIDIA's headers (see the module doc of `kb`).
 
 mod comm;
+#[cfg(test)]
+mod completeness;
 mod cuda;
 mod dnn;
 
