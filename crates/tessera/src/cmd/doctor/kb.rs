@@ -86,6 +86,7 @@ impl Domain {
             Domain::Nvml => &[
                 "nvml",
                 "nvidia-smi",
+                "libnvidia-ml",
                 "unable to determine the device handle",
             ],
             Domain::Xid => &["xid"],
@@ -444,6 +445,23 @@ mod tests {
         );
         assert_eq!(lookup("xid 79").unwrap()[0].withdraws_gpu, Some(true));
         assert_eq!(lookup("13").unwrap()[0].withdraws_gpu, Some(false));
+        // Codes added for completeness answer by number too.
+        assert_eq!(
+            names(&lookup("nvml:23").unwrap()),
+            ["NVML_ERROR_INSUFFICIENT_RESOURCES"]
+        );
+        assert_eq!(
+            names(&lookup("cudnn:3002").unwrap()),
+            ["CUDNN_STATUS_NOT_SUPPORTED_SHAPE"]
+        );
+        assert_eq!(
+            names(&lookup("cudnn:14").unwrap()),
+            names(&lookup("cudnn:1002").unwrap())
+        );
+        assert_eq!(
+            names(&lookup("cuda:900").unwrap()),
+            ["CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"]
+        );
         assert!(lookup("nccl:42").unwrap().is_empty());
         assert_eq!(
             lookup("gpu:3"),
@@ -500,6 +518,53 @@ mod tests {
                 "Failed to initialize NVML: Unknown Error",
                 "NVML_ERROR_UNKNOWN",
             ),
+            // Lines operators paste from the driver stack, not only from libraries.
+            (
+                "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
+                "NVML_ERROR_DRIVER_NOT_LOADED",
+            ),
+            (
+                "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown",
+                "NVML_ERROR_DRIVER_NOT_LOADED",
+            ),
+            (
+                "nvidia-container-cli: initialization error: load library failed: libnvidia-ml.so.1: cannot open shared object file: no such file or directory: unknown",
+                "NVML_ERROR_LIBRARY_NOT_FOUND",
+            ),
+            (
+                "bash: nvidia-smi: command not found",
+                "NVML_ERROR_LIBRARY_NOT_FOUND",
+            ),
+            (
+                "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+                "CUDA_ERROR_NO_BINARY_FOR_GPU",
+            ),
+            (
+                "UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 804: forward compatibility was attempted on non supported HW",
+                "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+            ),
+            (
+                "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+                "CUDA_ERROR_DEVICE_UNAVAILABLE",
+            ),
+            // The longer of two matching strings wins ("operation not permitted" is 800).
+            (
+                "RuntimeError: CUDA error: operation not permitted when stream is capturing",
+                "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            ),
+            (
+                "RuntimeError: CUDA error: peer mapping resources exhausted",
+                "CUDA_ERROR_TOO_MANY_PEERS",
+            ),
+            (
+                "RuntimeError: CUDA error: API call is not supported in the installed CUDA driver",
+                "cudaErrorCallRequiresNewerDriver",
+            ),
+            // The node agent's own refusal of a MIG change, as the pod's event shows it.
+            (
+                "MIG on GPU GPU-1: NVML_ERROR_INSUFFICIENT_RESOURCES: nvmlDeviceCreateGpuInstanceWithPlacement failed: the placement overlaps an existing instance or no compute is left: 3g.40gb at memory slice 4",
+                "NVML_ERROR_INSUFFICIENT_RESOURCES",
+            ),
         ];
         for (line, want) in cases {
             let got = lookup(line).unwrap();
@@ -514,6 +579,23 @@ mod tests {
         assert!(lookup("the job finished in 3 minutes").unwrap().is_empty());
         // An error string without its library's name in the line is not a match.
         assert!(lookup("internal error").unwrap().is_empty());
+    }
+
+    /// NVML's answers for the codes the node agent's MIG changes report say what
+    /// they mean there.
+    #[test]
+    fn mig_codes_explain_the_agents_mig_changes() {
+        for code in [
+            "NVML_ERROR_INSUFFICIENT_RESOURCES",
+            "NVML_ERROR_NO_PERMISSION",
+            "NVML_ERROR_RESET_REQUIRED",
+            "NVML_ERROR_INVALID_ARGUMENT",
+            "NVML_ERROR_IN_USE",
+        ] {
+            let a = &lookup(code).unwrap()[0];
+            assert!(a.cause.contains("MIG"), "{code}: {}", a.cause);
+            assert!(a.tessera_checks.contains("node agent"), "{code}");
+        }
     }
 
     /// Every entry is complete, and no value is claimed twice within one domain

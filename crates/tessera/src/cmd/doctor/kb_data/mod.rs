@@ -2,6 +2,8 @@
 //! libraries; values as in NVIDIA's headers (see the module doc of `kb`).
 
 mod comm;
+#[cfg(test)]
+mod completeness;
 mod cuda;
 mod dnn;
 
@@ -45,3 +47,5 @@ pub(super) const DRIVER: &str = "`tessera doctor snapshot` records the driver an
 pub(super) const VISIBLE: &str = "`tessera doctor pod` shows which GPUs the pod was granted (an empty or missing grant means the device plugin gave it none); `tessera doctor snapshot` shows whether the agent's device-plugin sockets exist on the node.";
 pub(super) const MPS: &str = "Tessera's MPS isolation mounts the control daemon's pipe directory into the pod: with the node agent's --mps-daemons per-gpu (the chart's default) the agent runs one daemon per GPU set, piped at <mps-root>/<GPU UUID>/pipe, and refuses an MPS pod whose daemon does not start; `tessera doctor snapshot` lists those daemon directories and whether each has its control pipe, and whether <mps-root>/pipe and shm/ exist (default root /run/tessera/mps).";
 pub(super) const APP: &str = "Nothing on the node: this is the workload's own fault. `tessera doctor pod` confirms the GPU is healthy, so the pod can be restarted on the same GPU.";
+pub(super) const ARCH: &str = "`kubectl tessera top -o wide` shows each node's GPU model; the node agent labels nodes with nvidia.com/gpu.compute.major/minor, so a pod can select (or `tessera.io/gpu-model` pin) the GPUs it was built for.";
+pub(super) const MIG: &str = "The node agent makes a pod's planned MIG instance (and any MIG mode switch) when the kubelet admits the pod, through NVML; a refused change fails that admission with NVML's code and what it means (`MIG on GPU …: NVML_ERROR_…: …`), which the kubelet records as a Warning event that `tessera doctor pod` reads, and leaves the GPU as it was. `tessera doctor snapshot` records each GPU's MIG capability, mode and instances; on the node, `tessera node-agent --mig-create GPU:PROFILE@START` and `--mig-destroy GPU:MIG-UUID` repeat one change by hand.";
