@@ -10,7 +10,6 @@
 #   TESSERA_SMOKE_MIG=1 scripts/gpu-smoke.sh   # also a MIG create/discover/destroy step (see below)
 #   TESSERA_BIN=path scripts/gpu-smoke.sh   # use an existing binary
 set -euo pipefail
-TMPDIR_SMOKE_ERR="$(mktemp)"
 
 cd "$(dirname "$0")/.."
 
@@ -110,11 +109,11 @@ if [[ "${TESSERA_SMOKE_MIG:-0}" == 1 ]]; then
     inventory="$("${agent[@]}" --once --print-inventory --node-name "$(hostname)")"
     grep -q "$mig_uuid" <<<"$inventory" || { echo "FAIL: the agent's discovery does not report $mig_uuid" >&2; exit 1; }
     grep -q "\"start\": $start" <<<"$inventory" || { echo "FAIL: discovery does not report start $start" >&2; exit 1; }
-    if "${agent[@]}" --mig-create "$gpu:$profile@$start" >/dev/null 2>"$TMPDIR_SMOKE_ERR"; then
+    if refusal="$("${agent[@]}" --mig-create "$gpu:$profile@$start" 2>&1 >/dev/null)"; then
         echo "FAIL: a second $profile at start $start (overlapping) was accepted" >&2
         exit 1
     fi
-    echo "== MIG: the overlapping placement was refused: $(cat "$TMPDIR_SMOKE_ERR")" >&2
+    echo "== MIG: the overlapping placement was refused: $refusal" >&2
     echo "== MIG: tessera node-agent --mig-destroy $gpu:$mig_uuid" >&2
     "${agent[@]}" --mig-destroy "$gpu:$mig_uuid" >&2
     if nvidia-smi -L | grep -q "$mig_uuid"; then
