@@ -100,6 +100,11 @@ struct Served {
     server: tokio::task::JoinHandle<()>,
 }
 
+/// kube-scheduler's condition message for a pod no node has GPUs for.
+fn insufficient(nodes: usize) -> String {
+    format!("0/{nodes} nodes are available: {nodes} Insufficient tessera.io/gpu.")
+}
+
 async fn serve(nodes: usize, fill_ratio: f64) -> Served {
     let (kn, gn) = cluster(nodes);
     let mirror = common::mirror("tessera", kn, gn, vec![]);
@@ -121,10 +126,7 @@ async fn serve(nodes: usize, fill_ratio: f64) -> Served {
         // Never fits: no node has 16 GPUs; its reason is Tessera's explanation.
         m.upsert_pod(pod("nlp", "huge", "uid-huge", &[("tessera.io/gpu", "16")]));
         // kube-scheduler's own word wins where it wrote one.
-        m.upsert_pod(pending_with_condition(
-            "waiting",
-            "0/200 nodes are available: 200 Insufficient tessera.io/gpu.",
-        ));
+        m.upsert_pod(pending_with_condition("waiting", &insufficient(nodes)));
     }
     let app = ops_router(common::state(mirror.clone(), None));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -191,10 +193,7 @@ async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
     let waiting = b.eval(
         "document.querySelector('#pending li[data-pod=\"ml-train/waiting\"] .reason')?.textContent",
     );
-    assert_eq!(
-        waiting,
-        "0/200 nodes are available: 200 Insufficient tessera.io/gpu."
-    );
+    assert_eq!(waiting, insufficient(200).as_str());
 
     // The queue tree: the parent first, its children under it.
     let rows = b.wait_for(
