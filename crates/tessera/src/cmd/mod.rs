@@ -11,6 +11,7 @@ pub mod explain;
 pub mod kubectl;
 pub mod node_agent;
 pub mod place;
+mod progress;
 pub mod scheduler;
 pub mod simulate;
 pub mod simulate_gang;

@@ -8,10 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tessera_core::policy;
 use tessera_sim::experiment::fill::{Knowledge, seeds as seed_list};
 use tessera_sim::experiment::replay::ReplayOptions;
@@ -19,6 +17,8 @@ use tessera_sim::grid::{self, ReplayPlan, Workload};
 use tessera_sim::report::{self, Report};
 use tessera_sim::trace::{TraceError, openb};
 use tessera_sim::workload as synthetic;
+
+use crate::cmd::progress::Progress;
 
 mod isolation;
 mod preempt;
@@ -175,40 +175,6 @@ fn check_policies(names: &[String]) -> Result<(), Fail> {
         return Err(Fail::Usage("--policies: no names given".into()));
     }
     Ok(())
-}
-
-/// A progress bar on stderr that only appears once the work has taken a second.
-struct Progress {
-    bar: ProgressBar,
-    started: Instant,
-}
-
-impl Progress {
-    fn new(total: u64, what: &str) -> Progress {
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
-        if let Ok(style) =
-            ProgressStyle::with_template("{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} runs")
-        {
-            bar.set_style(style);
-        }
-        bar.set_message(what.to_string());
-        Progress {
-            bar,
-            started: Instant::now(),
-        }
-    }
-    fn tick(&self) {
-        self.bar.inc(1);
-        if self.bar.is_hidden()
-            && self.started.elapsed() > Duration::from_secs(1)
-            && std::io::IsTerminal::is_terminal(&std::io::stderr())
-        {
-            self.bar.set_draw_target(ProgressDrawTarget::stderr());
-        }
-    }
-    fn finish(&self) {
-        self.bar.finish_and_clear();
-    }
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {

@@ -17,6 +17,7 @@ use tessera_node::snapshot::{Inputs, collect, write_archive};
 
 use crate::cmd::bad_input;
 use crate::cmd::node_agent::BackendKind;
+use crate::cmd::progress::Steps;
 
 #[derive(Debug, clap::Args)]
 pub struct SnapshotArgs {
@@ -113,23 +114,39 @@ pub fn run(a: SnapshotArgs) -> anyhow::Result<ExitCode> {
             }
         },
     };
-    let backend: Box<dyn GpuBackend> = match (a.backend, &a.fake_config) {
+    let fake = match (a.backend, &a.fake_config) {
         (BackendKind::Fake, None) => return bad_input("--backend fake needs --fake-config FILE"),
         (BackendKind::Fake, Some(path)) => match Fake::from_file(path) {
-            Ok(f) => Box::new(f),
+            Ok(f) => Some(f),
             Err(e) => return bad_input(e),
         },
         (BackendKind::Nvml, Some(_)) => {
             return bad_input("--fake-config is only used with --backend fake");
         }
-        (BackendKind::Nvml, None) => match Nvml::init() {
-            Ok(n) => Box::new(n),
-            // No driver is a finding, not a reason to write nothing.
-            Err(e) => Box::new(tessera_node::backend::Unavailable {
-                reason: e.to_string(),
-            }),
-        },
+        (BackendKind::Nvml, None) => None,
     };
+    // The input is valid: from here on, say what is under way.
+    let steps = Steps::new("doctor snapshot");
+    // Why NVML could not start: the first thing a bug report about a node whose GPUs
+    // vanished needs, so it goes into the archive's errors.
+    let mut backend_error = None;
+    let backend: Box<dyn GpuBackend> = match fake {
+        Some(f) => Box::new(f),
+        None => {
+            steps.step("starting NVML");
+            match Nvml::init() {
+                Ok(n) => Box::new(n),
+                // No driver is a finding, not a reason to write nothing.
+                Err(e) => {
+                    backend_error = Some(format!("GPU backend: {e}"));
+                    Box::new(tessera_node::backend::Unavailable {
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        }
+    };
+    steps.step("reading the kernel log");
     let kernel_log = match &a.kernel_log {
         Some(path) => std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display())),
         None => dmesg(),
@@ -139,11 +156,18 @@ pub fn run(a: SnapshotArgs) -> anyhow::Result<ExitCode> {
         kernel_log,
         device_plugin_dir: a.device_plugin_dir.clone(),
         mps_root: a.mps_root.clone(),
-        agent_metrics: metrics_addr.map(scrape),
+        agent_metrics: metrics_addr.map(|addr| {
+            steps.step("scraping the node agent's metrics");
+            scrape(addr)
+        }),
         taken_at: jiff::Timestamp::now().to_string(),
         node_name: node.clone(),
     };
-    let (snap, kernel) = collect(backend.as_ref(), &inputs);
+    steps.step("reading the GPUs");
+    let (mut snap, kernel) = collect(backend.as_ref(), &inputs);
+    if let Some(e) = backend_error {
+        snap.errors.insert(0, e);
+    }
     let metrics = match &inputs.agent_metrics {
         Some(Ok(m)) => Some(m.as_str()),
         _ => None,
@@ -152,6 +176,7 @@ pub fn run(a: SnapshotArgs) -> anyhow::Result<ExitCode> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("tessera-snapshot-{node}.tar.gz")));
+    steps.step("writing the archive");
     let file =
         std::fs::File::create(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     write_archive(
@@ -161,6 +186,7 @@ pub fn run(a: SnapshotArgs) -> anyhow::Result<ExitCode> {
         std::io::BufWriter::new(file),
     )
     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    steps.finish();
     let xids = snap.kernel_lines.iter().filter(|l| l.xid.is_some()).count();
     println!(
         "wrote {}: {} GPU(s) via {}, driver {}, {} NVRM line(s) ({} with an XID), {} failing GPU(s)",
@@ -196,6 +222,56 @@ mod tests {
         format!("{:?}", run(cli.args).unwrap())
     }
 
+    /// The `snapshot.json` inside an archive the command wrote.
+    fn snapshot_json(archive: &std::path::Path) -> serde_json::Value {
+        let bytes = std::fs::read(archive).unwrap();
+        let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(&bytes[..]));
+        let mut json = String::new();
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            if e.path().unwrap().ends_with("snapshot.json") {
+                e.read_to_string(&mut json).unwrap();
+            }
+        }
+        serde_json::from_str(&json).unwrap()
+    }
+
+    /// With `--backend nvml` the archive is written either way: on a machine without a
+    /// driver (CI) it says why NVML did not start; on a GPU machine it holds the GPUs.
+    #[test]
+    fn the_nvml_archive_says_why_there_are_no_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("dmesg.txt");
+        std::fs::write(&log, "").unwrap();
+        let out = dir.path().join("s.tar.gz");
+        let p = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        let args = [
+            "--backend".to_string(),
+            "nvml".into(),
+            "--kernel-log".into(),
+            p(&log),
+            "--agent-metrics".into(),
+            "off".into(),
+            "-o".into(),
+            p(&out),
+        ];
+        assert_eq!(
+            code(&args.iter().map(String::as_str).collect::<Vec<_>>()),
+            format!("{:?}", ExitCode::SUCCESS)
+        );
+        let v = snapshot_json(&out);
+        match Nvml::init() {
+            Err(e) => {
+                assert_eq!(v["gpus"].as_array().map(Vec::len), Some(0));
+                assert_eq!(v["errors"][0], format!("GPU backend: {e}"), "{v}");
+            }
+            Ok(_) => {
+                assert!(!v["gpus"].as_array().unwrap().is_empty(), "{v}");
+                assert!(v["driverVersion"].is_string(), "{v}");
+            }
+        }
+    }
+
     /// The whole command on the fake backend: the archive holds the GPUs and the XID lines.
     #[test]
     fn writes_an_archive_from_the_fake_backend() {
@@ -229,16 +305,7 @@ mod tests {
             code(&args.iter().map(String::as_str).collect::<Vec<_>>()),
             ok
         );
-        let bytes = std::fs::read(&out).unwrap();
-        let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(&bytes[..]));
-        let mut json = String::new();
-        for e in ar.entries().unwrap() {
-            let mut e = e.unwrap();
-            if e.path().unwrap().ends_with("snapshot.json") {
-                e.read_to_string(&mut json).unwrap();
-            }
-        }
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let v = snapshot_json(&out);
         assert_eq!(v["driverVersion"], "550.54.15");
         assert_eq!(v["gpus"][0]["info"]["uuid"], "GPU-1");
         assert_eq!(v["kernelLines"][0]["xid"], 48);
