@@ -222,9 +222,24 @@ mod tests {
         format!("{:?}", run(cli.args).unwrap())
     }
 
-    /// The `snapshot.json` inside an archive the command wrote.
-    fn snapshot_json(archive: &std::path::Path) -> serde_json::Value {
-        let bytes = std::fs::read(archive).unwrap();
+    /// Runs the command with `args`, `dmesg` as the kernel log and no metrics scrape,
+    /// into a temporary archive: the exit code and the archive's `snapshot.json`.
+    fn snapshot(args: &[&str], dmesg: &str) -> (String, serde_json::Value) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("dmesg.txt");
+        std::fs::write(&log, dmesg).unwrap();
+        let out = dir.path().join("s.tar.gz");
+        let mut all = args.to_vec();
+        all.extend([
+            "--kernel-log",
+            log.to_str().unwrap(),
+            "--agent-metrics",
+            "off",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let code = code(&all);
+        let bytes = std::fs::read(&out).unwrap();
         let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(&bytes[..]));
         let mut json = String::new();
         for e in ar.entries().unwrap() {
@@ -233,33 +248,15 @@ mod tests {
                 e.read_to_string(&mut json).unwrap();
             }
         }
-        serde_json::from_str(&json).unwrap()
+        (code, serde_json::from_str(&json).unwrap())
     }
 
     /// With `--backend nvml` the archive is written either way: on a machine without a
     /// driver (CI) it says why NVML did not start; on a GPU machine it holds the GPUs.
     #[test]
     fn the_nvml_archive_says_why_there_are_no_gpus() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("dmesg.txt");
-        std::fs::write(&log, "").unwrap();
-        let out = dir.path().join("s.tar.gz");
-        let p = |p: &std::path::Path| p.to_str().unwrap().to_string();
-        let args = [
-            "--backend".to_string(),
-            "nvml".into(),
-            "--kernel-log".into(),
-            p(&log),
-            "--agent-metrics".into(),
-            "off".into(),
-            "-o".into(),
-            p(&out),
-        ];
-        assert_eq!(
-            code(&args.iter().map(String::as_str).collect::<Vec<_>>()),
-            format!("{:?}", ExitCode::SUCCESS)
-        );
-        let v = snapshot_json(&out);
+        let (code, v) = snapshot(&["--backend", "nvml"], "");
+        assert_eq!(code, format!("{:?}", ExitCode::SUCCESS));
         match Nvml::init() {
             Err(e) => {
                 assert_eq!(v["gpus"].as_array().map(Vec::len), Some(0));
@@ -282,30 +279,18 @@ mod tests {
             "driverVersion: \"550.54.15\"\ngpus:\n  - { uuid: GPU-1, product: NVIDIA L4 }\n",
         )
         .unwrap();
-        let log = dir.path().join("dmesg.txt");
-        std::fs::write(&log, "noise\nNVRM: Xid (PCI:0000:01:00): 48, pid=9, DBE\n").unwrap();
-        let out = dir.path().join("s.tar.gz");
-        let ok = format!("{:?}", ExitCode::SUCCESS);
-        let p = |p: &std::path::Path| p.to_str().unwrap().to_string();
-        let args = [
-            "--backend".to_string(),
-            "fake".into(),
-            "--fake-config".into(),
-            p(&fake),
-            "--kernel-log".into(),
-            p(&log),
-            "--agent-metrics".into(),
-            "off".into(),
-            "--node-name".into(),
-            "n1".into(),
-            "-o".into(),
-            p(&out),
-        ];
-        assert_eq!(
-            code(&args.iter().map(String::as_str).collect::<Vec<_>>()),
-            ok
+        let (code, v) = snapshot(
+            &[
+                "--backend",
+                "fake",
+                "--fake-config",
+                fake.to_str().unwrap(),
+                "--node-name",
+                "n1",
+            ],
+            "noise\nNVRM: Xid (PCI:0000:01:00): 48, pid=9, DBE\n",
         );
-        let v = snapshot_json(&out);
+        assert_eq!(code, format!("{:?}", ExitCode::SUCCESS));
         assert_eq!(v["driverVersion"], "550.54.15");
         assert_eq!(v["gpus"][0]["info"]["uuid"], "GPU-1");
         assert_eq!(v["kernelLines"][0]["xid"], 48);
