@@ -10,7 +10,7 @@ use tessera_core::allocation::{ANNOTATION, Allocation};
 use tessera_core::policy::{PolicyArgs, by_name};
 
 use crate::convert;
-use crate::mirror::Mirror;
+use crate::mirror::{Mirror, WorkloadReport};
 use crate::standalone::node_allows;
 
 /// The answer for one pod.
@@ -127,6 +127,21 @@ impl std::fmt::Display for Report {
     }
 }
 
+/// The report with the target workload the policy scores against (what makes a
+/// node's fragment, and so the choice, what it is).
+#[derive(Debug, Clone, Serialize)]
+pub struct Explained {
+    #[serde(flatten)]
+    pub report: Report,
+    pub workload: WorkloadReport,
+}
+
+impl std::fmt::Display for Explained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}\n{}", self.report, self.workload)
+    }
+}
+
 /// Why explain could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
@@ -146,7 +161,7 @@ pub async fn explain_live(
     namespace: &str,
     name: &str,
     policy: &str,
-) -> Result<Report, ExplainError> {
+) -> Result<Explained, ExplainError> {
     let client = kube::Client::try_default()
         .await
         .map_err(|source| ExplainError::List {
@@ -156,13 +171,15 @@ pub async fn explain_live(
     explain(client, namespace, name, policy).await
 }
 
-/// Explains `namespace/name` as of now, judging pending pods with `policy`.
+/// Explains `namespace/name` as of now, judging pending pods with `policy`
+/// against the workload learned from the pods listed (as the scheduler rebuilds
+/// it after a restart).
 pub async fn explain(
     client: kube::Client,
     namespace: &str,
     name: &str,
     policy: &str,
-) -> Result<Report, ExplainError> {
+) -> Result<Explained, ExplainError> {
     let policy =
         by_name(policy, &PolicyArgs::default()).map_err(|e| ExplainError::Policy(e.to_string()))?;
     let (nodes, inventory, pods) =
@@ -178,7 +195,10 @@ pub async fn explain(
         .ok_or_else(|| ExplainError::NotFound(key.clone()))?;
     // No key: annotations are read as the API holds them (display only).
     let mut mirror = Mirror::from_objects(policy, Vec::new(), nodes, inventory, pods);
-    Ok(report(&mut mirror, &target))
+    Ok(Explained {
+        report: report(&mut mirror, &target),
+        workload: mirror.workload_report(),
+    })
 }
 
 /// The report for one pod against a mirror (pure; tests call it directly).

@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tessera_core::frag::{FragNode, TargetWorkload, node_frag};
+use tessera_core::frag::{FragNode, node_frag};
 
 use crate::mirror::Mirror;
 
@@ -40,7 +40,11 @@ pub struct Metrics {
     leader: Gauge,
     election_errors: Gauge,
     synced: Gauge,
-    workload: TargetWorkload,
+    learned_pods: Gauge,
+    learned_generation: Gauge,
+    /// Weight of each of the target workload's heaviest shapes.
+    shape_weight: Family<Labels, Gauge<f64, AtomicU64>>,
+    model_pressure: Family<Labels, Gauge<f64, AtomicU64>>,
     gpu_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     gpu_capacity_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     /// Per queue and kind (guaranteed, allocated, deserved, borrowed): GPU-equivalents.
@@ -113,6 +117,30 @@ impl Metrics {
             "1 once nodes, GpuNodes and pods have been listed (nothing is decided before)",
             synced.clone(),
         );
+        let learned_pods = Gauge::default();
+        let learned_generation = Gauge::default();
+        let shape_weight = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let model_pressure = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "learned_workload_pods",
+            "Pods the target workload has learned since start (after a restart: the pods listed)",
+            learned_pods.clone(),
+        );
+        registry.register(
+            "learned_workload_generation",
+            "Times the learned target moved enough to rebuild the policy",
+            learned_generation.clone(),
+        );
+        registry.register(
+            "workload_shape_weight",
+            "Weight of the target workload's heaviest shapes (fragmentation is measured against it), per GPU count, milli-GPU per GPU, CPU milli and allowed models (empty: any)",
+            shape_weight.clone(),
+        );
+        registry.register(
+            "model_pressure",
+            "Share of a model's GPUs that model-constrained shapes need, against the average (unconstrained pods pay to use a model under pressure)",
+            model_pressure.clone(),
+        );
         let gpu_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
         let gpu_capacity_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
         registry.register(
@@ -166,7 +194,10 @@ impl Metrics {
             free_milli,
             fragmentation,
             cluster_fragmentation,
-            workload: TargetWorkload::builtin(),
+            learned_pods,
+            learned_generation,
+            shape_weight,
+            model_pressure,
         }
     }
 
@@ -200,6 +231,8 @@ impl Metrics {
         self.free_milli.clear();
         self.fragmentation.clear();
         mirror.refresh();
+        self.update_workload(mirror);
+        let workload = mirror.target_workload();
         let usage = mirror.usage();
         let cluster = mirror.cluster();
         let mut total = 0.0;
@@ -241,7 +274,7 @@ impl Metrics {
                     free_cpu_milli: used.free_cpu_milli,
                     model: Some(model),
                 },
-                &self.workload,
+                &workload,
             );
             total += frag;
             self.fragmentation
@@ -266,6 +299,32 @@ impl Metrics {
             self.queue_pending
                 .get_or_create(&vec![queue])
                 .set(i64::try_from(q.pending_pods).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The target workload's figures ([`Mirror::workload_report`]).
+    fn update_workload(&self, mirror: &mut Mirror) {
+        let w = mirror.workload_report();
+        self.learned_pods
+            .set(i64::try_from(w.pods_learned).unwrap_or(i64::MAX));
+        self.learned_generation
+            .set(i64::try_from(w.generation).unwrap_or(i64::MAX));
+        self.shape_weight.clear();
+        for shape in &w.top {
+            self.shape_weight
+                .get_or_create(&vec![
+                    ("gpus".to_string(), shape.gpus.to_string()),
+                    ("gpu_milli".to_string(), shape.gpu_milli.to_string()),
+                    ("cpu_milli".to_string(), shape.cpu_milli.to_string()),
+                    ("models".to_string(), shape.models.join("|")),
+                ])
+                .set(shape.weight);
+        }
+        self.model_pressure.clear();
+        for (model, p) in &w.pressure {
+            self.model_pressure
+                .get_or_create(&vec![("model".to_string(), model.clone())])
+                .set(*p);
         }
     }
 

@@ -320,3 +320,64 @@ fn the_scheduler_learns_the_workload_from_arriving_pods() {
     );
     assert_ne!(scores(&live), before, "the new shape moved the scores");
 }
+
+/// Issue 12: operators see the workload the policy scores against. The metrics
+/// measure fragmentation against the learned target (pending pods move it, the
+/// ledger stays as it was) and list its heaviest shapes; `tessera explain`
+/// reports the same.
+#[test]
+fn metrics_and_explain_show_the_learned_workload() {
+    let (nodes, inv) = cluster();
+    let live = mirror("tessera", nodes, inv, vec![]);
+    let metrics = tessera_k8s::metrics::Metrics::new();
+    let scrape = |m: &tessera_k8s::mirror::SharedMirror| {
+        metrics.update_cluster(&mut m.lock());
+        metrics.encode().expect("metrics encode")
+    };
+    let value = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+            .trim()
+            .parse()
+            .expect("a number")
+    };
+    let before = scrape(&live);
+    assert_eq!(value(&before, "tessera_learned_workload_pods"), 0.0);
+    let frag_before = value(&before, "tessera_cluster_fragmentation_milli");
+    for i in 0..600 {
+        live.lock().upsert_pod(pod(
+            "default",
+            &format!("p-{i}"),
+            &format!("uid-p-{i}"),
+            &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "700")],
+        ));
+    }
+    let after = scrape(&live);
+    assert_eq!(value(&after, "tessera_learned_workload_pods"), 600.0);
+    assert!(value(&after, "tessera_learned_workload_generation") > 0.0);
+    // The pods wait (nothing was bound): only the target moved.
+    assert_ne!(
+        value(&after, "tessera_cluster_fragmentation_milli"),
+        frag_before,
+        "fragmentation is measured against the learned workload"
+    );
+    let report = live.lock().workload_report();
+    assert!(report.learned);
+    assert_eq!(report.pods_learned, 600);
+    let top = &report.top[0];
+    assert_eq!((top.gpus, top.gpu_milli), (1, 700), "{report:?}");
+    assert!(top.weight > 0.5, "{report:?}");
+    let weight = value(
+        &after,
+        &format!(
+            "tessera_workload_shape_weight{{gpus=\"1\",gpu_milli=\"700\",cpu_milli=\"{}\",models=\"\"}}",
+            top.cpu_milli
+        ),
+    );
+    assert!((weight - top.weight).abs() < 1e-9, "{after}");
+    assert!(
+        report.to_string().contains("learned from 600 pod(s)"),
+        "{report}"
+    );
+}

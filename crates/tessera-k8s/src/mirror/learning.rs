@@ -5,9 +5,14 @@
 //! cluster's GPU inventory changes. Policies that do not learn keep the one
 //! they were built with.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+use tessera_core::frag::{TargetWorkload, TypicalPod};
+use tessera_core::model::{Catalog, ModelId};
+use tessera_core::policy::tessera::model_pressure;
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::request::GpuAsk;
 use tessera_core::workload::{LearnConfig, LearnedWorkload};
@@ -105,5 +110,156 @@ impl Mirror {
             self.learning.workload.arrivals(),
             self.learning.workload.generation(),
         )
+    }
+
+    /// The workload the policy measures fragmentation against: the learned target
+    /// where the policy learns, else the built-in one it was made with. Metrics, the
+    /// web view and `kubectl tessera top` measure against the same, so the fragment
+    /// they show is the one the scheduler minimises.
+    pub fn target_workload(&self) -> Arc<TargetWorkload> {
+        if self.policy.learns_workload() {
+            self.learning.workload.target()
+        } else {
+            Arc::new(TargetWorkload::builtin())
+        }
+    }
+
+    /// What `tessera explain` and the metrics say of the target workload.
+    pub fn workload_report(&mut self) -> WorkloadReport {
+        self.refresh();
+        let target = self.target_workload();
+        let catalog = &self.cluster.catalog;
+        let mut shapes: Vec<&TypicalPod> = target.pods.iter().collect();
+        shapes.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        let pressure = model_pressure(&target, &policy::gpus_per_model(&self.cluster))
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, p)| p > 0.0)
+            .map(|(m, p)| (catalog.spec(ModelId(m as u8)).name.clone(), p))
+            .collect();
+        WorkloadReport {
+            learned: self.policy.learns_workload(),
+            pods_learned: self.learning.workload.arrivals(),
+            generation: self.learning.workload.generation(),
+            shapes: target.pods.len(),
+            top: shapes
+                .into_iter()
+                .take(WorkloadReport::TOP)
+                .map(|p| Shape::of(p, catalog))
+                .collect(),
+            pressure,
+        }
+    }
+}
+
+/// The target workload as operators see it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadReport {
+    /// Learned from the pods that arrived (else the built-in openb-derived one).
+    pub learned: bool,
+    /// Pods learned since the scheduler started (after a restart: the pods listed).
+    pub pods_learned: u64,
+    /// How often the target moved enough to rebuild the policy.
+    pub generation: u64,
+    /// Shapes in the target.
+    pub shapes: usize,
+    /// The heaviest shapes, heaviest first.
+    pub top: Vec<Shape>,
+    /// Model pressure (the share of a model's GPUs that model-constrained shapes
+    /// need, against the average): models above 0 only.
+    pub pressure: BTreeMap<String, f64>,
+}
+
+impl WorkloadReport {
+    /// Shapes listed in `top`.
+    pub const TOP: usize = 8;
+}
+
+/// One shape of the target workload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Shape {
+    pub gpus: u32,
+    /// Milli-GPU asked of each GPU.
+    pub gpu_milli: u32,
+    pub cpu_milli: u64,
+    /// The models it may use; empty: any.
+    pub models: Vec<String>,
+    /// Its weight in the target (the weights sum to 1).
+    pub weight: f64,
+}
+
+impl Shape {
+    fn of(p: &TypicalPod, catalog: &Catalog) -> Shape {
+        let ids = (0..catalog.specs().len()).map(|i| ModelId(i as u8));
+        let models = if ids.clone().all(|m| p.models.contains(m)) {
+            Vec::new()
+        } else {
+            ids.filter(|&m| p.models.contains(m))
+                .map(|m| catalog.spec(m).name.clone())
+                .collect()
+        };
+        Shape {
+            gpus: p.gpus,
+            gpu_milli: p.milli,
+            cpu_milli: p.cpu_milli,
+            models,
+            weight: p.weight,
+        }
+    }
+
+    /// `2×1000m GPU, 8 CPU` style, with the models where constrained.
+    pub fn describe(&self) -> String {
+        let gpu = match self.gpus {
+            0 => "no GPU".to_string(),
+            1 if self.gpu_milli < 1000 => format!("{}m of a GPU", self.gpu_milli),
+            n => format!("{n} GPU"),
+        };
+        let models = if self.models.is_empty() {
+            String::new()
+        } else {
+            format!(" on {}", self.models.join("|"))
+        };
+        format!("{gpu}{models}, {} CPU", self.cpu_milli as f64 / 1000.0)
+    }
+}
+
+impl std::fmt::Display for WorkloadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.learned {
+            write!(
+                f,
+                "fragment measured against the workload learned from {} pod(s) ({} shape(s), rebuilt {} time(s))",
+                self.pods_learned, self.shapes, self.generation
+            )?;
+        } else {
+            write!(
+                f,
+                "fragment measured against the built-in workload ({} shape(s))",
+                self.shapes
+            )?;
+        }
+        if !self.top.is_empty() {
+            let top: Vec<String> = self
+                .top
+                .iter()
+                .map(|s| format!("{} {:.1}%", s.describe(), s.weight * 100.0))
+                .collect();
+            write!(f, "\n  heaviest shapes: {}", top.join("; "))?;
+        }
+        if !self.pressure.is_empty() {
+            let p: Vec<String> = self
+                .pressure
+                .iter()
+                .map(|(m, p)| format!("{m} {p:.2}"))
+                .collect();
+            write!(
+                f,
+                "\n  model pressure (unconstrained pods pay to use these): {}",
+                p.join(", ")
+            )?;
+        }
+        Ok(())
     }
 }

@@ -53,6 +53,7 @@ mod shared;
 mod verdicts;
 
 pub use groups::gang_of;
+pub use learning::{Shape, WorkloadReport};
 pub use preemption::{PreemptionPlan, Victim, may_preempt_for, victims_text};
 pub use queues::{QueueFigures, QuotaCheck, queue_spec};
 pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};

@@ -15,7 +15,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use tessera_core::chargeback::{Holding, Meter};
-use tessera_core::frag::TargetWorkload;
 use tessera_core::request::GpuAsk;
 use tokio::sync::broadcast;
 
@@ -148,7 +147,6 @@ struct Inner {
 pub struct Observer {
     mirror: SharedMirror,
     metrics: Arc<Metrics>,
-    workload: TargetWorkload,
     inner: Mutex<Inner>,
     full: RwLock<(u64, Arc<str>)>,
     deltas: broadcast::Sender<(u64, Arc<str>)>,
@@ -172,7 +170,6 @@ impl Observer {
         Arc::new(Observer {
             mirror,
             metrics,
-            workload: TargetWorkload::builtin(),
             inner: Mutex::new(Inner {
                 namespaces: Names::default(),
                 models: Names::default(),
@@ -219,28 +216,26 @@ impl Observer {
         let inner = &mut *guard;
         // Under the mirror's lock only copies (O(nodes + holds + pending
         // pods)); the tiles, fragmentation and charges are computed after it.
-        let (parts, waiting, state, catalog) = {
+        let (parts, waiting, state, catalog, workload) = {
             let held_since = std::time::Instant::now();
             let mut m = self.mirror.lock();
             let _timer = HoldTimer(&self.lock_held_us, held_since);
             let parts = mosaic::Parts::take(&mut m, &mut inner.copies);
             let state = (m.generation(), m.ledger().change_cursor());
             let catalog = m.cluster().catalog.clone();
+            // The fragment shown is the one the policy minimises.
+            let workload = m.target_workload();
             let waiting: Vec<Pod> = m.waiting_pods().cloned().collect();
             let queues: Vec<QueueRow> = m
                 .queue_report()
                 .into_iter()
                 .map(QueueRow::from_figures)
                 .collect();
-            (parts, (waiting, queues), state, catalog)
+            (parts, (waiting, queues), state, catalog, workload)
         };
         let (waiting, queues) = waiting;
-        let (tiles, uuids) = mosaic::from_parts(
-            &parts,
-            &mut inner.namespaces,
-            &mut inner.models,
-            &self.workload,
-        );
+        let (tiles, uuids) =
+            mosaic::from_parts(&parts, &mut inner.namespaces, &mut inner.models, &workload);
         let holding = crate::accounting::holding(&parts.cluster, &parts.held);
         let (pending, n_pending) = pending_pods(
             &self.mirror,

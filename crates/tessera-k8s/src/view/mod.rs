@@ -16,7 +16,7 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 use tessera_api::{GpuHealth, GpuNode};
 use tessera_core::allocation::{ANNOTATION, Allocation};
-use tessera_core::frag::{FragNode, TargetWorkload, node_frag};
+use tessera_core::frag::{FragNode, node_frag};
 use tessera_core::policy::{PolicyArgs, by_name};
 
 use crate::convert;
@@ -127,9 +127,10 @@ pub fn top_from(nodes: Vec<Node>, inventory: Vec<GpuNode>, pods: Vec<Pod>) -> Ve
         .collect();
     let tenants = tenants_by_gpu(&pods);
     let mut m = mirror(nodes, inventory, pods);
+    // Learned from the pods listed, as the scheduler rebuilds it after a restart.
+    let workload = m.target_workload();
     let usage = m.usage();
     let cluster = m.cluster();
-    let workload = TargetWorkload::builtin();
     let mut rows = Vec::new();
     for node in cluster.nodes() {
         let used = usage.get(&node.name);
@@ -322,7 +323,8 @@ pub(crate) async fn read_cluster(
 }
 
 pub(crate) fn mirror(nodes: Vec<Node>, inventory: Vec<GpuNode>, pods: Vec<Pod>) -> Mirror {
-    // The built-in policy name always resolves; the policy does not affect usage.
+    // The built-in policy name always resolves; it learns the workload from `pods`
+    // (the fragment shown), and does not affect usage.
     let policy = by_name("tessera", &PolicyArgs::default())
         .unwrap_or_else(|e| unreachable!("built-in policy: {e}"));
     // No key: annotations are read as the API holds them (display only).

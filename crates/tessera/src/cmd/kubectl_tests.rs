@@ -155,6 +155,18 @@ async fn explain_reuses_tessera_explain() {
     let (text, code, _) = run(&["explain", "ml/infer"], cluster()).await;
     assert_eq!(code, 0, "{text}");
     assert!(text.starts_with("ml/infer is on node gpu-b"), "{text}");
+    // The workload the policy scores against, learned from the four GPU pods listed
+    // (ml/web asks no GPU), as the scheduler rebuilds it after a restart.
+    assert!(
+        text.contains("fragment measured against the workload learned from 4 pod(s)"),
+        "{text}"
+    );
+    let (json, code, _) = run(&["explain", "ml/infer", "-o", "json"], cluster()).await;
+    assert_eq!(code, 0, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(v["state"], "placed", "{v}");
+    assert_eq!(v["workload"]["learned"], true, "{v}");
+    assert_eq!(v["workload"]["podsLearned"], 4, "{v}");
     // NAME alone is looked up in the namespace of -n.
     let (text, code, _) = run(&["explain", "waiting", "-n", "ml"], cluster()).await;
     assert_eq!(code, 0, "{text}");

@@ -207,7 +207,7 @@ pub async fn diagnose(
         None => tessera_k8s::explain::explain(client, namespace, name, "tessera")
             .await
             .ok()
-            .map(|r| r.to_string()),
+            .map(|r| r.report.to_string()),
         Some(_) => None,
     };
     Ok(judge(facts, pending))
