@@ -174,6 +174,11 @@ impl LearnedWorkload {
     }
 
     /// Arrivals learned (after the prior).
+    /// How it learns (half-life, prior mass, rebuild distance).
+    pub fn config(&self) -> LearnConfig {
+        self.config
+    }
+
     pub fn arrivals(&self) -> u64 {
         self.arrivals
     }

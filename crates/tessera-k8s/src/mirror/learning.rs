@@ -141,6 +141,7 @@ impl Mirror {
             learned: self.policy.learns_workload(),
             pods_learned: self.learning.workload.arrivals(),
             generation: self.learning.workload.generation(),
+            prior_pods: self.learning.workload.config().prior_mass,
             shapes: target.pods.len(),
             top: shapes
                 .into_iter()
@@ -162,6 +163,8 @@ pub struct WorkloadReport {
     pub pods_learned: u64,
     /// How often the target moved enough to rebuild the policy.
     pub generation: u64,
+    /// Weight of the cold-start prior, in pods (learned pods outweigh it as they come).
+    pub prior_pods: f64,
     /// Shapes in the target.
     pub shapes: usize,
     /// The heaviest shapes, heaviest first.
@@ -230,8 +233,8 @@ impl std::fmt::Display for WorkloadReport {
         if self.learned {
             write!(
                 f,
-                "fragment measured against the workload learned from {} pod(s) ({} shape(s), rebuilt {} time(s))",
-                self.pods_learned, self.shapes, self.generation
+                "fragment measured against the workload learned from {} pod(s) on a cold-start prior of {} ({} shape(s), rebuilt {} time(s))",
+                self.pods_learned, self.prior_pods, self.shapes, self.generation
             )?;
         } else {
             write!(
