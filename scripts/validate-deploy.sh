@@ -86,7 +86,7 @@ ROOT = Path(sys.argv[1])
 TESSERA_BIN = sys.argv[2]
 CHART = ROOT / "deploy/helm/tessera"
 EXAMPLES = ROOT / "deploy/examples"
-DASHBOARDS = ROOT / "deploy/grafana"
+DASHBOARDS = CHART / "dashboards"
 RELEASE, NAMESPACE = "tessera", "tessera-system"
 MIN_KUBE = (1, 28)
 
@@ -337,7 +337,8 @@ def check_references(objs, where, values):
         if o["kind"] in cluster_scoped:
             if ns:
                 fail(where, f"{describe(o)} is cluster-scoped but has namespace {ns!r}")
-        elif ns != NAMESPACE and not (o["kind"] == "RoleBinding" and ns == "kube-system"):
+        elif ns != NAMESPACE and not (o["kind"] == "RoleBinding" and ns == "kube-system") \
+                and not (dashboard_cm(o, values) and ns == (values.get("grafanaDashboards") or {}).get("namespace")):
             fail(where, f"{describe(o)}: namespace {ns!r}, expected the release namespace {NAMESPACE!r}")
         if o["kind"] in ("Deployment", "DaemonSet"):
             pod = o["spec"]["template"]["spec"]
@@ -623,6 +624,8 @@ SCENARIOS = {
     "existing secrets": {"signingKey": {"existingSecret": "my-key"},
                          "webhook": {"existingTlsSecret": "my-tls", "caBundle": "Q0EK"},
                          "nodeAgent": {"allocationKeySecret": {"name": "agent-key", "key": "hmac"}}},
+    "grafana dashboards": {"grafanaDashboards": {"enabled": True, "namespace": "monitoring",
+                                                 "annotations": {"grafana_folder": "GPUs"}}},
     "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
                                      "nodeSelector": {"kubernetes.io/os": "linux"},
                                      "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
@@ -663,6 +666,50 @@ def check_flags(objs, where, helps):
                 m = re.match(r"--([a-z0-9-]+)", a)
                 if not m or m.group(1) not in known:
                     fail(where, f"{describe(o)}/{c['name']}: `tessera {args[0]}` does not accept {a!r}")
+
+
+def dashboard_cm(o, values):
+    """A Grafana dashboard ConfigMap (grafanaDashboards.namespace may put it beside Grafana)."""
+    label = (values.get("grafanaDashboards") or {}).get("label", "grafana_dashboard")
+    return o["kind"] == "ConfigMap" and label in ((o.get("metadata") or {}).get("labels") or {})
+
+
+def check_dashboard_configmaps(objs, where, values):
+    """With grafanaDashboards.enabled, one ConfigMap per dashboard file, holding exactly
+    its JSON under the sidecar's label; without it, none."""
+    opts = values.get("grafanaDashboards") or {}
+    label = opts.get("label", "grafana_dashboard")
+    found = {}
+    for o in objs:
+        if not dashboard_cm(o, values):
+            continue
+        for key, text in (o.get("data") or {}).items():
+            found[key] = (o, text)
+    if not opts.get("enabled"):
+        if found:
+            fail(where, f"dashboards rendered although grafanaDashboards.enabled is off: {sorted(found)}")
+        return
+    files = sorted(DASHBOARDS.glob("*.json"))
+    if sorted(found) != [f.name for f in files]:
+        fail(where, f"dashboard ConfigMaps hold {sorted(found)}, the chart has {[f.name for f in files]}")
+    for f in files:
+        if f.name not in found:
+            continue
+        o, text = found[f.name]
+        meta = o["metadata"]
+        try:
+            same = json.loads(text) == json.loads(f.read_text())
+        except json.JSONDecodeError as e:
+            fail(where, f"ConfigMap {meta['name']}: {f.name} is not JSON: {e}")
+            continue
+        if not same:
+            fail(where, f"ConfigMap {meta['name']}: {f.name} differs from the chart's file")
+        if meta["labels"][label] != opts.get("labelValue", "1"):
+            fail(where, f"ConfigMap {meta['name']}: label {label}={meta['labels'][label]!r}")
+        if meta.get("namespace") != (opts.get("namespace") or NAMESPACE):
+            fail(where, f"ConfigMap {meta['name']}: namespace {meta.get('namespace')!r}")
+        if (meta.get("annotations") or {}) != (opts.get("annotations") or {}):
+            fail(where, f"ConfigMap {meta['name']}: annotations {meta.get('annotations')!r}")
 
 
 def check_chart():
@@ -711,6 +758,7 @@ def check_chart():
                         defaults_cfg = cfg
         elif cms:
             fail(where, "standalone mode renders a kube-scheduler ConfigMap")
+        check_dashboard_configmaps(objs, where, values)
         kinds = sorted({o["kind"] for o in objs})
         print(f"ok   {where}: {len(objs)} objects ({', '.join(kinds)})")
     for name, (values, phrase) in MUST_FAIL.items():

@@ -299,7 +299,7 @@ async fn scrape_attributes_shared_gpu_memory_to_pods() {
     // Every metric the Grafana dashboard queries is one the agent exports.
     let dash = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/grafana/tessera-gpus.json"
+        "/../../deploy/helm/tessera/dashboards/tessera-gpus.json"
     ))
     .expect("dashboard JSON");
     let names = metric_names(&dash);
