@@ -12,11 +12,18 @@
 //!   live decision has held for the grace period (so a pod arriving soon after can
 //!   reuse one), and switches a GPU the agent put in MIG mode back once it holds no
 //!   instance. Instances the agent did not create are never touched.
+//! - **Across restarts**: with a state file ([`MigPlanner::with_state`], a file under
+//!   `/run`, so it lasts as long as the instances do: a reboot takes both), what the
+//!   agent created survives an agent restart or upgrade and is still reaped; without
+//!   it, instances made before a restart would never be destroyed. Entries are
+//!   adopted again only if the GPU still has that instance (UUID, profile and start).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use tessera_core::allocation::Allocation;
 use tokio::sync::watch;
 
@@ -44,6 +51,28 @@ pub struct MigPlanner {
     created: Mutex<BTreeMap<String, Created>>,
     /// GPUs this agent switched into MIG mode.
     switched: Mutex<Vec<String>>,
+    /// Where `created` and `switched` are kept across restarts.
+    state: Option<PathBuf>,
+}
+
+/// The state file: what the planner made, without the in-memory timers (the grace
+/// starts again after a restart, which only keeps an instance longer).
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct State {
+    created: Vec<StateInstance>,
+    switched: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StateInstance {
+    /// The MIG device's UUID.
+    uuid: String,
+    /// Its GPU's UUID.
+    gpu: String,
+    profile: String,
+    start: u8,
 }
 
 impl std::fmt::Debug for MigPlanner {
@@ -66,6 +95,93 @@ impl MigPlanner {
             grace,
             created: Mutex::new(BTreeMap::new()),
             switched: Mutex::new(Vec::new()),
+            state: None,
+        }
+    }
+
+    /// Keeps what the planner makes in `path` and adopts what an earlier run of the
+    /// agent left there, if the GPUs still have it. An unreadable or malformed file is
+    /// logged and replaced; it never stops the agent.
+    pub fn with_state(mut self, path: PathBuf) -> MigPlanner {
+        let saved = match std::fs::read(&path) {
+            Ok(bytes) => match serde_json::from_slice::<State>(&bytes) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "MIG state file is not valid; starting without it");
+                    State::default()
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the MIG state file; starting without it");
+                State::default()
+            }
+        };
+        self.state = Some(path);
+        let gpus = match self.backend.discover() {
+            Ok(g) => g,
+            Err(e) => {
+                // Nothing can be checked: adopt nothing (never destroy on a guess).
+                tracing::warn!(error = %e, "cannot list GPUs; MIG instances from before the restart are not adopted");
+                Vec::new()
+            }
+        };
+        {
+            let mut created = self.lock_created();
+            for i in saved.created {
+                let there = gpus.iter().any(|g| {
+                    g.uuid == i.gpu
+                        && g.mig_enabled
+                        && g.mig_instances.iter().any(|m| {
+                            m.uuid == i.uuid && m.profile == i.profile && m.start == Some(i.start)
+                        })
+                });
+                if there {
+                    tracing::info!(gpu = %i.gpu, uuid = %i.uuid, "adopted a MIG instance this agent made before a restart");
+                    created.insert(
+                        i.uuid,
+                        Created {
+                            gpu: i.gpu,
+                            profile: i.profile,
+                            start: i.start,
+                            unheld_since: None,
+                        },
+                    );
+                }
+            }
+            let mut switched = self.lock_switched();
+            switched.extend(
+                saved
+                    .switched
+                    .into_iter()
+                    .filter(|u| gpus.iter().any(|g| &g.uuid == u && g.mig_enabled)),
+            );
+        }
+        self.save();
+        self
+    }
+
+    /// Writes the state file (when there is one): a temporary file renamed over it, so
+    /// a crash leaves the old state or the new, never half of one.
+    fn save(&self) {
+        let Some(path) = &self.state else {
+            return;
+        };
+        let state = State {
+            created: self
+                .lock_created()
+                .iter()
+                .map(|(uuid, c)| StateInstance {
+                    uuid: uuid.clone(),
+                    gpu: c.gpu.clone(),
+                    profile: c.profile.clone(),
+                    start: c.start,
+                })
+                .collect(),
+            switched: self.lock_switched().clone(),
+        };
+        if let Err(e) = write_atomically(path, &state) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the MIG state file: instances made now are not reaped after an agent restart");
         }
     }
 
@@ -106,6 +222,7 @@ impl MigPlanner {
                 }
                 self.backend.set_mig_mode(&gpu.uuid, true)?;
                 self.lock_switched().push(gpu.uuid.clone());
+                self.save();
             }
             let inst = self
                 .backend
@@ -123,6 +240,7 @@ impl MigPlanner {
             changed = true;
         }
         if changed {
+            self.save();
             self.refresh()
         } else {
             Ok(view.clone())
@@ -170,7 +288,11 @@ impl MigPlanner {
         }
         let mut destroyed = 0;
         for (mig_uuid, gpu) in &doomed {
-            self.backend.destroy_mig_instance(gpu, mig_uuid)?;
+            if let Err(e) = self.backend.destroy_mig_instance(gpu, mig_uuid) {
+                // Those already destroyed leave the state file too.
+                self.save();
+                return Err(e);
+            }
             self.lock_created().remove(mig_uuid);
             tracing::info!(gpu = %gpu, uuid = %mig_uuid, "destroyed MIG instance no allocation holds");
             destroyed += 1;
@@ -191,6 +313,7 @@ impl MigPlanner {
             }
             *switched = still;
             drop(switched);
+            self.save();
             self.refresh()?;
         }
         Ok(destroyed)
@@ -202,5 +325,156 @@ impl MigPlanner {
 
     fn lock_switched(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
         self.switched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn write_atomically(path: &Path, state: &State) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(state)?)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_core::allocation::{AllocatedGpu, MigGrant, VERSION};
+    use tessera_core::request::Isolation;
+
+    use super::*;
+    use crate::backend::fake::Fake;
+
+    const GPUS: &str = r#"
+gpus:
+  - uuid: GPU-m
+    product: NVIDIA H100 80GB HBM3
+"#;
+
+    /// A planner over `fake` keeping its state in `path` (none: no state file).
+    fn planner(fake: &Fake, path: Option<&Path>) -> MigPlanner {
+        let view = NodeView {
+            gpus: fake.discover().unwrap(),
+            health: BTreeMap::new(),
+        };
+        let (tx, _rx) = watch::channel(view);
+        let p = MigPlanner::new(Arc::new(fake.clone()), tx, Duration::ZERO);
+        match path {
+            Some(path) => p.with_state(path.to_path_buf()),
+            None => p,
+        }
+    }
+
+    /// A decision planning a 3g.40gb at memory slice 4 on GPU-m, in MIG mode or not yet.
+    fn planned() -> Allocation {
+        Allocation {
+            version: VERSION,
+            pod_uid: "uid-hard".into(),
+            pod: "ml/hard".into(),
+            node: "n".into(),
+            policy: "tessera".into(),
+            isolation: Isolation::Mig,
+            gpus: vec![AllocatedGpu {
+                index: 0,
+                uuid: "GPU-m".into(),
+                memory_mib: 40_192,
+                cores_milli: 428,
+                mig: Some(MigGrant {
+                    profile: "3g.40gb".into(),
+                    start: 4,
+                    size: 4,
+                    uuid: String::new(),
+                    create: true,
+                    enable_mig_mode: true,
+                }),
+            }],
+            containers: Vec::new(),
+            signature: String::new(),
+        }
+    }
+
+    fn layout(fake: &Fake) -> (bool, Vec<String>) {
+        let g = &fake.discover().unwrap()[0];
+        (
+            g.mig_enabled,
+            g.mig_instances.iter().map(|m| m.uuid.clone()).collect(),
+        )
+    }
+
+    /// An agent restarted (or upgraded) between creating an instance and the pod
+    /// leaving still destroys it and switches MIG mode back; without the state file
+    /// the instance would stay forever. An instance it did not make stays untouched.
+    #[test]
+    fn a_restarted_agent_still_reaps_what_it_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state/mig.json");
+        let fake = Fake::from_yaml(GPUS, "test").unwrap();
+        let first = planner(&fake, Some(&state));
+        let view = first.view.borrow().clone();
+        first.apply(&planned(), &view).unwrap();
+        let (on, made) = layout(&fake);
+        assert!(on);
+        assert_eq!(made.len(), 1);
+        drop(first);
+        // Someone else's instance beside it.
+        let foreign = fake.create_mig_instance("GPU-m", "1g.10gb", 0).unwrap();
+
+        // Without the state file a new agent knows nothing to reap.
+        let forgetful = planner(&fake, None);
+        assert_eq!(forgetful.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
+        assert_eq!(layout(&fake).1.len(), 2);
+
+        let restarted = planner(&fake, Some(&state));
+        assert_eq!(restarted.reap(&[], b"k", "n", Instant::now()).unwrap(), 1);
+        assert_eq!(layout(&fake), (true, vec![foreign.uuid.clone()]));
+        // The foreign instance keeps the GPU in MIG mode; once it goes, a later reap
+        // (nothing left to destroy) leaves the mode to whoever made that instance.
+        let saved: State = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+        assert!(saved.created.is_empty(), "{saved:?}");
+        assert_eq!(saved.switched, ["GPU-m"], "still ours to switch back");
+    }
+
+    /// Only entries the GPU still has are adopted; a malformed file starts empty and
+    /// is replaced, and nothing is destroyed on its account.
+    #[test]
+    fn the_state_is_checked_against_the_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("mig.json");
+        let fake = Fake::from_yaml(GPUS, "test").unwrap();
+        fake.set_mig_mode("GPU-m", true).unwrap();
+        let real = fake.create_mig_instance("GPU-m", "3g.40gb", 4).unwrap();
+        let entry = |uuid: &str, start: u8| StateInstance {
+            uuid: uuid.into(),
+            gpu: "GPU-m".into(),
+            profile: "3g.40gb".into(),
+            start,
+        };
+        let written = State {
+            // The real one, one that no longer exists, the real UUID at another start.
+            created: vec![
+                entry(&real.uuid, 4),
+                entry("MIG-gone", 0),
+                entry(&real.uuid, 0),
+            ],
+            switched: vec!["GPU-m".into(), "GPU-elsewhere".into()],
+        };
+        std::fs::write(&state, serde_json::to_vec(&written).unwrap()).unwrap();
+        let p = planner(&fake, Some(&state));
+        let adopted: Vec<(String, u8)> = p
+            .lock_created()
+            .iter()
+            .map(|(u, c)| (u.clone(), c.start))
+            .collect();
+        assert_eq!(adopted, [(real.uuid.clone(), 4)]);
+        assert_eq!(*p.lock_switched(), ["GPU-m"]);
+        drop(p);
+
+        std::fs::write(&state, b"{ not json").unwrap();
+        let p = planner(&fake, Some(&state));
+        assert!(p.lock_created().is_empty());
+        assert_eq!(p.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
+        assert_eq!(layout(&fake).1, std::slice::from_ref(&real.uuid));
+        let replaced: State = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+        assert!(replaced.created.is_empty() && replaced.switched.is_empty());
     }
 }

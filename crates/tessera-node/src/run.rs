@@ -49,6 +49,9 @@ pub struct AgentConfig {
     /// How long a MIG instance or MPS daemon the agent made for a decision is kept
     /// after no decision holds it (for reuse) before it is destroyed or stopped.
     pub mig_grace: Duration,
+    /// Where the MIG instances the agent made are recorded, so they are still reaped
+    /// after an agent restart (`None`: not kept; they would outlive a restart).
+    pub mig_state: Option<std::path::PathBuf>,
     /// The MPS control binary the agent starts per GPU set when
     /// [`MpsConfig::per_gpu_daemons`] is on.
     pub mps_binary: std::path::PathBuf,
@@ -329,11 +332,11 @@ pub async fn run(
     });
 
     // Dynamic MIG: planned instances are created at Allocate, reaped after the grace.
-    let planner = Arc::new(MigPlanner::new(
-        backend.clone(),
-        view_tx_mig,
-        config.mig_grace,
-    ));
+    let planner = MigPlanner::new(backend.clone(), view_tx_mig, config.mig_grace);
+    let planner = Arc::new(match config.mig_state.clone() {
+        Some(path) => planner.with_state(path),
+        None => planner,
+    });
     let reap_task = {
         let planner = planner.clone();
         let mps_daemons = mps_daemons.clone();

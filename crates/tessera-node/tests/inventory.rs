@@ -187,6 +187,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         nvidia_gpu: true,
         node_labels: false,
         mig_grace: Duration::from_millis(300),
+        mig_state: None,
         mps_binary: "nvidia-cuda-mps-control".into(),
     };
     let deps = AgentDeps {

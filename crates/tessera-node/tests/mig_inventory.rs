@@ -64,6 +64,7 @@ async fn gpunode_shows_the_layout_the_agent_made() {
         nvidia_gpu: true,
         node_labels: false,
         mig_grace: Duration::from_millis(200),
+        mig_state: None,
         mps_binary: "nvidia-cuda-mps-control".into(),
     };
     let deps = AgentDeps {

@@ -168,6 +168,7 @@ pub fn start_agent_tweaked(
         nvidia_gpu: true,
         node_labels: false,
         mig_grace: Duration::from_millis(300),
+        mig_state: None,
         mps_binary: "nvidia-cuda-mps-control".into(),
     };
     let mut config = config;

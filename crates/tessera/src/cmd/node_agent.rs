@@ -105,6 +105,15 @@ pub struct NodeAgentArgs {
     /// The MPS control binary the agent starts with --mps-daemons=per-gpu.
     #[arg(long, default_value = "nvidia-cuda-mps-control", value_name = "PATH")]
     mps_control_binary: PathBuf,
+    /// Where the agent records the MIG instances it made, so that they are still
+    /// destroyed after the agent restarts ("off": not recorded). Keep it on a tmpfs
+    /// of the host (/run): a reboot takes the instances and the record together.
+    #[arg(
+        long,
+        default_value = "/run/tessera/state/mig.json",
+        value_name = "FILE|off"
+    )]
+    mig_state: String,
     /// Root of the host's /proc (to map GPU processes to pods).
     #[arg(long, default_value = "/proc", value_name = "DIR")]
     proc_root: PathBuf,
@@ -390,6 +399,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         nvidia_gpu: !args.no_nvidia_gpu_resource,
         node_labels: !args.no_node_labels,
         mig_grace: tessera_node::migplan::DEFAULT_GRACE,
+        mig_state: (args.mig_state != "off").then(|| PathBuf::from(&args.mig_state)),
     };
 
     rt.block_on(async move {
