@@ -173,12 +173,12 @@ impl LearnedWorkload {
         self.generation
     }
 
-    /// Arrivals learned (after the prior).
     /// How it learns (half-life, prior mass, rebuild distance).
     pub fn config(&self) -> LearnConfig {
         self.config
     }
 
+    /// Arrivals learned (after the prior).
     pub fn arrivals(&self) -> u64 {
         self.arrivals
     }

@@ -212,7 +212,7 @@ impl Shape {
         }
     }
 
-    /// `2×1000m GPU, 8 CPU` style, with the models where constrained.
+    /// `2 GPU, 8 CPU`, `500m of a GPU on V100-32GB, 4 CPU`, `no GPU, 12 CPU`.
     pub fn describe(&self) -> String {
         let gpu = match self.gpus {
             0 => "no GPU".to_string(),
