@@ -234,6 +234,36 @@ async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
         .unwrap();
     assert!((served / 1000.0 - prod).abs() <= 0.5, "{served} vs {prod}");
 
+    // The workload the policy scores against: learned from the pods the mirror has
+    // seen, its heaviest shapes as the server reports them.
+    let head = b.wait_for(
+        "document.querySelector('#workloadbox:not([hidden]) #wlhead')?.textContent || null",
+        "the workload box",
+    );
+    let w = &snap["workload"];
+    assert_eq!(
+        head.as_str().unwrap(),
+        format!(
+            "learned from {} pods on a prior of {}; {} shapes, rebuilt {}×",
+            w["podsLearned"],
+            w["priorPods"].as_f64().unwrap(),
+            w["shapes"],
+            w["generation"]
+        ),
+        "{w}"
+    );
+    assert!(w["podsLearned"].as_u64().unwrap() > 200, "{w}");
+    let shapes = b.eval("document.querySelectorAll('#shapes li').length");
+    assert_eq!(
+        shapes.as_u64(),
+        Some(w["top"].as_array().unwrap().len() as u64)
+    );
+    let first = b.eval("document.querySelector('#shapes li .weight').textContent");
+    assert_eq!(
+        first.as_str().unwrap(),
+        format!("{:.1}%", 100.0 * w["top"][0]["weight"].as_f64().unwrap())
+    );
+
     // A change in the cluster reaches the open page over server-sent events.
     let live = "document.querySelectorAll('.tile[data-node=\"node-00198\"] i[data-ns=\"live-team\"]').length";
     assert_eq!(b.eval(live), 0);

@@ -146,6 +146,7 @@ pub fn ledger_page(
         gone: Vec::new(),
         pending: &[],
         queues: &[],
+        workload: None,
         sum: observer::Summary {
             nodes: tiles.len(),
             gpus: tiles.iter().map(|t| t.gpus.len()).sum(),

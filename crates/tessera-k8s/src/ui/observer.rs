@@ -21,7 +21,7 @@ use tokio::sync::broadcast;
 use super::mosaic::{self, Names, Tile};
 use crate::convert;
 use crate::metrics::Metrics;
-use crate::mirror::{Mirror, SharedMirror};
+use crate::mirror::{Mirror, SharedMirror, WorkloadReport};
 
 /// How often the mirror is read.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -123,6 +123,10 @@ pub struct Frame<'a> {
     /// The GPU queues, parents before children (empty: no `GpuQueue` exists).
     #[serde(skip_serializing_if = "<[QueueRow]>::is_empty")]
     pub queues: &'a [QueueRow],
+    /// The workload the policy scores against (the fragment shown is measured
+    /// against it); none in the offline page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<&'a WorkloadReport>,
     pub sum: Summary,
     /// The whole history (full) or its newest points (delta).
     pub series: Vec<Point>,
@@ -225,15 +229,16 @@ impl Observer {
             let catalog = m.cluster().catalog.clone();
             // The fragment shown is the one the policy minimises.
             let workload = m.target_workload();
+            let report = m.workload_report();
             let waiting: Vec<Pod> = m.waiting_pods().cloned().collect();
             let queues: Vec<QueueRow> = m
                 .queue_report()
                 .into_iter()
                 .map(QueueRow::from_figures)
                 .collect();
-            (parts, (waiting, queues), state, catalog, workload)
+            (parts, (waiting, queues, report), state, catalog, workload)
         };
-        let (waiting, queues) = waiting;
+        let (waiting, queues, report) = waiting;
         let (tiles, uuids) =
             mosaic::from_parts(&parts, &mut inner.namespaces, &mut inner.models, &workload);
         let holding = crate::accounting::holding(&parts.cluster, &parts.held);
@@ -296,6 +301,7 @@ impl Observer {
             gone,
             pending: &pending,
             queues: &queues,
+            workload: Some(&report),
             sum,
             series: if new_point {
                 inner.series.back().copied().into_iter().collect()
@@ -313,6 +319,7 @@ impl Observer {
             gone: Vec::new(),
             pending: &pending,
             queues: &queues,
+            workload: Some(&report),
             sum,
             series: inner.series.iter().copied().collect(),
         };

@@ -5,7 +5,7 @@
 "use strict";
 function tesseraStart() {
   const $ = (id) => document.getElementById(id);
-  const st = { ns: [], models: [], tiles: new Map(), order: [], pending: [], queues: [], series: [], sum: {}, v: 0 };
+  const st = { ns: [], models: [], tiles: new Map(), order: [], pending: [], queues: [], workload: null, series: [], sum: {}, v: 0 };
   window.tessera = { firstMosaicMs: null, frames: 0, state: st };
 
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -103,6 +103,28 @@ function tesseraStart() {
     }).join("");
   }
 
+  // The workload the policy scores against: the fragment on the mosaic is measured
+  // against these shapes, and models under pressure are kept for constrained pods.
+  function renderWorkload() {
+    const w = st.workload;
+    $("workloadbox").hidden = !w;
+    if (!w) return;
+    $("wlhead").textContent = w.learned
+      ? `learned from ${w.podsLearned} pods on a prior of ${w.priorPods}; ${w.shapes} shapes, rebuilt ${w.generation}×`
+      : `built-in workload, ${w.shapes} shapes`;
+    const shape = (s) => {
+      const gpu = s.gpus === 0 ? "no GPU" : s.gpus === 1 && s.gpuMilli < 1000 ? `${s.gpuMilli}m of a GPU` : `${s.gpus} GPU`;
+      const on = s.models.length ? ` on ${s.models.join("|")}` : "";
+      return `${gpu}${on}, ${s.cpuMilli / 1000} CPU`;
+    };
+    $("shapes").innerHTML = w.top.map((s) =>
+      `<li><span class="weight">${(100 * s.weight).toFixed(1)}%</span> ${esc(shape(s))}</li>`).join("");
+    const p = Object.entries(w.pressure || {});
+    $("pressure").textContent = p.length
+      ? "model pressure: " + p.map(([m, v]) => `${m} ${v.toFixed(2)}`).join(", ")
+      : "";
+  }
+
   function age(s) {
     if (s === undefined || s === null) return "";
     if (s < 120) return s + "s";
@@ -137,6 +159,7 @@ function tesseraStart() {
     if (frame.models) st.models = frame.models;
     st.pending = frame.pending || [];
     st.queues = frame.queues || [];
+    st.workload = frame.workload || null;
     st.sum = frame.sum || {};
     st.v = frame.v;
     let relayout = full;
@@ -155,7 +178,7 @@ function tesseraStart() {
       st.series = st.series.concat(frame.series || []).slice(-360);
     }
     if (relayout) renderMosaic();
-    renderSummary(); renderPending(); renderQueues(); renderLegend(); renderCharts(); highlight();
+    renderSummary(); renderPending(); renderQueues(); renderWorkload(); renderLegend(); renderCharts(); highlight();
     window.tessera.frames++;
   }
 
