@@ -258,10 +258,14 @@ async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
         shapes.as_u64(),
         Some(w["top"].as_array().unwrap().len() as u64)
     );
-    let first = b.eval("document.querySelector('#shapes li .weight').textContent");
+    let first = b.eval("document.querySelector('#shapes li').textContent");
     assert_eq!(
         first.as_str().unwrap(),
-        format!("{:.1}%", 100.0 * w["top"][0]["weight"].as_f64().unwrap())
+        format!(
+            "{:.1}% {}",
+            100.0 * w["top"][0]["weight"].as_f64().unwrap(),
+            w["top"][0]["text"].as_str().unwrap()
+        )
     );
 
     // A change in the cluster reaches the open page over server-sent events.

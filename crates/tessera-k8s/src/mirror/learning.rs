@@ -191,6 +191,9 @@ pub struct Shape {
     pub models: Vec<String>,
     /// Its weight in the target (the weights sum to 1).
     pub weight: f64,
+    /// In words, as `tessera explain` and the web view show it: `2 GPU, 8 CPU`,
+    /// `500m of a GPU on V100-32GB, 4 CPU`, `no GPU, 12 CPU`.
+    pub text: String,
 }
 
 impl Shape {
@@ -203,28 +206,24 @@ impl Shape {
                 .map(|m| catalog.spec(m).name.clone())
                 .collect()
         };
+        let gpu = match p.gpus {
+            0 => "no GPU".to_string(),
+            1 if p.milli < 1000 => format!("{}m of a GPU", p.milli),
+            n => format!("{n} GPU"),
+        };
+        let on = if models.is_empty() {
+            String::new()
+        } else {
+            format!(" on {}", models.join("|"))
+        };
         Shape {
             gpus: p.gpus,
             gpu_milli: p.milli,
             cpu_milli: p.cpu_milli,
+            text: format!("{gpu}{on}, {} CPU", p.cpu_milli as f64 / 1000.0),
             models,
             weight: p.weight,
         }
-    }
-
-    /// `2 GPU, 8 CPU`, `500m of a GPU on V100-32GB, 4 CPU`, `no GPU, 12 CPU`.
-    pub fn describe(&self) -> String {
-        let gpu = match self.gpus {
-            0 => "no GPU".to_string(),
-            1 if self.gpu_milli < 1000 => format!("{}m of a GPU", self.gpu_milli),
-            n => format!("{n} GPU"),
-        };
-        let models = if self.models.is_empty() {
-            String::new()
-        } else {
-            format!(" on {}", self.models.join("|"))
-        };
-        format!("{gpu}{models}, {} CPU", self.cpu_milli as f64 / 1000.0)
     }
 }
 
@@ -247,7 +246,7 @@ impl std::fmt::Display for WorkloadReport {
             let top: Vec<String> = self
                 .top
                 .iter()
-                .map(|s| format!("{} {:.1}%", s.describe(), s.weight * 100.0))
+                .map(|s| format!("{} {:.1}%", s.text, s.weight * 100.0))
                 .collect();
             write!(f, "\n  heaviest shapes: {}", top.join("; "))?;
         }

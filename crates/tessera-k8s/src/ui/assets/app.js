@@ -112,13 +112,8 @@ function tesseraStart() {
     $("wlhead").textContent = w.learned
       ? `learned from ${w.podsLearned} pods on a prior of ${w.priorPods}; ${w.shapes} shapes, rebuilt ${w.generation}×`
       : `built-in workload, ${w.shapes} shapes`;
-    const shape = (s) => {
-      const gpu = s.gpus === 0 ? "no GPU" : s.gpus === 1 && s.gpuMilli < 1000 ? `${s.gpuMilli}m of a GPU` : `${s.gpus} GPU`;
-      const on = s.models.length ? ` on ${s.models.join("|")}` : "";
-      return `${gpu}${on}, ${s.cpuMilli / 1000} CPU`;
-    };
     $("shapes").innerHTML = w.top.map((s) =>
-      `<li><span class="weight">${(100 * s.weight).toFixed(1)}%</span> ${esc(shape(s))}</li>`).join("");
+      `<li><span class="weight">${(100 * s.weight).toFixed(1)}%</span> ${esc(s.text)}</li>`).join("");
     const p = Object.entries(w.pressure || {});
     $("pressure").textContent = p.length
       ? "model pressure: " + p.map(([m, v]) => `${m} ${v.toFixed(2)}`).join(", ")
