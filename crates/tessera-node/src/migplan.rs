@@ -17,6 +17,10 @@
 //!   agent created survives an agent restart or upgrade and is still reaped; without
 //!   it, instances made before a restart would never be destroyed. Entries are
 //!   adopted again only if the GPU still has that instance (UUID, profile and start).
+//!   An entry whose GPU cannot be seen (NVML failing, the driver not loaded yet,
+//!   the GPU missing from the list) is kept unchecked, in the file too, and checked
+//!   on a later reap tick that sees its GPU: a record is dropped only on evidence
+//!   that its instance is gone, never because nothing could be read.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,18 +57,21 @@ pub struct MigPlanner {
     switched: Mutex<Vec<String>>,
     /// Where `created` and `switched` are kept across restarts.
     state: Option<PathBuf>,
+    /// Entries of the state file not checked against the GPUs yet (they could not
+    /// be listed): kept in the file, adopted or dropped once they can.
+    unchecked: Mutex<State>,
 }
 
 /// The state file: what the planner made, without the in-memory timers (the grace
 /// starts again after a restart, which only keeps an instance longer).
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct State {
     created: Vec<StateInstance>,
     switched: Vec<String>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct StateInstance {
     /// The MIG device's UUID.
@@ -96,12 +103,14 @@ impl MigPlanner {
             created: Mutex::new(BTreeMap::new()),
             switched: Mutex::new(Vec::new()),
             state: None,
+            unchecked: Mutex::new(State::default()),
         }
     }
 
     /// Keeps what the planner makes in `path` and adopts what an earlier run of the
-    /// agent left there, if the GPUs still have it. An unreadable or malformed file is
-    /// logged and replaced; it never stops the agent.
+    /// agent left there, if the GPUs still have it (checked later when they cannot be
+    /// listed now). An unreadable or malformed file is logged and replaced; it never
+    /// stops the agent.
     pub fn with_state(mut self, path: PathBuf) -> MigPlanner {
         let saved = match std::fs::read(&path) {
             Ok(bytes) => match serde_json::from_slice::<State>(&bytes) {
@@ -118,24 +127,47 @@ impl MigPlanner {
             }
         };
         self.state = Some(path);
+        *self.lock_unchecked() = saved;
+        self.adopt_unchecked(true);
+        self.save();
+        self
+    }
+
+    /// Checks the entries not yet checked against the GPUs: on a GPU that is listed,
+    /// adopts those it still has and drops the rest; entries of a GPU not listed (or
+    /// all, while the GPUs cannot be listed) stay unchecked, so nothing is dropped,
+    /// and nothing destroyed, on a guess. Returns whether any entry was decided.
+    fn adopt_unchecked(&self, log: bool) -> bool {
+        let pending = {
+            let u = self.lock_unchecked();
+            if u.created.is_empty() && u.switched.is_empty() {
+                return false;
+            }
+            u.clone()
+        };
         let gpus = match self.backend.discover() {
             Ok(g) => g,
             Err(e) => {
-                // Nothing can be checked: adopt nothing (never destroy on a guess).
-                tracing::warn!(error = %e, "cannot list GPUs; MIG instances from before the restart are not adopted");
-                Vec::new()
+                if log {
+                    tracing::warn!(error = %e, "cannot list GPUs; MIG records from before the restart are checked once they can be");
+                }
+                return false;
             }
         };
+        let mut left = State::default();
+        let mut decided = false;
         {
             let mut created = self.lock_created();
-            for i in saved.created {
-                let there = gpus.iter().any(|g| {
-                    g.uuid == i.gpu
-                        && g.mig_enabled
-                        && g.mig_instances.iter().any(|m| {
-                            m.uuid == i.uuid && m.profile == i.profile && m.start == Some(i.start)
-                        })
-                });
+            for i in pending.created {
+                let Some(g) = gpus.iter().find(|g| g.uuid == i.gpu) else {
+                    left.created.push(i);
+                    continue;
+                };
+                decided = true;
+                let there = g.mig_enabled
+                    && g.mig_instances.iter().any(|m| {
+                        m.uuid == i.uuid && m.profile == i.profile && m.start == Some(i.start)
+                    });
                 if there {
                     tracing::info!(gpu = %i.gpu, uuid = %i.uuid, "adopted a MIG instance this agent made before a restart");
                     created.insert(
@@ -150,15 +182,26 @@ impl MigPlanner {
                 }
             }
             let mut switched = self.lock_switched();
-            switched.extend(
-                saved
-                    .switched
-                    .into_iter()
-                    .filter(|u| gpus.iter().any(|g| &g.uuid == u && g.mig_enabled)),
+            for u in pending.switched {
+                let Some(g) = gpus.iter().find(|g| g.uuid == u) else {
+                    left.switched.push(u);
+                    continue;
+                };
+                decided = true;
+                if g.mig_enabled && !switched.contains(&u) {
+                    switched.push(u);
+                }
+            }
+        }
+        if log && (!left.created.is_empty() || !left.switched.is_empty()) {
+            tracing::warn!(
+                instances = left.created.len(),
+                gpus = left.switched.len(),
+                "GPUs not seen; MIG records from before the restart are checked once they are"
             );
         }
-        self.save();
-        self
+        *self.lock_unchecked() = left;
+        decided
     }
 
     /// Writes the state file (when there is one): a temporary file renamed over it, so
@@ -167,7 +210,7 @@ impl MigPlanner {
         let Some(path) = &self.state else {
             return;
         };
-        let state = State {
+        let mut state = State {
             created: self
                 .lock_created()
                 .iter()
@@ -180,6 +223,14 @@ impl MigPlanner {
                 .collect(),
             switched: self.lock_switched().clone(),
         };
+        // Not checked yet: kept as they were, for a later check or agent.
+        let unchecked = self.lock_unchecked().clone();
+        state.created.extend(unchecked.created);
+        for u in unchecked.switched {
+            if !state.switched.contains(&u) {
+                state.switched.push(u);
+            }
+        }
         if let Err(e) = write_atomically(path, &state) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the MIG state file: instances made now are not reaped after an agent restart");
         }
@@ -257,6 +308,9 @@ impl MigPlanner {
         node: &str,
         now: Instant,
     ) -> Result<usize, BackendError> {
+        if self.adopt_unchecked(false) {
+            self.save();
+        }
         let held: Vec<(String, u32, String, u8)> = PodInfo::live_decisions(pods, key, node)
             .flat_map(|a| {
                 a.gpus
@@ -325,6 +379,10 @@ impl MigPlanner {
 
     fn lock_switched(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
         self.switched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_unchecked(&self) -> std::sync::MutexGuard<'_, State> {
+        self.unchecked.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -432,6 +490,105 @@ gpus:
         let saved: State = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
         assert!(saved.created.is_empty(), "{saved:?}");
         assert_eq!(saved.switched, ["GPU-m"]);
+    }
+
+    /// The fake, with `discover` failing while `down` is set (NVML not loaded yet).
+    struct Flaky {
+        fake: Fake,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl GpuBackend for Flaky {
+        fn name(&self) -> &'static str {
+            "flaky"
+        }
+        fn driver_version(&self) -> Option<String> {
+            None
+        }
+        fn discover(&self) -> Result<Vec<crate::backend::GpuInfo>, BackendError> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(BackendError::NvmlUnavailable("driver not loaded".into()));
+            }
+            self.fake.discover()
+        }
+        fn read(&self, uuid: &str) -> Result<crate::backend::GpuReadings, BackendError> {
+            self.fake.read(uuid)
+        }
+        fn wait_xid_events(
+            &self,
+            timeout: Duration,
+        ) -> Result<Vec<crate::backend::XidEvent>, BackendError> {
+            self.fake.wait_xid_events(timeout)
+        }
+        fn destroy_mig_instance(&self, gpu: &str, mig_uuid: &str) -> Result<(), BackendError> {
+            self.fake.destroy_mig_instance(gpu, mig_uuid)
+        }
+        fn set_mig_mode(&self, gpu: &str, enabled: bool) -> Result<(), BackendError> {
+            self.fake.set_mig_mode(gpu, enabled)
+        }
+    }
+
+    /// An agent that starts while the GPUs cannot be listed (NVML failing, or the
+    /// driver not loaded: no GPU at all) keeps the records unchecked instead of
+    /// dropping them: in the file for the next agent, and checked by its own reap
+    /// once the GPUs are back, which then destroys the instance.
+    #[test]
+    fn records_outlive_an_agent_that_cannot_see_the_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("mig.json");
+        let fake = Fake::from_yaml(GPUS, "test").unwrap();
+        let first = planner(&fake, Some(&state));
+        let view = first.view.borrow().clone();
+        first.apply(&planned(), &view).unwrap();
+        drop(first);
+        let recorded =
+            || -> State { serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap() };
+        assert_eq!(recorded().created.len(), 1);
+
+        // No driver: the backend lists no GPU.
+        let blind = MigPlanner::new(
+            Arc::new(crate::backend::Unavailable {
+                reason: "libnvidia-ml.so.1: cannot open shared object file".into(),
+            }),
+            watch::channel(NodeView::default()).0,
+            Duration::ZERO,
+        )
+        .with_state(state.clone());
+        assert_eq!(blind.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
+        drop(blind);
+        let kept = recorded();
+        assert_eq!(
+            (kept.created.len(), kept.switched.len()),
+            (1, 1),
+            "{kept:?}"
+        );
+        assert_eq!(layout(&fake).1.len(), 1);
+
+        // NVML failing at start, working by the first reap tick after.
+        let flaky = Arc::new(Flaky {
+            fake: fake.clone(),
+            down: true.into(),
+        });
+        let p = MigPlanner::new(
+            flaky.clone(),
+            watch::channel(NodeView {
+                gpus: fake.discover().unwrap(),
+                health: BTreeMap::new(),
+            })
+            .0,
+            Duration::ZERO,
+        )
+        .with_state(state.clone());
+        assert_eq!(p.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
+        assert_eq!(recorded().created.len(), 1);
+        flaky.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(p.reap(&[], b"k", "n", Instant::now()).unwrap(), 1);
+        assert_eq!(layout(&fake), (false, Vec::new()));
+        let done = recorded();
+        assert!(
+            done.created.is_empty() && done.switched.is_empty(),
+            "{done:?}"
+        );
     }
 
     /// Only entries the GPU still has are adopted; a malformed file starts empty and
