@@ -411,16 +411,28 @@ gpus:
 
     /// A planner over `fake` keeping its state in `path` (none: no state file).
     fn planner(fake: &Fake, path: Option<&Path>) -> MigPlanner {
+        planner_over(Arc::new(fake.clone()), fake, path)
+    }
+
+    /// A planner over `backend`, its view starting with `fake`'s GPUs.
+    fn planner_over(backend: Arc<dyn GpuBackend>, fake: &Fake, path: Option<&Path>) -> MigPlanner {
         let view = NodeView {
             gpus: fake.discover().unwrap(),
             health: BTreeMap::new(),
         };
         let (tx, _rx) = watch::channel(view);
-        let p = MigPlanner::new(Arc::new(fake.clone()), tx, Duration::ZERO);
+        let p = MigPlanner::new(backend, tx, Duration::ZERO);
         match path {
             Some(path) => p.with_state(path.to_path_buf()),
             None => p,
         }
+    }
+
+    /// An agent with its state in `path` creates the planned instance, then stops.
+    fn agent_made_one(fake: &Fake, path: &Path) {
+        let first = planner(fake, Some(path));
+        let view = first.view.borrow().clone();
+        first.apply(&planned(), &view).unwrap();
     }
 
     /// A decision planning a 3g.40gb at memory slice 4 on GPU-m, in MIG mode or not yet.
@@ -467,13 +479,10 @@ gpus:
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state/mig.json");
         let fake = Fake::from_yaml(GPUS, "test").unwrap();
-        let first = planner(&fake, Some(&state));
-        let view = first.view.borrow().clone();
-        first.apply(&planned(), &view).unwrap();
+        agent_made_one(&fake, &state);
         let (on, made) = layout(&fake);
         assert!(on);
         assert_eq!(made.len(), 1);
-        drop(first);
         // Someone else's instance beside it.
         let foreign = fake.create_mig_instance("GPU-m", "1g.10gb", 0).unwrap();
 
@@ -537,23 +546,19 @@ gpus:
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("mig.json");
         let fake = Fake::from_yaml(GPUS, "test").unwrap();
-        let first = planner(&fake, Some(&state));
-        let view = first.view.borrow().clone();
-        first.apply(&planned(), &view).unwrap();
-        drop(first);
+        agent_made_one(&fake, &state);
         let recorded =
             || -> State { serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap() };
         assert_eq!(recorded().created.len(), 1);
 
         // No driver: the backend lists no GPU.
-        let blind = MigPlanner::new(
+        let blind = planner_over(
             Arc::new(crate::backend::Unavailable {
                 reason: "libnvidia-ml.so.1: cannot open shared object file".into(),
             }),
-            watch::channel(NodeView::default()).0,
-            Duration::ZERO,
-        )
-        .with_state(state.clone());
+            &fake,
+            Some(&state),
+        );
         assert_eq!(blind.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
         drop(blind);
         let kept = recorded();
@@ -569,16 +574,7 @@ gpus:
             fake: fake.clone(),
             down: true.into(),
         });
-        let p = MigPlanner::new(
-            flaky.clone(),
-            watch::channel(NodeView {
-                gpus: fake.discover().unwrap(),
-                health: BTreeMap::new(),
-            })
-            .0,
-            Duration::ZERO,
-        )
-        .with_state(state.clone());
+        let p = planner_over(flaky.clone(), &fake, Some(&state));
         assert_eq!(p.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
         assert_eq!(recorded().created.len(), 1);
         flaky.down.store(false, std::sync::atomic::Ordering::SeqCst);
