@@ -56,6 +56,20 @@ fn check(r: &IsolationResult, margin: f64) {
         assert_eq!(get(a).replay.repartitions, 0);
     }
     assert!(dynamic.replay.repartitions > 0);
+    // The capacity is accounted for: what the grants hold beyond the requests (summed
+    // over placements) plus the requests served plus the ledger's free capacity.
+    for a in &r.arms {
+        let f = &a.fill;
+        let total = f.served_gpus + f.granted_beyond_request_gpus + f.unallocated_gpus;
+        assert!(
+            (total - f64::from(r.gpus)).abs() < 1e-6,
+            "{}: {total} GPUs accounted for of {}",
+            a.name,
+            r.gpus
+        );
+        assert!(f.unallocated_on_mig_gpus <= f.unallocated_gpus + 1e-9);
+    }
+    assert_eq!(get(Arm::MpsOnly).fill.unallocated_on_mig_gpus, 0.0);
 }
 
 #[test]

@@ -37,7 +37,10 @@
 //! GPUs; no pod leaves. Reported at that point: *unallocated GPUs* (capacity no
 //! grant holds, in GPUs, as FGD counts it), *unserved GPUs* (capacity serving no
 //! pod's request: unallocated plus what whole GPUs and instances hold beyond the
-//! request), and rejected pods by kind. *Replay*: the first `replay_pods` pods of
+//! request), and rejected pods by kind, with where the capacity went: unallocated
+//! on GPUs in MIG mode and on plain GPUs, and granted beyond requests (whole GPUs
+//! and instances larger than the share they serve); capacity = requests served +
+//! granted beyond them + unallocated. *Replay*: the first `replay_pods` pods of
 //! the workload arrive at their trace times divided by a time-scale chosen so the
 //! offered load is `replay_load` of the cluster, run for their trace run time and
 //! leave; a pod that fits nowhere is rejected. Reported: rejections and MIG
@@ -247,6 +250,14 @@ pub struct FillMeasures {
     pub unallocated_gpus: f64,
     /// Capacity serving no pod's request, in GPUs.
     pub unserved_gpus: f64,
+    /// Of the unallocated capacity, what is on GPUs in MIG mode (free instances and
+    /// free MIG space), in GPUs; the rest is on plain GPUs.
+    pub unallocated_on_mig_gpus: f64,
+    /// Capacity granted beyond the requests (a whole GPU for a share, an instance
+    /// larger than the share), summed over the grants, in GPUs.
+    pub granted_beyond_request_gpus: f64,
+    /// Requests served, in GPUs.
+    pub served_gpus: f64,
     pub hard_arrived: f64,
     pub hard_rejected: f64,
     pub soft_rejected: f64,
@@ -259,6 +270,9 @@ impl FillMeasures {
         self.pods_arrived += o.pods_arrived * w;
         self.unallocated_gpus += o.unallocated_gpus * w;
         self.unserved_gpus += o.unserved_gpus * w;
+        self.unallocated_on_mig_gpus += o.unallocated_on_mig_gpus * w;
+        self.granted_beyond_request_gpus += o.granted_beyond_request_gpus * w;
+        self.served_gpus += o.served_gpus * w;
         self.hard_arrived += o.hard_arrived * w;
         self.hard_rejected += o.hard_rejected * w;
         self.soft_rejected += o.soft_rejected * w;
@@ -361,6 +375,8 @@ struct Engine {
     repartitions: u32,
     mode_switches: u32,
     next_uuid: u64,
+    /// Σ over placements of granted minus requested milli-GPU.
+    beyond_milli: u64,
 }
 
 impl Engine {
@@ -382,6 +398,7 @@ impl Engine {
             repartitions: 0,
             mode_switches: 0,
             next_uuid: 0,
+            beyond_milli: 0,
         })
     }
 
@@ -391,6 +408,8 @@ impl Engine {
             .sched
             .place(&self.cluster, &self.ledger, req, &mut self.rng)?;
         let id = self.ledger.apply(&self.cluster, &p).ok()?;
+        let granted: u64 = p.grants.iter().map(|g| u64::from(g.cores_milli)).sum();
+        self.beyond_milli += granted.saturating_sub(req.gpu.total_milli());
         self.agent_create(&p);
         Some(id)
     }
@@ -475,13 +494,20 @@ impl Engine {
         }
     }
 
-    fn unallocated_milli(&self) -> u64 {
-        self.ledger
-            .nodes()
-            .iter()
-            .flat_map(|n| n.gpus.iter())
-            .map(|g| u64::from(g.free_cores_milli))
-            .sum()
+    /// Free milli-GPU: `(on GPUs in MIG mode, on plain GPUs)`.
+    fn unallocated_milli(&self) -> (u64, u64) {
+        let mut out = (0, 0);
+        for (node, used) in self.cluster.nodes().iter().zip(self.ledger.nodes()) {
+            for (gpu, gu) in node.gpus.iter().zip(&used.gpus) {
+                let free = u64::from(gu.free_cores_milli);
+                if mig_layout::in_mig_mode(gpu, gu) {
+                    out.0 += free;
+                } else {
+                    out.1 += free;
+                }
+            }
+        }
+        out
     }
 }
 
@@ -535,7 +561,11 @@ fn fill_once(
             }
         }
     }
-    m.unallocated_gpus = e.unallocated_milli() as f64 / 1000.0;
+    let (on_mig, on_plain) = e.unallocated_milli();
+    m.unallocated_gpus = (on_mig + on_plain) as f64 / 1000.0;
+    m.unallocated_on_mig_gpus = on_mig as f64 / 1000.0;
+    m.granted_beyond_request_gpus = e.beyond_milli as f64 / 1000.0;
+    m.served_gpus = served as f64 / 1000.0;
     m.unserved_gpus = capacity.saturating_sub(served) as f64 / 1000.0;
     m.repartitions = f64::from(e.repartitions);
     Ok(m)
@@ -697,6 +727,21 @@ pub fn table(r: &IsolationResult) -> String {
             a.replay.rejected,
             a.replay.hard_rejected,
             a.replay.repartitions_per_hour,
+        ));
+    }
+    s.push_str(&format!(
+        "fill, where the capacity went (GPUs; served + beyond requests + unallocated = {}):\n{:<20} {:>8} {:>15} {:>16} {:>16}\n",
+        r.gpus, "arm", "served", "beyond requests", "unalloc. on MIG", "unalloc. plain"
+    ));
+    for a in &r.arms {
+        let f = &a.fill;
+        s.push_str(&format!(
+            "{:<20} {:>8.1} {:>15.1} {:>16.1} {:>16.1}\n",
+            a.name,
+            f.served_gpus,
+            f.granted_beyond_request_gpus,
+            f.unallocated_on_mig_gpus,
+            f.unallocated_gpus - f.unallocated_on_mig_gpus,
         ));
     }
     if let Some(d) = r.arm(Arm::TesseraDynamic) {
