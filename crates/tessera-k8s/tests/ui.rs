@@ -497,6 +497,7 @@ fn the_offline_snapshot_renders_from_a_file() {
         &m.cluster().clone(),
         &m.ledger().clone(),
         |id| names.get(&id).cloned().unwrap_or_default(),
+        &m.target_workload(),
         "fill </script> at 100 %",
     );
     let dir = tempfile::tempdir().unwrap();

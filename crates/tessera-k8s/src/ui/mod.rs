@@ -115,22 +115,23 @@ pub fn offline_page(frame_json: &str, title: &str) -> String {
 
 /// A self-contained mosaic page of a core cluster and ledger (the simulator's
 /// fill snapshot); each allocation's group (shown as its namespace) and pod
-/// name come from `label`.
+/// name come from `label`; fragment is measured against `workload` (the one the
+/// policy that made the state measured against).
 pub fn ledger_page(
     cluster: &tessera_core::Cluster,
     ledger: &tessera_core::Ledger,
     label: impl Fn(tessera_core::AllocId) -> (String, String),
+    workload: &tessera_core::frag::TargetWorkload,
     title: &str,
 ) -> String {
     let (mut namespaces, mut models) = (mosaic::Names::default(), mosaic::Names::default());
-    let workload = tessera_core::frag::TargetWorkload::builtin();
     let tiles = mosaic::from_ledger(
         cluster,
         ledger,
         label,
         &mut namespaces,
         &mut models,
-        &workload,
+        workload,
     );
     let healthy = tiles
         .iter()

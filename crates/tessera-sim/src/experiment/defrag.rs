@@ -25,7 +25,6 @@
 //! budget overdraws independently of the planner; they must be zero.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -38,7 +37,7 @@ use tessera_core::queue::{BudgetId, Budgets, PodMeta, Running};
 use tessera_core::request::Request;
 use tessera_core::{Ledger, Scheduler};
 
-use super::fill::{FillConfig, FillError, fill_policy, typical_pods};
+use super::fill::{FillConfig, FillError, fill_policy};
 use super::snapshot::fill_until;
 use crate::trace::TracePod;
 
@@ -174,12 +173,9 @@ pub fn prepare(
     for b in 0..config.budgets {
         budgets.set(BudgetId(b), config.disruptions_allowed);
     }
-    let policy = fill_policy(
-        &snap.cluster,
-        policy_name,
-        Arc::new(typical_pods(pods, fill.typical_coverage)),
-    )
-    .map_err(FillError::from)?;
+    // The fill's policy as it stood at the snapshot (for `tessera`, its learned target).
+    let policy =
+        fill_policy(&snap.cluster, policy_name, snap.target.clone()).map_err(FillError::from)?;
     Ok(World {
         cluster: snap.cluster,
         ledger: snap.ledger,

@@ -244,10 +244,120 @@ pub fn run_fill_with(
     cluster: &Cluster,
     pods: &[TracePod],
     policy_name: &str,
-    mut make_policy: impl FnMut(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
+    make_policy: impl FnMut(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
     seed: u64,
     config: &FillConfig,
 ) -> Result<FillResult, FillError> {
+    let capacity = cluster.gpu_count() as u64 * 1000;
+    let cap = capacity as f64;
+    let sample = |arrived: u64, ledger: &Ledger, frag: &FragTracker| {
+        let alloc = ledger.used_milli() as f64 / cap * 100.0;
+        FillPoint {
+            arrived_pct: arrived as f64 / cap * 100.0,
+            alloc_pct: alloc,
+            unallocated_pct: 100.0 - alloc,
+            frag_rate_pct: frag.frag_rate_pct(),
+            frag_amount_pct: frag.frag_milli() / cap * 100.0,
+        }
+    };
+    let mut samples = Vec::new();
+    let mut tracker: Option<FragTracker> = None;
+    let run = drive(
+        cluster,
+        pods,
+        make_policy,
+        seed,
+        config,
+        None,
+        |event| match event {
+            Event::Start {
+                cluster,
+                ledger,
+                typical,
+            } => {
+                let t = FragTracker::new(cluster, ledger, typical.clone());
+                samples.push(sample(0, ledger, &t));
+                tracker = Some(t);
+            }
+            Event::Arrived {
+                cluster,
+                ledger,
+                arrived,
+                placed,
+                ..
+            } => {
+                if let Some(t) = &mut tracker {
+                    if let Some((node, _)) = placed {
+                        t.update(cluster, ledger, node);
+                    }
+                    samples.push(sample(arrived, ledger, t));
+                }
+            }
+        },
+    )?;
+    let curve = discretize(&samples, config.max_pct);
+    let at_100 = curve.iter().find(|p| p.arrived_pct == 100.0).copied();
+    Ok(FillResult {
+        workload: config.workload.clone(),
+        policy: policy_name.to_string(),
+        seed,
+        tune_ratio: config.tune_ratio,
+        capacity_gpu_milli: capacity,
+        pods_submitted: run.submitted,
+        pods_placed: run.placed,
+        pods_failed: run.failed,
+        curve,
+        at_100,
+    })
+}
+
+/// What [`drive`] tells its caller as the fill goes.
+pub(crate) enum Event<'a> {
+    /// Before the first arrival: the cluster as permuted, the empty ledger and the
+    /// trace's typical pods (FGD's fragmentation measure).
+    Start {
+        cluster: &'a Cluster,
+        ledger: &'a Ledger,
+        typical: &'a TargetWorkload,
+    },
+    /// After each arrival: GPU demand arrived so far, and where the pod went.
+    Arrived {
+        cluster: &'a Cluster,
+        ledger: &'a Ledger,
+        arrived: u64,
+        pod: &'a TracePod,
+        placed: Option<(tessera_core::model::NodeId, tessera_core::AllocId)>,
+    },
+}
+
+/// How a fill run ended.
+pub(crate) struct Driven {
+    /// The cluster as permuted for the seed.
+    pub cluster: Cluster,
+    pub ledger: Ledger,
+    /// The workload the policy measured fragment against at the end: the learned
+    /// target for a policy that learns, the trace's typical pods otherwise.
+    pub target: Arc<TargetWorkload>,
+    pub submitted: usize,
+    pub placed: usize,
+    pub failed: usize,
+}
+
+/// The fill itself, shared by [`run_fill_with`] and the snapshots
+/// ([`super::snapshot::fill_until`]) so that both run the same policy on the same
+/// information: the arrival order and node permutation of `seed`, the policy built
+/// by `make_policy` from what [`FillConfig::knowledge`] allows and rebuilt as the
+/// learned target moves. Stops before the pod that would take the arrived GPU
+/// demand past `stop_milli` (none: the whole order).
+pub(crate) fn drive(
+    cluster: &Cluster,
+    pods: &[TracePod],
+    mut make_policy: impl FnMut(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
+    seed: u64,
+    config: &FillConfig,
+    stop_milli: Option<u64>,
+    mut on: impl FnMut(Event<'_>),
+) -> Result<Driven, FillError> {
     let capacity = cluster.gpu_count() as u64 * 1000;
     if capacity == 0 {
         return Err(FillError::NoGpus);
@@ -259,7 +369,8 @@ pub fn run_fill_with(
         return Err(FillError::BadTuneRatio(config.tune_ratio));
     }
     let workload = typical_pods(pods, config.typical_coverage);
-    let mut policy = make_policy(Arc::new(workload.clone()))?;
+    let mut target = Arc::new(workload.clone());
+    let mut policy = make_policy(target.clone())?;
     let mut learned = None;
     if policy.learns_workload() {
         let l = match config.knowledge {
@@ -272,73 +383,71 @@ pub fn run_fill_with(
             }
             Knowledge::Online => LearnedWorkload::cold_start(config.learn),
         };
-        policy = make_policy(l.target())?;
+        target = l.target();
+        policy = make_policy(target.clone())?;
         learned = Some(l);
     }
     let mut scheduler = Scheduler::new(policy);
     let mut rng = SmallRng::seed_from_u64(seed);
     let order = arrival_order(pods, capacity, config, &mut rng);
-    let permuted;
     let cluster = if config.permute_nodes {
-        permuted = permute_nodes(cluster, &mut rng)?;
-        &permuted
+        permute_nodes(cluster, &mut rng)?
     } else {
-        cluster
+        cluster.clone()
     };
-
-    let mut ledger = Ledger::new(cluster);
-    let mut frag = FragTracker::new(cluster, &ledger, workload);
-    let mut samples = Vec::with_capacity(order.len() + 1);
-    let cap = capacity as f64;
-    let sample = |arrived: u64, ledger: &Ledger, frag: &FragTracker| {
-        let alloc = ledger.used_milli() as f64 / cap * 100.0;
-        FillPoint {
-            arrived_pct: arrived as f64 / cap * 100.0,
-            alloc_pct: alloc,
-            unallocated_pct: 100.0 - alloc,
-            frag_rate_pct: frag.frag_rate_pct(),
-            frag_amount_pct: frag.frag_milli() / cap * 100.0,
-        }
-    };
-    samples.push(sample(0, &ledger, &frag));
-    let (mut arrived, mut placed, mut failed) = (0u64, 0usize, 0usize);
+    let mut ledger = Ledger::new(&cluster);
+    on(Event::Start {
+        cluster: &cluster,
+        ledger: &ledger,
+        typical: &workload,
+    });
+    let (mut arrived, mut submitted, mut placed, mut failed) = (0u64, 0usize, 0usize, 0usize);
     for &i in &order {
         let pod = &pods[i];
         let req: &Request = &pod.request;
+        if stop_milli.is_some_and(|stop| arrived + req.gpu.total_milli() > stop) {
+            break;
+        }
         arrived += req.gpu.total_milli();
+        submitted += 1;
         if let Some(l) = &mut learned
             && l.observe(req)
         {
-            scheduler = Scheduler::new(make_policy(l.target())?);
+            target = l.target();
+            scheduler = Scheduler::new(make_policy(target.clone())?);
         }
-        match scheduler.place(cluster, &ledger, req, &mut rng) {
+        let at = match scheduler.place(&cluster, &ledger, req, &mut rng) {
             Some(p) => {
-                ledger
-                    .apply(cluster, &p)
+                let node = p.node;
+                let id = ledger
+                    .apply(&cluster, &p)
                     .map_err(|source| FillError::Ledger {
                         pod: pod.name.clone(),
                         source,
                     })?;
-                frag.update(cluster, &ledger, p.node);
                 placed += 1;
+                Some((node, id))
             }
-            None => failed += 1,
-        }
-        samples.push(sample(arrived, &ledger, &frag));
+            None => {
+                failed += 1;
+                None
+            }
+        };
+        on(Event::Arrived {
+            cluster: &cluster,
+            ledger: &ledger,
+            arrived,
+            pod,
+            placed: at,
+        });
     }
-    let curve = discretize(&samples, config.max_pct);
-    let at_100 = curve.iter().find(|p| p.arrived_pct == 100.0).copied();
-    Ok(FillResult {
-        workload: config.workload.clone(),
-        policy: policy_name.to_string(),
-        seed,
-        tune_ratio: config.tune_ratio,
-        capacity_gpu_milli: capacity,
-        pods_submitted: order.len(),
-        pods_placed: placed,
-        pods_failed: failed,
-        curve,
-        at_100,
+    Ok(Driven {
+        cluster,
+        ledger,
+        target,
+        submitted,
+        placed,
+        failed,
     })
 }
 

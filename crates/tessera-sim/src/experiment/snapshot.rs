@@ -7,13 +7,12 @@
 
 use std::sync::Arc;
 
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
 use rustc_hash::FxHashMap;
+use tessera_core::frag::TargetWorkload;
 use tessera_core::request::GpuAsk;
-use tessera_core::{AllocId, Cluster, Ledger, Scheduler};
+use tessera_core::{AllocId, Cluster, Ledger};
 
-use super::fill::{FillConfig, FillError, arrival_order, fill_policy, permute_nodes, typical_pods};
+use super::fill::{Event, FillConfig, FillError, drive, fill_policy};
 use crate::trace::TracePod;
 
 /// A fill stopped at a share of capacity.
@@ -23,6 +22,10 @@ pub struct FillSnapshot {
     /// Per allocation: its group (the kind of request, standing in for a
     /// namespace: traces have none) and the pod's name.
     pub labels: FxHashMap<AllocId, (String, String)>,
+    /// The workload the policy measured fragment against at that point (the learned
+    /// target for `tessera`, the trace's typical pods otherwise): what a picture of
+    /// this state should measure fragment against too.
+    pub target: Arc<TargetWorkload>,
 }
 
 /// The kind of GPU request, the mosaic's colour for trace pods.
@@ -37,7 +40,9 @@ fn group(ask: &GpuAsk) -> String {
     }
 }
 
-/// Fills as [`super::fill::run_fill`] does until `pct` % of the GPU capacity has arrived.
+/// Fills as [`super::fill::run_fill`] does (the same fill, policy and information)
+/// until `pct` % of the GPU capacity has arrived: stops before the pod that would
+/// take the arrived demand past it.
 pub fn fill_until(
     cluster: &Cluster,
     pods: &[TracePod],
@@ -46,51 +51,37 @@ pub fn fill_until(
     config: &FillConfig,
     pct: f64,
 ) -> Result<FillSnapshot, FillError> {
-    let capacity = cluster.gpu_count() as u64 * 1000;
-    if capacity == 0 {
-        return Err(FillError::NoGpus);
-    }
-    if pods.is_empty() {
-        return Err(FillError::NoPods);
-    }
-    let workload = typical_pods(pods, config.typical_coverage);
-    let mut scheduler = Scheduler::new(fill_policy(cluster, policy_name, Arc::new(workload))?);
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let order = arrival_order(pods, capacity, config, &mut rng);
-    let cluster = if config.permute_nodes {
-        permute_nodes(cluster, &mut rng)?
-    } else {
-        cluster.clone()
-    };
-    let mut ledger = Ledger::new(&cluster);
+    let stop = (cluster.gpu_count() as f64 * 1000.0 * pct / 100.0) as u64;
     let mut labels = FxHashMap::default();
-    let stop = (capacity as f64 * pct / 100.0) as u64;
-    let mut arrived = 0u64;
-    for &i in &order {
-        let pod = &pods[i];
-        if arrived + pod.request.gpu.total_milli() > stop {
-            break;
-        }
-        arrived += pod.request.gpu.total_milli();
-        if let Some(p) = scheduler.place(&cluster, &ledger, &pod.request, &mut rng) {
-            let id = ledger
-                .apply(&cluster, &p)
-                .map_err(|source| FillError::Ledger {
-                    pod: pod.name.clone(),
-                    source,
-                })?;
-            labels.insert(id, (group(&pod.request.gpu), pod.name.clone()));
-        }
-    }
-    Ok(FillSnapshot {
+    let run = drive(
         cluster,
-        ledger,
+        pods,
+        |workload| fill_policy(cluster, policy_name, workload),
+        seed,
+        config,
+        Some(stop),
+        |event| {
+            if let Event::Arrived {
+                pod,
+                placed: Some((_, id)),
+                ..
+            } = event
+            {
+                labels.insert(id, (group(&pod.request.gpu), pod.name.clone()));
+            }
+        },
+    )?;
+    Ok(FillSnapshot {
+        cluster: run.cluster,
+        ledger: run.ledger,
         labels,
+        target: run.target,
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::fill::{Knowledge, run_fill};
     use super::*;
     use crate::workload;
 
@@ -106,5 +97,36 @@ mod tests {
         assert!(used(&half) <= cap / 2, "{} > {}", used(&half), cap / 2);
         assert!(used(&full) > used(&half));
         assert_eq!(full.labels.len(), full.ledger.allocation_count());
+    }
+
+    /// Without a stop the snapshot is the fill run itself: the same pods placed,
+    /// for a policy that learns its target as for one that does not.
+    #[test]
+    fn the_snapshot_is_the_run_the_report_measures() {
+        let s = workload::generate(42);
+        let mut config = FillConfig::for_workload(workload::NAME);
+        for knowledge in [Knowledge::Typical, Knowledge::Online] {
+            config.knowledge = knowledge;
+            for policy in ["tessera", "fgd"] {
+                let run = run_fill(&s.cluster, &s.pods, policy, 42, &config).unwrap();
+                let snap = fill_until(&s.cluster, &s.pods, policy, 42, &config, 1e9).unwrap();
+                assert_eq!(
+                    snap.ledger.allocation_count(),
+                    run.pods_placed,
+                    "{policy} {knowledge:?}"
+                );
+                let alloc = snap.ledger.used_milli() as f64 / run.capacity_gpu_milli as f64 * 100.0;
+                let last = run.curve.last().unwrap();
+                assert!(
+                    alloc >= last.alloc_pct - 1e-9,
+                    "{policy}: {alloc} < {}",
+                    last.alloc_pct
+                );
+            }
+        }
+        // What `tessera` measured against is its learned target, not the typical pods.
+        let snap = fill_until(&s.cluster, &s.pods, "tessera", 42, &config, 100.0).unwrap();
+        let typical = super::super::fill::typical_pods(&s.pods, config.typical_coverage);
+        assert_ne!(*snap.target, typical);
     }
 }

@@ -434,6 +434,7 @@ fn write_mosaic(
         &snap.cluster,
         &snap.ledger,
         |id| snap.labels.get(&id).cloned().unwrap_or_default(),
+        &snap.target,
         &format!(
             "Tessera · fill at 100 % · {} · {policy} · seed {seed}",
             workload.name
