@@ -325,6 +325,18 @@ fn the_scheduler_learns_the_workload_from_arriving_pods() {
 /// measure fragmentation against the learned target (pending pods move it, the
 /// ledger stays as it was) and list its heaviest shapes; `tessera explain`
 /// reports the same.
+/// 600 pending pods of a shape the built-in workload does not have (1 GPU, 700 ‰).
+fn learn_a_new_shape(live: &tessera_k8s::mirror::SharedMirror) {
+    for i in 0..600 {
+        live.lock().upsert_pod(pod(
+            "default",
+            &format!("p-{i}"),
+            &format!("uid-p-{i}"),
+            &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "700")],
+        ));
+    }
+}
+
 #[test]
 fn metrics_and_explain_show_the_learned_workload() {
     let (nodes, inv) = cluster();
@@ -345,14 +357,7 @@ fn metrics_and_explain_show_the_learned_workload() {
     let before = scrape(&live);
     assert_eq!(value(&before, "tessera_learned_workload_pods"), 0.0);
     let frag_before = value(&before, "tessera_cluster_fragmentation_milli");
-    for i in 0..600 {
-        live.lock().upsert_pod(pod(
-            "default",
-            &format!("p-{i}"),
-            &format!("uid-p-{i}"),
-            &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "700")],
-        ));
-    }
+    learn_a_new_shape(&live);
     let after = scrape(&live);
     assert_eq!(value(&after, "tessera_learned_workload_pods"), 600.0);
     assert!(value(&after, "tessera_learned_workload_generation") > 0.0);
@@ -380,4 +385,52 @@ fn metrics_and_explain_show_the_learned_workload() {
         report.to_string().contains("learned from 600 pod(s)"),
         "{report}"
     );
+}
+
+/// Preemption places the preemptor with a copy of the scheduler's policy: after
+/// the mirror has learned a new shape, the copy scores every node as a policy
+/// built from the learned target and the inventory does, not as the built-in
+/// workload's policy (what preemption used before).
+#[test]
+fn preemption_scores_with_the_learned_policy() {
+    use tessera_core::policy::{self, PolicyArgs};
+    let (nodes, inv) = cluster();
+    let live = mirror("tessera", nodes, inv, vec![]);
+    learn_a_new_shape(&live);
+    let mut m = live.lock();
+    let copy = m.policy_copy();
+    let cluster = m.shared_cluster();
+    let learned = policy::by_name(
+        "tessera",
+        &PolicyArgs {
+            workload: Some(m.target_workload()),
+            gpus_per_model: policy::gpus_per_model(&cluster),
+        },
+    )
+    .unwrap();
+    let built_in = policy::by_name("tessera", &PolicyArgs::default()).unwrap();
+    let ledger = m.ledger().clone();
+    let req = tessera_core::request::Request::share_milli(300, 1_000, 1 << 10);
+    let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(1);
+    let mut differs = false;
+    for i in 0..cluster.len() {
+        let view = tessera_core::fit::NodeView::of(
+            &cluster,
+            &ledger,
+            tessera_core::model::NodeId(i as u32),
+        );
+        let Ok(fit) = tessera_core::fit::check(view, &req) else {
+            continue;
+        };
+        let score = |p: &dyn policy::Policy, rng: &mut rand::rngs::SmallRng| {
+            p.score(view, &req, &fit, rng).map(|s| s.score)
+        };
+        assert_eq!(
+            score(copy.as_ref(), &mut rng),
+            score(learned.as_ref(), &mut rng),
+            "node {i}"
+        );
+        differs |= score(copy.as_ref(), &mut rng) != score(built_in.as_ref(), &mut rng);
+    }
+    assert!(differs, "the learned target changes some node's score");
 }

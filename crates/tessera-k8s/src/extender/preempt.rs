@@ -21,7 +21,6 @@ use k8s_openapi::api::core::v1::Pod;
 use rustc_hash::FxHashMap;
 use tessera_core::Scheduler;
 use tessera_core::ledger::AllocId;
-use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::queue::preempt::{Context, plan};
 use tessera_core::queue::{Budgets, PodMeta, Running};
 use tessera_core::request::{GpuAsk, RequestError};
@@ -69,17 +68,10 @@ pub fn choose(
             .collect());
     }
     let ledger = mirror.ledger().clone();
-    // The planner scores the preemptor's placement with the mirror's policy
-    // (for the explanation only: victims do not depend on it).
-    let mut scheduler = Scheduler::new(
-        policy::by_name(mirror.policy_name(), &PolicyArgs::default())
-            .or_else(|_| policy::by_name("binpack", &PolicyArgs::default()))
-            .map_err(|e| RequestError {
-                field: "policy".into(),
-                value: e.name,
-                problem: "unknown policy".into(),
-            })?,
-    );
+    // The planner places the preemptor with the scheduler's policy as it scores now
+    // (its learned target included): which GPUs it takes decides which victims a
+    // node's plan keeps.
+    let mut scheduler = Scheduler::new(mirror.policy_copy());
     let preemptor = PodMeta {
         priority: priority(pod),
         preemptible: preemptible(pod),

@@ -88,11 +88,7 @@ impl Mirror {
         if !self.policy.learns_workload() {
             return;
         }
-        let args = PolicyArgs {
-            workload: Some(self.learning.workload.target()),
-            gpus_per_model: policy::gpus_per_model(&self.cluster),
-        };
-        match policy::by_name(self.policy.name(), &args) {
+        match policy::by_name(self.policy.name(), &self.learned_args()) {
             Ok(p) => {
                 self.policy = p;
                 self.verdicts.clear();
@@ -101,6 +97,29 @@ impl Mirror {
                 tracing::warn!(error = %e, "could not rebuild the policy; keeping the old one")
             }
         }
+    }
+
+    /// What the policy is built from: the learned target and the GPU inventory.
+    fn learned_args(&self) -> PolicyArgs {
+        PolicyArgs {
+            workload: Some(self.learning.workload.target()),
+            gpus_per_model: policy::gpus_per_model(&self.cluster),
+        }
+    }
+
+    /// A policy that scores as the scheduler's own does now (built from the same
+    /// learned target and inventory; a policy that does not learn from its
+    /// defaults), for the planners that need one of their own: preemption's
+    /// placement of the preemptor. `binpack` if the name no longer resolves.
+    pub fn policy_copy(&self) -> Box<dyn policy::Policy> {
+        let args = if self.policy.learns_workload() {
+            self.learned_args()
+        } else {
+            PolicyArgs::default()
+        };
+        policy::by_name(self.policy.name(), &args)
+            .or_else(|_| policy::by_name("binpack", &PolicyArgs::default()))
+            .unwrap_or_else(|e| unreachable!("built-in policy: {e}"))
     }
 
     /// The learned workload: how many pods it has learned and how often its

@@ -24,7 +24,6 @@ use kube::core::{Selector, SelectorExt};
 use rustc_hash::FxHashMap;
 use tessera_core::Scheduler;
 use tessera_core::ledger::AllocId;
-use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::queue::preempt::{Context, plan};
 use tessera_core::queue::reclaim::{Quotas, reclaim};
 use tessera_core::queue::{BudgetId, Budgets, PodMeta, QueueId, Resources, Running};
@@ -233,11 +232,7 @@ impl Mirror {
         if !any_lower && !reclaim_ok {
             return None;
         }
-        let mut scheduler = Scheduler::new(
-            policy::by_name(self.policy.name(), &PolicyArgs::default())
-                .or_else(|_| policy::by_name("binpack", &PolicyArgs::default()))
-                .ok()?,
-        );
+        let mut scheduler = Scheduler::new(self.policy_copy());
         let ctx = Context {
             cluster: &self.cluster,
             ledger: &self.ledger,
