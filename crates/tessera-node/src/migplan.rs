@@ -428,6 +428,11 @@ gpus:
         }
     }
 
+    /// The state file as written.
+    fn recorded(path: &Path) -> State {
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
     /// An agent with its state in `path` creates the planned instance, then stops.
     fn agent_made_one(fake: &Fake, path: &Path) {
         let first = planner(fake, Some(path));
@@ -496,7 +501,7 @@ gpus:
         assert_eq!(layout(&fake), (true, vec![foreign.uuid.clone()]));
         // The foreign instance keeps the GPU in MIG mode, so the switch stays
         // recorded as ours to undo; the destroyed instance left the record.
-        let saved: State = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+        let saved = recorded(&state);
         assert!(saved.created.is_empty(), "{saved:?}");
         assert_eq!(saved.switched, ["GPU-m"]);
     }
@@ -547,9 +552,7 @@ gpus:
         let state = dir.path().join("mig.json");
         let fake = Fake::from_yaml(GPUS, "test").unwrap();
         agent_made_one(&fake, &state);
-        let recorded =
-            || -> State { serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap() };
-        assert_eq!(recorded().created.len(), 1);
+        assert_eq!(recorded(&state).created.len(), 1);
 
         // No driver: the backend lists no GPU.
         let blind = planner_over(
@@ -561,7 +564,7 @@ gpus:
         );
         assert_eq!(blind.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
         drop(blind);
-        let kept = recorded();
+        let kept = recorded(&state);
         assert_eq!(
             (kept.created.len(), kept.switched.len()),
             (1, 1),
@@ -576,11 +579,11 @@ gpus:
         });
         let p = planner_over(flaky.clone(), &fake, Some(&state));
         assert_eq!(p.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
-        assert_eq!(recorded().created.len(), 1);
+        assert_eq!(recorded(&state).created.len(), 1);
         flaky.down.store(false, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(p.reap(&[], b"k", "n", Instant::now()).unwrap(), 1);
         assert_eq!(layout(&fake), (false, Vec::new()));
-        let done = recorded();
+        let done = recorded(&state);
         assert!(
             done.created.is_empty() && done.switched.is_empty(),
             "{done:?}"
@@ -627,7 +630,7 @@ gpus:
         assert!(p.lock_created().is_empty());
         assert_eq!(p.reap(&[], b"k", "n", Instant::now()).unwrap(), 0);
         assert_eq!(layout(&fake).1, std::slice::from_ref(&real.uuid));
-        let replaced: State = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+        let replaced = recorded(&state);
         assert!(replaced.created.is_empty() && replaced.switched.is_empty());
     }
 }

@@ -81,7 +81,7 @@ pub fn fill_until(
 
 #[cfg(test)]
 mod tests {
-    use super::super::fill::{Knowledge, run_fill};
+    use super::super::fill::{Knowledge, run_fill, typical_pods};
     use super::*;
     use crate::workload;
 
@@ -126,7 +126,7 @@ mod tests {
         }
         // What `tessera` measured against is its learned target, not the typical pods.
         let snap = fill_until(&s.cluster, &s.pods, "tessera", 42, &config, 100.0).unwrap();
-        let typical = super::super::fill::typical_pods(&s.pods, config.typical_coverage);
+        let typical = typical_pods(&s.pods, config.typical_coverage);
         assert_ne!(*snap.target, typical);
     }
 }
