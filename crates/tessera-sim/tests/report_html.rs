@@ -68,6 +68,7 @@ fn replay(p: &str, delay: f64) -> ReplayResult {
             })
             .collect(),
         delay_cdf: vec![(0, 0.0), (0, 0.5), (9, 1.0)],
+        policy_rebuilds: 0,
     }
 }
 

@@ -52,18 +52,20 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tessera_core::fit::mig_layout::{self, LABEL_MIG_DYNAMIC};
+use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{AllocId, Ledger};
 use tessera_core::model::file::mig_instances;
 use tessera_core::model::{Catalog, Cluster, MigInstance, Node, NodeId};
 use tessera_core::placement::{Placement, Scheduler};
-use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::request::{Constraints, GpuAsk, IsolationLevel, Request};
 
+use super::learner::Learner;
 use crate::trace::TracePod;
 
 /// The built-in cluster: `(nodes, GPUs per node, model)`.
@@ -371,6 +373,8 @@ struct Engine {
     cluster: Cluster,
     ledger: Ledger,
     sched: Scheduler,
+    /// What the policy has learned, and how to rebuild it.
+    learner: Learner,
     rng: SmallRng,
     repartitions: u32,
     mode_switches: u32,
@@ -380,20 +384,25 @@ struct Engine {
 }
 
 impl Engine {
+    /// An arm's cluster, empty, with the policy of `config` (a policy that does not
+    /// learn its workload measures against the typical pods of `pods`).
     fn new(
         base: &Cluster,
         arm: Arm,
         mig_gpus: u32,
+        pods: &[IsoPod],
         config: &IsolationConfig,
     ) -> Result<Engine, IsolationError> {
         let cluster = arm_cluster(base, arm, mig_gpus);
-        let policy = policy::by_name(&config.policy, &PolicyArgs::default())
+        let typical = TargetWorkload::from_requests(pods.iter().map(|p| &p.request), 0.95);
+        let (learner, policy) = Learner::start(&cluster, &config.policy, Arc::new(typical))
             .map_err(|e| IsolationError::Policy(e.to_string()))?;
         Ok(Engine {
             arm,
             ledger: Ledger::new(&cluster),
             cluster,
             sched: Scheduler::new(policy),
+            learner,
             rng: SmallRng::seed_from_u64(config.seed),
             repartitions: 0,
             mode_switches: 0,
@@ -402,16 +411,28 @@ impl Engine {
         })
     }
 
-    /// Places a pod; `None` when it fits nowhere.
-    fn place(&mut self, req: &Request) -> Option<AllocId> {
-        let p = self
+    /// Places an arriving pod; `None` when it fits nowhere.
+    fn place(&mut self, req: &Request) -> Result<Option<AllocId>, IsolationError> {
+        if let Some(policy) = self
+            .learner
+            .observe(req)
+            .map_err(|e| IsolationError::Policy(e.to_string()))?
+        {
+            self.sched = Scheduler::new(policy);
+        }
+        let Some(p) = self
             .sched
-            .place(&self.cluster, &self.ledger, req, &mut self.rng)?;
-        let id = self.ledger.apply(&self.cluster, &p).ok()?;
+            .place(&self.cluster, &self.ledger, req, &mut self.rng)
+        else {
+            return Ok(None);
+        };
+        let Ok(id) = self.ledger.apply(&self.cluster, &p) else {
+            return Ok(None);
+        };
         let granted: u64 = p.grants.iter().map(|g| u64::from(g.cores_milli)).sum();
         self.beyond_milli += granted.saturating_sub(req.gpu.total_milli());
         self.agent_create(&p);
-        Some(id)
+        Ok(Some(id))
     }
 
     /// The node agent creates planned instances (destroying free ones in the way).
@@ -536,7 +557,7 @@ fn fill_once(
     config: &IsolationConfig,
     seed: u64,
 ) -> Result<FillMeasures, IsolationError> {
-    let mut e = Engine::new(base, arm, mig_gpus, config)?;
+    let mut e = Engine::new(base, arm, mig_gpus, pods, config)?;
     // The same order in every arm: the order's RNG is separate from the policy's.
     let mut order = SmallRng::seed_from_u64(seed ^ 0xf111);
     let capacity = base.gpu_count() as u64 * 1000;
@@ -551,7 +572,7 @@ fn fill_once(
         if kind == Kind::Hard {
             m.hard_arrived += 1.0;
         }
-        if e.place(&pod.request).is_some() {
+        if e.place(&pod.request)?.is_some() {
             served += milli;
         } else {
             match kind {
@@ -578,7 +599,7 @@ fn replay(
     pods: &[IsoPod],
     config: &IsolationConfig,
 ) -> Result<ReplayMeasures, IsolationError> {
-    let mut e = Engine::new(base, arm, mig_gpus, config)?;
+    let mut e = Engine::new(base, arm, mig_gpus, pods, config)?;
     let mut chosen: Vec<&IsoPod> = pods.iter().take(config.replay_pods).collect();
     chosen.sort_by_key(|p| p.arrive_s);
     let first = chosen.first().map_or(0, |p| p.arrive_s);
@@ -633,7 +654,7 @@ fn replay(
         let pod = chosen[k];
         let hard = pod.kind() == Kind::Hard;
         m.hard_pods += u32::from(hard);
-        match e.place(&pod.request) {
+        match e.place(&pod.request)? {
             Some(id) => {
                 live.insert(k, id);
                 heap.push(Reverse((t + pod.run_s.max(1) * 1000, 0, k)));

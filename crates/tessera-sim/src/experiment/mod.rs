@@ -9,6 +9,7 @@ pub mod defrag;
 pub mod fill;
 pub mod gang;
 pub mod isolation;
+mod learner;
 pub mod preempt;
 pub mod replay;
 pub mod snapshot;

@@ -29,6 +29,12 @@
 //!   when the offered load is on) and as a time series. Completed pods: in the
 //!   window and in total (the run drains, so every placed pod completes).
 //!
+//! - **Policy knowledge.** A policy that learns its workload (`tessera`) starts
+//!   from the generic cold-start prior and learns every pod as it arrives, and
+//!   is rebuilt each time the learned target moves: what the Kubernetes
+//!   scheduler knows on a new cluster. Policies that do not learn (FGD) get the
+//!   trace's typical pods ([`ReplayInput::workload`]), as in the fill.
+//!
 //! Speed: a pod shape that did not fit is only retried on the nodes that changed
 //! since (the ledger's change log), so a long queue costs little per event.
 
@@ -46,10 +52,11 @@ use tessera_core::frag::TargetWorkload;
 use tessera_core::judge::judge;
 use tessera_core::ledger::{AllocId, Ledger, LedgerError};
 use tessera_core::model::{Cluster, NodeId};
-use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
+use tessera_core::policy::{Policy, UnknownPolicy};
 use tessera_core::request::Request;
 
 use super::cost::{CostMeter, ReplayCost, occupancy};
+use super::learner::Learner;
 use crate::trace::TracePod;
 
 /// A pod as the replay sees it.
@@ -74,7 +81,8 @@ pub struct ReplayInput {
     pub dropped_before_start: usize,
     /// Pods created before the start (arrive at time 0).
     pub present_at_start: usize,
-    /// The trace's typical pods (FGD's target workload), for policies that measure fragmentation.
+    /// The trace's typical pods (FGD's target workload), for policies that measure
+    /// fragmentation and do not learn it.
     pub workload: Arc<TargetWorkload>,
 }
 
@@ -279,6 +287,9 @@ pub struct ReplayResult {
     pub cost: ReplayCost,
     /// `[delay_s, fraction of placed pods with delay ≤ delay_s]`.
     pub delay_cdf: Vec<(u64, f64)>,
+    /// Times a policy that learns its workload was rebuilt because the learned target
+    /// moved (0 for a policy that does not learn).
+    pub policy_rebuilds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -292,6 +303,9 @@ struct Engine<'a> {
     input: &'a ReplayInput,
     ledger: Ledger,
     scheduler: Scheduler,
+    /// What a learning policy has learned, and how to rebuild it.
+    learner: Learner,
+    rebuilds: u64,
     rng: SmallRng,
     heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
@@ -313,6 +327,17 @@ struct Engine<'a> {
 }
 
 impl Engine<'_> {
+    /// Learns an arriving pod; rebuilds the policy when the learned target moved
+    /// (and forgets which shapes failed: the new policy has not judged them).
+    fn learn(&mut self, shape: u32) -> Result<(), ReplayError> {
+        if let Some(policy) = self.learner.observe(&self.input.shapes[shape as usize])? {
+            self.scheduler = Scheduler::new(policy);
+            self.failed_at.fill(None);
+            self.rebuilds += 1;
+        }
+        Ok(())
+    }
+
     fn push(&mut self, t: u64, e: Event) {
         self.seq += 1;
         self.heap.push(Reverse((t, self.seq, e)));
@@ -451,8 +476,8 @@ pub fn run_replay(
     if input.pods.is_empty() {
         return Err(ReplayError::NoPods);
     }
-    let args = PolicyArgs::for_cluster(input.workload.clone(), cluster);
-    let scheduler = Scheduler::new(policy::by_name(policy_name, &args)?);
+    let (learner, policy) = Learner::start(cluster, policy_name, input.workload.clone())?;
+    let scheduler = Scheduler::new(policy);
     let once: Vec<u64> = input
         .pods
         .iter()
@@ -470,6 +495,8 @@ pub fn run_replay(
         input,
         ledger: Ledger::new(cluster),
         scheduler,
+        learner,
+        rebuilds: 0,
         rng: SmallRng::seed_from_u64(seed),
         heap: BinaryHeap::new(),
         seq: 0,
@@ -528,6 +555,7 @@ pub fn run_replay(
             match ev {
                 Event::Arrive(i) => {
                     let shape = e.input.pods[i as usize % e.input.pods.len()].shape;
+                    e.learn(shape)?;
                     if e.fits_empty(shape) {
                         e.queue.push(i);
                     } else {
@@ -628,6 +656,7 @@ pub fn run_replay(
         queue_peak,
         series,
         delay_cdf,
+        policy_rebuilds: e.rebuilds,
     })
 }
 
@@ -774,6 +803,31 @@ mod tests {
                 shape: 0
             }
         );
+    }
+
+    /// Tessera starts from the cold-start prior and learns the arrivals (a shape the
+    /// prior does not hold moves the target, and the policy is rebuilt); FGD keeps
+    /// the trace's typical pods.
+    #[test]
+    fn tessera_learns_the_arrivals_and_fgd_does_not() {
+        let c = one_t4_node();
+        let pods: Vec<TracePod> = (0..600)
+            .map(|k| {
+                pod(
+                    &format!("p{k}"),
+                    Request::share_milli(300, 500, 500),
+                    k,
+                    k + 1,
+                )
+            })
+            .collect();
+        let input = prepare(&pods, Some(0)).unwrap();
+        let o = ReplayOptions::default();
+        let t = run_replay(&c, &input, "t", "tessera", 1, &o).unwrap();
+        let f = run_replay(&c, &input, "t", "fgd", 1, &o).unwrap();
+        assert!(t.policy_rebuilds > 0, "tessera never rebuilt");
+        assert_eq!(f.policy_rebuilds, 0);
+        assert_eq!((t.placed, f.placed), (600, 600));
     }
 
     #[test]

@@ -52,7 +52,6 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use tessera_core::ledger::{AllocId, Ledger, LedgerError};
 use tessera_core::model::Cluster;
-use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::queue::admit::{Admission, QueueUsage, admit};
 use tessera_core::queue::fair::{FairShares, fair_shares, order_key};
 use tessera_core::queue::preempt::Context;
@@ -63,6 +62,7 @@ use tessera_core::queue::{
 use tessera_core::request::Request;
 use tessera_core::{Placement, Scheduler};
 
+use super::learner::Learner;
 use super::replay::{ReplayError, ReplayInput, percentile};
 
 /// Seconds before a reclaim that found no plan is tried again for the same
@@ -240,6 +240,8 @@ struct Engine<'a> {
     min_runtime_s: u64,
     ledger: Ledger,
     scheduler: Scheduler,
+    /// What the policy has learned, and how to rebuild it.
+    learner: Learner,
     rng: SmallRng,
     heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
@@ -268,6 +270,19 @@ struct Engine<'a> {
 }
 
 impl Engine<'_> {
+    /// Learns an arriving pod; rebuilds the policy when the learned target moved
+    /// (and forgets which shapes failed to fit or to reclaim: the new policy has
+    /// not judged them).
+    fn learn(&mut self, shape: u32) -> Result<(), TenantError> {
+        let req = &self.shapes[shape as usize];
+        if let Some(policy) = self.learner.observe(req).map_err(ReplayError::from)? {
+            self.scheduler = Scheduler::new(policy);
+            self.failed_epoch.fill(u64::MAX);
+            self.reclaim_failed.clear();
+        }
+        Ok(())
+    }
+
     fn push(&mut self, t: u64, e: Event) {
         self.seq += 1;
         self.heap.push(Reverse((t, self.seq, e)));
@@ -607,8 +622,9 @@ pub fn run_tenants(
         })
         .collect();
 
-    let args = PolicyArgs::for_cluster(input.workload.clone(), cluster);
-    let scheduler = Scheduler::new(policy::by_name("tessera", &args).map_err(ReplayError::from)?);
+    let (learner, policy) =
+        Learner::start(cluster, "tessera", input.workload.clone()).map_err(ReplayError::from)?;
+    let scheduler = Scheduler::new(policy);
     let n = pods.len();
     let lanes = if discipline == Discipline::Fifo {
         1
@@ -625,6 +641,7 @@ pub fn run_tenants(
         min_runtime_s: opts.min_runtime_s,
         ledger: Ledger::new(cluster),
         scheduler,
+        learner,
         rng: SmallRng::seed_from_u64(seed),
         heap: BinaryHeap::new(),
         seq: 0,
@@ -682,6 +699,7 @@ pub fn run_tenants(
             match ev {
                 Event::Arrive(k) => {
                     let pod = e.pods[k as usize];
+                    e.learn(pod.shape)?;
                     if e.fits_empty(pod.shape) {
                         let lane = if lanes == 1 {
                             0
