@@ -55,7 +55,7 @@ use tessera_core::queue::gang::{Gang, GangDecision, GangError, GangOptions, plac
 use tessera_core::request::Request;
 use tessera_core::{Placement, Scheduler};
 
-use super::fill::fill_policy;
+use super::learner::Learner;
 use super::replay::default_start;
 use crate::trace::TracePod;
 
@@ -325,11 +325,11 @@ pub fn run(
     cutoff_s: Option<u64>,
 ) -> Result<GangResult, GangSimError> {
     let workload = TargetWorkload::from_requests(jobs.iter().flat_map(|j| j.members.iter()), 0.95);
-    let workload = Arc::new(workload);
-    let mut scheduler = Scheduler::new(fill_policy(cluster, policy_name, workload.clone())?);
+    let mut learner = Learner::start(cluster, policy_name, Arc::new(workload))?;
+    let mut scheduler = Scheduler::new(learner.policy()?);
     // A second scheduler for the "fits the empty cluster" check: a scheduler's
     // score cache follows one ledger's change log.
-    let mut probe = Scheduler::new(fill_policy(cluster, policy_name, workload)?);
+    let mut probe = Scheduler::new(learner.policy()?);
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut ledger = Ledger::new(cluster);
     let empty = Ledger::new(cluster);
@@ -363,6 +363,14 @@ pub fn run(
         }
         match ev {
             Event::Arrive(i) => {
+                let mut moved = false;
+                for m in &jobs[i].members {
+                    moved |= learner.observe(m);
+                }
+                if moved {
+                    scheduler = Scheduler::new(learner.policy()?);
+                    probe = Scheduler::new(learner.policy()?);
+                }
                 if fits_empty(&mut probe, cluster, &empty, &jobs[i], &mut rng)? {
                     queue.push(i);
                 } else {

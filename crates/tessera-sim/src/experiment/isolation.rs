@@ -63,6 +63,7 @@ use tessera_core::ledger::{AllocId, Ledger};
 use tessera_core::model::file::mig_instances;
 use tessera_core::model::{Catalog, Cluster, MigInstance, Node, NodeId};
 use tessera_core::placement::{Placement, Scheduler};
+use tessera_core::policy::UnknownPolicy;
 use tessera_core::request::{Constraints, GpuAsk, IsolationLevel, Request};
 
 use super::learner::Learner;
@@ -190,7 +191,7 @@ pub enum IsolationError {
     #[error("the workload has no GPU pods")]
     NoGpuPods,
     #[error("policy: {0}")]
-    Policy(String),
+    Policy(#[from] UnknownPolicy),
 }
 
 /// The workload from trace pods (see the module docs for the mapping).
@@ -395,8 +396,8 @@ impl Engine {
     ) -> Result<Engine, IsolationError> {
         let cluster = arm_cluster(base, arm, mig_gpus);
         let typical = TargetWorkload::from_requests(pods.iter().map(|p| &p.request), 0.95);
-        let (learner, policy) = Learner::start(&cluster, &config.policy, Arc::new(typical))
-            .map_err(|e| IsolationError::Policy(e.to_string()))?;
+        let learner = Learner::start(&cluster, &config.policy, Arc::new(typical))?;
+        let policy = learner.policy()?;
         Ok(Engine {
             arm,
             ledger: Ledger::new(&cluster),
@@ -413,12 +414,8 @@ impl Engine {
 
     /// Places an arriving pod; `None` when it fits nowhere.
     fn place(&mut self, req: &Request) -> Result<Option<AllocId>, IsolationError> {
-        if let Some(policy) = self
-            .learner
-            .observe(req)
-            .map_err(|e| IsolationError::Policy(e.to_string()))?
-        {
-            self.sched = Scheduler::new(policy);
+        if self.learner.observe(req) {
+            self.sched = Scheduler::new(self.learner.policy()?);
         }
         let Some(p) = self
             .sched

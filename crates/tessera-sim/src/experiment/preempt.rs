@@ -58,7 +58,8 @@ use tessera_core::queue::preempt::{self, Context};
 use tessera_core::queue::{Budgets, PodMeta, Running};
 use tessera_core::request::{GpuAsk, Request};
 
-use super::fill::{self, FillConfig, fill_policy, typical_pods};
+use super::fill::{self, FillConfig, typical_pods};
+use super::learner::Learner;
 use crate::trace::TracePod;
 
 /// Priority of the arriving pods (the fill's pods have 0, 1 or 2).
@@ -184,6 +185,8 @@ pub struct Setup {
     pub arrivals: Vec<(u64, Request)>,
     /// GPU compute allocated after the fill, % of capacity.
     pub fill_alloc_pct: f64,
+    /// The placement policy as the fill left it (what it learned of the workload).
+    pub(crate) learner: Learner,
 }
 
 /// Fills the cluster and draws the arrivals (see the module docs) from `seed`.
@@ -220,10 +223,14 @@ pub fn setup(
         .cloned()
         .collect();
     let order = fill::arrival_order(&fill_pods, capacity, &fill_config, &mut rng);
-    let mut scheduler = Scheduler::new(fill_policy(cluster, &config.policy, workload)?);
+    let mut learner = Learner::start(cluster, &config.policy, workload)?;
+    let mut scheduler = Scheduler::new(learner.policy()?);
     let mut ledger = Ledger::new(cluster);
     let mut running = FxHashMap::default();
     for &i in &order {
+        if learner.observe(&fill_pods[i].request) {
+            scheduler = Scheduler::new(learner.policy()?);
+        }
         let Some(p) = scheduler.place(cluster, &ledger, &fill_pods[i].request, &mut rng) else {
             continue;
         };
@@ -255,6 +262,7 @@ pub fn setup(
         running,
         arrivals,
         fill_alloc_pct,
+        learner,
     })
 }
 
@@ -266,8 +274,6 @@ pub fn run_preempt(
     config: &PreemptConfig,
 ) -> Result<PreemptResult, PreemptError> {
     let s = setup(cluster, pods, seed, config)?;
-    let workload = Arc::new(typical_pods(pods, 0.95));
-    let make_policy = || fill_policy(cluster, &config.policy, workload.clone());
     let state = State {
         ledger: s.ledger,
         running: s.running,
@@ -277,7 +283,7 @@ pub fn run_preempt(
         cluster,
         state.clone(),
         &s.arrivals,
-        Scheduler::new(make_policy()?),
+        s.learner.clone(),
         config,
         Side::Tessera,
         seed,
@@ -286,7 +292,7 @@ pub fn run_preempt(
         cluster,
         state,
         &s.arrivals,
-        Scheduler::new(make_policy()?),
+        s.learner,
         config,
         Side::KubeLike,
         seed,
@@ -317,11 +323,12 @@ fn run_policy(
     cluster: &Cluster,
     mut state: State,
     arrivals: &[(u64, Request)],
-    mut scheduler: Scheduler,
+    mut learner: Learner,
     config: &PreemptConfig,
     side: Side,
     seed: u64,
 ) -> Result<PolicyOutcome, PreemptError> {
+    let mut scheduler = Scheduler::new(learner.policy()?);
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
     let budgets = Budgets::new();
     let mut out = PolicyOutcome {
@@ -340,6 +347,9 @@ fn run_policy(
     };
     let mut lost_milli_s = 0u64;
     for (now_s, req) in arrivals {
+        if learner.observe(req) {
+            scheduler = Scheduler::new(learner.policy()?);
+        }
         if let Some(p) = scheduler.place(cluster, &state.ledger, req, &mut rng) {
             start(cluster, &mut state, &p, preemptor, *now_s)?;
             out.placed_directly += 1;

@@ -330,8 +330,8 @@ impl Engine<'_> {
     /// Learns an arriving pod; rebuilds the policy when the learned target moved
     /// (and forgets which shapes failed: the new policy has not judged them).
     fn learn(&mut self, shape: u32) -> Result<(), ReplayError> {
-        if let Some(policy) = self.learner.observe(&self.input.shapes[shape as usize])? {
-            self.scheduler = Scheduler::new(policy);
+        if self.learner.observe(&self.input.shapes[shape as usize]) {
+            self.scheduler = Scheduler::new(self.learner.policy()?);
             self.failed_at.fill(None);
             self.rebuilds += 1;
         }
@@ -476,8 +476,8 @@ pub fn run_replay(
     if input.pods.is_empty() {
         return Err(ReplayError::NoPods);
     }
-    let (learner, policy) = Learner::start(cluster, policy_name, input.workload.clone())?;
-    let scheduler = Scheduler::new(policy);
+    let learner = Learner::start(cluster, policy_name, input.workload.clone())?;
+    let scheduler = Scheduler::new(learner.policy()?);
     let once: Vec<u64> = input
         .pods
         .iter()

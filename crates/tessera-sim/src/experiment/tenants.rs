@@ -274,8 +274,8 @@ impl Engine<'_> {
     /// (and forgets which shapes failed to fit or to reclaim: the new policy has
     /// not judged them).
     fn learn(&mut self, shape: u32) -> Result<(), TenantError> {
-        let req = &self.shapes[shape as usize];
-        if let Some(policy) = self.learner.observe(req).map_err(ReplayError::from)? {
+        if self.learner.observe(&self.shapes[shape as usize]) {
+            let policy = self.learner.policy().map_err(ReplayError::from)?;
             self.scheduler = Scheduler::new(policy);
             self.failed_epoch.fill(u64::MAX);
             self.reclaim_failed.clear();
@@ -622,9 +622,9 @@ pub fn run_tenants(
         })
         .collect();
 
-    let (learner, policy) =
+    let learner =
         Learner::start(cluster, "tessera", input.workload.clone()).map_err(ReplayError::from)?;
-    let scheduler = Scheduler::new(policy);
+    let scheduler = Scheduler::new(learner.policy().map_err(ReplayError::from)?);
     let n = pods.len();
     let lanes = if discipline == Discipline::Fifo {
         1
