@@ -759,6 +759,17 @@ mod tests {
         }
     }
 
+    /// `n` shares of `milli` (CPU milli and memory MiB `cpu_mem`), pod `i` created
+    /// at `i` and deleted `run_s` later.
+    fn shares(n: u64, milli: u32, cpu_mem: u64, run_s: u64) -> Vec<TracePod> {
+        (0..n)
+            .map(|i| {
+                let req = Request::share_milli(milli, cpu_mem, cpu_mem);
+                pod(&format!("s{i}"), req, i, i + run_s)
+            })
+            .collect()
+    }
+
     fn one_t4_node() -> Cluster {
         let cat = Catalog::default();
         let t4 = cat.find("T4").unwrap();
@@ -811,16 +822,7 @@ mod tests {
     #[test]
     fn tessera_learns_the_arrivals_and_fgd_does_not() {
         let c = one_t4_node();
-        let pods: Vec<TracePod> = (0..600)
-            .map(|k| {
-                pod(
-                    &format!("p{k}"),
-                    Request::share_milli(300, 500, 500),
-                    k,
-                    k + 1,
-                )
-            })
-            .collect();
+        let pods = shares(600, 300, 500, 1);
         let input = prepare(&pods, Some(0)).unwrap();
         let o = ReplayOptions::default();
         let t = run_replay(&c, &input, "t", "tessera", 1, &o).unwrap();
@@ -882,16 +884,7 @@ mod tests {
     #[test]
     fn shares_queue_under_k8s_default_only() {
         let c = one_t4_node();
-        let pods: Vec<TracePod> = (0..4)
-            .map(|i| {
-                pod(
-                    &format!("s{i}"),
-                    Request::share_milli(400, 1000, 1000),
-                    i,
-                    i + 100,
-                )
-            })
-            .collect();
+        let pods = shares(4, 400, 1000, 100);
         let input = prepare(&pods, Some(0)).unwrap();
         let o = ReplayOptions::default();
         let k = run_replay(&c, &input, "t", "k8s-default", 1, &o).unwrap();
