@@ -321,6 +321,46 @@ fn the_scheduler_learns_the_workload_from_arriving_pods() {
     assert_ne!(scores(&live), before, "the new shape moved the scores");
 }
 
+/// Pods without GPUs count in the learned workload where they take CPU from GPU
+/// nodes, as the simulator's workloads do: learned once bound to a node with a GPU
+/// inventory (also when that inventory is listed after the pod), once only, and
+/// never on a node without GPUs.
+#[test]
+fn pods_without_gpus_are_learned_once_bound_to_a_gpu_node() {
+    let (nodes, inv) = cluster();
+    let live = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
+    let learned = |m: &tessera_k8s::mirror::SharedMirror| m.lock().learned().0;
+    let start = learned(&live);
+    let cpu_pod = |name: &str| pod("default", name, &format!("uid-{name}"), &[("cpu", "4")]);
+    live.lock().upsert_pod(cpu_pod("c1"));
+    assert_eq!(learned(&live), start, "pending: not yet");
+    live.lock()
+        .upsert_pod(as_bound(cpu_pod("c1"), "cpu-1", None));
+    assert_eq!(learned(&live), start, "on a node without GPUs: never");
+    live.lock()
+        .upsert_pod(as_bound(cpu_pod("c2"), "a100-1", None));
+    assert_eq!(learned(&live), start + 1, "on a GPU node");
+    live.lock()
+        .upsert_pod(as_bound(cpu_pod("c2"), "a100-1", None));
+    live.lock()
+        .replace_pods(vec![as_bound(cpu_pod("c2"), "a100-1", None)]);
+    assert_eq!(learned(&live), start + 1, "once");
+    // The pod listed before the GPU inventory of its node.
+    let late = mirror(
+        "tessera",
+        nodes,
+        vec![],
+        vec![as_bound(cpu_pod("c3"), "a100-1", None)],
+    );
+    let before = learned(&late);
+    late.lock().upsert_inventory(inv[0].clone());
+    assert_eq!(
+        learned(&late),
+        before + 1,
+        "learned when the inventory appears"
+    );
+}
+
 /// Issue 12: operators see the workload the policy scores against. The metrics
 /// measure fragmentation against the learned target (pending pods move it, the
 /// ledger stays as it was) and list its heaviest shapes; `tessera explain`

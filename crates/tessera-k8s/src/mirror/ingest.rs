@@ -66,8 +66,11 @@ impl Mirror {
                 .inventory
                 .get(&name)
                 .is_some_and(|old| same_inventory_for_placement(old, &gn));
-            self.inventory.insert(name, gn);
+            let known = self.inventory.insert(name, gn).is_some();
             self.dirty |= !same;
+            if !known {
+                self.learn_waiting();
+            }
         }
     }
 
@@ -83,6 +86,7 @@ impl Mirror {
             .filter_map(|n| n.metadata.name.clone().map(|k| (k, n)))
             .collect();
         self.dirty = true;
+        self.learn_waiting();
     }
 
     /// A pod was added or changed.
@@ -97,9 +101,9 @@ impl Mirror {
             self.release(&uid);
             return;
         }
-        if !self.pods.contains_key(&uid) {
-            self.learn_pods([&pod]);
-        }
+        // New pods are learned on arrival, pods without GPUs once bound (the
+        // seen set keeps either from being learned twice).
+        self.learn_pods([&pod]);
         let node = convert::pod_node(&pod).map(str::to_string);
         self.pods.insert(uid.clone(), pod);
         let Some(node) = node else { return };

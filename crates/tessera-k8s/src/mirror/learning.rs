@@ -40,6 +40,12 @@ impl Mirror {
     /// Learns `pods` not seen before, oldest first; rebuilds the policy if the
     /// target moved. Pods that are gone are forgotten by UID only: what ran
     /// stays in the histogram, as its decay intends.
+    ///
+    /// A GPU pod is learned when first seen (its arrival). A pod without GPUs
+    /// is learned once it is bound to a node with a GPU inventory, where it
+    /// takes CPU and memory GPU pods need (the simulator's workloads hold such
+    /// pods too); until then it is not marked seen, and one on a node without
+    /// GPUs never is.
     pub(super) fn learn_pods<'a>(&mut self, pods: impl IntoIterator<Item = &'a Pod>) {
         if !self.policy.learns_workload() {
             return;
@@ -60,15 +66,42 @@ impl Mirror {
         });
         let mut moved = false;
         for p in new {
+            let req = match convert::pod_request(p, &self.cluster.catalog) {
+                Ok(req) if req.gpu == GpuAsk::None => {
+                    let on_gpus =
+                        convert::pod_node(p).is_some_and(|n| self.inventory.contains_key(n));
+                    if !on_gpus {
+                        continue;
+                    }
+                    req
+                }
+                Ok(req) => req,
+                Err(_) => {
+                    self.learning.seen.insert(convert::pod_uid(p).to_string());
+                    continue;
+                }
+            };
             self.learning.seen.insert(convert::pod_uid(p).to_string());
-            match convert::pod_request(p, &self.cluster.catalog) {
-                Ok(req) if req.gpu != GpuAsk::None => moved |= self.learning.workload.observe(&req),
-                _ => {}
-            }
+            moved |= self.learning.workload.observe(&req);
         }
         if moved {
             self.rebuild_policy();
         }
+    }
+
+    /// Learns the pods not learned yet (those without GPUs bound to a node whose
+    /// GPU inventory has just appeared).
+    pub(super) fn learn_waiting(&mut self) {
+        if !self.policy.learns_workload() {
+            return;
+        }
+        let waiting: Vec<Pod> = self
+            .pods
+            .iter()
+            .filter(|(uid, _)| !self.learning.seen.contains(*uid))
+            .map(|(_, p)| p.clone())
+            .collect();
+        self.learn_pods(waiting.iter());
     }
 
     /// A pod left: its UID need not be remembered (what it asked stays learned).

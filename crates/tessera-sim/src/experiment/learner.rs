@@ -1,12 +1,11 @@
 //! A policy as the Kubernetes scheduler runs it, for the experiments in which pods
 //! arrive over time (replay, tenants, preempt, gang, isolation): a policy that learns
-//! its workload
-//! (`tessera`) starts from the generic cold-start prior, learns every pod as it
-//! arrives and is rebuilt from the learned target and the cluster's GPU inventory each
-//! time that target moves. `tessera-k8s`'s mirror does the same, except that it learns
-//! GPU pods only: it sees every pod of the cluster, most CPU-only pods on nodes without
-//! GPUs, while every pod here runs on GPU nodes. A policy that does not learn (FGD) is
-//! built once from the trace's typical pods.
+//! its workload (`tessera`) starts from the generic cold-start prior, learns every pod
+//! as it arrives and is rebuilt from the learned target and the cluster's GPU
+//! inventory each time that target moves. `tessera-k8s`'s mirror does the same (there
+//! a pod without GPUs counts once bound to a node with GPUs; every node here has
+//! GPUs). A policy that does not learn (FGD) is built once from the trace's typical
+//! pods.
 
 use std::sync::Arc;
 
