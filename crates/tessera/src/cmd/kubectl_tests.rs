@@ -155,10 +155,11 @@ async fn explain_reuses_tessera_explain() {
     let (text, code, _) = run(&["explain", "ml/infer"], cluster()).await;
     assert_eq!(code, 0, "{text}");
     assert!(text.starts_with("ml/infer is on node gpu-b"), "{text}");
-    // The workload the policy scores against, learned from the four GPU pods listed
-    // (ml/web asks no GPU), as the scheduler rebuilds it after a restart.
+    // The workload the policy scores against, learned from the pods listed as the
+    // scheduler rebuilds it after a restart: the four GPU pods and ml/web, which asks
+    // no GPU but runs on the GPU node gpu-b.
     assert!(
-        text.contains("fragment measured against the workload learned from 4 pod(s)"),
+        text.contains("fragment measured against the workload learned from 5 pod(s)"),
         "{text}"
     );
     let (json, code, _) = run(&["explain", "ml/infer", "-o", "json"], cluster()).await;
@@ -166,7 +167,7 @@ async fn explain_reuses_tessera_explain() {
     let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     assert_eq!(v["state"], "placed", "{v}");
     assert_eq!(v["workload"]["learned"], true, "{v}");
-    assert_eq!(v["workload"]["podsLearned"], 4, "{v}");
+    assert_eq!(v["workload"]["podsLearned"], 5, "{v}");
     // NAME alone is looked up in the namespace of -n.
     let (text, code, _) = run(&["explain", "waiting", "-n", "ml"], cluster()).await;
     assert_eq!(code, 0, "{text}");
