@@ -101,9 +101,15 @@ impl Mirror {
             self.release(&uid);
             return;
         }
-        // New pods are learned on arrival, pods without GPUs once bound (the
-        // seen set keeps either from being learned twice).
-        self.learn_pods([&pod]);
+        // A pod is learned on arrival, or (one without GPUs) once bound: only
+        // those two events can make it learnable, so the updates in between
+        // (status, mostly) skip learning.
+        let arrives_or_binds = self.pods.get(&uid).is_none_or(|old| {
+            convert::pod_node(old).is_none() && convert::pod_node(&pod).is_some()
+        });
+        if arrives_or_binds {
+            self.learn_pods([&pod]);
+        }
         let node = convert::pod_node(&pod).map(str::to_string);
         self.pods.insert(uid.clone(), pod);
         let Some(node) = node else { return };

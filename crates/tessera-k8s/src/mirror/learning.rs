@@ -89,8 +89,8 @@ impl Mirror {
         }
     }
 
-    /// Learns the pods not learned yet (those without GPUs bound to a node whose
-    /// GPU inventory has just appeared).
+    /// Learns the pods that were waiting for their node's GPU inventory: not
+    /// learned yet, bound to a node that has one now.
     pub(super) fn learn_waiting(&mut self) {
         if !self.policy.learns_workload() {
             return;
@@ -98,7 +98,10 @@ impl Mirror {
         let waiting: Vec<Pod> = self
             .pods
             .iter()
-            .filter(|(uid, _)| !self.learning.seen.contains(*uid))
+            .filter(|(uid, p)| {
+                !self.learning.seen.contains(*uid)
+                    && convert::pod_node(p).is_some_and(|n| self.inventory.contains_key(n))
+            })
             .map(|(_, p)| p.clone())
             .collect();
         self.learn_pods(waiting.iter());

@@ -385,18 +385,16 @@ struct Engine {
 }
 
 impl Engine {
-    /// An arm's cluster, empty, with the policy of `config` (a policy that does not
-    /// learn its workload measures against the typical pods of `pods`).
+    /// An arm's cluster, empty, with the policy as `learner` starts it.
     fn new(
         base: &Cluster,
         arm: Arm,
         mig_gpus: u32,
-        pods: &[IsoPod],
+        learner: &Learner,
         config: &IsolationConfig,
     ) -> Result<Engine, IsolationError> {
         let cluster = arm_cluster(base, arm, mig_gpus);
-        let typical = TargetWorkload::from_requests(pods.iter().map(|p| &p.request), 0.95);
-        let learner = Learner::start(&cluster, &config.policy, Arc::new(typical))?;
+        let learner = learner.clone();
         let policy = learner.policy()?;
         Ok(Engine {
             arm,
@@ -534,13 +532,14 @@ fn fill(
     arm: Arm,
     mig_gpus: u32,
     pods: &[IsoPod],
+    learner: &Learner,
     config: &IsolationConfig,
 ) -> Result<FillMeasures, IsolationError> {
     let runs = config.fill_seeds.max(1);
     let mut mean = FillMeasures::default();
     for k in 0..runs {
         let seed = config.seed.wrapping_add(u64::from(k));
-        let one = fill_once(base, arm, mig_gpus, pods, config, seed)?;
+        let one = fill_once(base, arm, mig_gpus, pods, learner, config, seed)?;
         mean.add(&one, 1.0 / f64::from(runs));
     }
     Ok(mean)
@@ -551,10 +550,11 @@ fn fill_once(
     arm: Arm,
     mig_gpus: u32,
     pods: &[IsoPod],
+    learner: &Learner,
     config: &IsolationConfig,
     seed: u64,
 ) -> Result<FillMeasures, IsolationError> {
-    let mut e = Engine::new(base, arm, mig_gpus, pods, config)?;
+    let mut e = Engine::new(base, arm, mig_gpus, learner, config)?;
     // The same order in every arm: the order's RNG is separate from the policy's.
     let mut order = SmallRng::seed_from_u64(seed ^ 0xf111);
     let capacity = base.gpu_count() as u64 * 1000;
@@ -594,9 +594,10 @@ fn replay(
     arm: Arm,
     mig_gpus: u32,
     pods: &[IsoPod],
+    learner: &Learner,
     config: &IsolationConfig,
 ) -> Result<ReplayMeasures, IsolationError> {
-    let mut e = Engine::new(base, arm, mig_gpus, pods, config)?;
+    let mut e = Engine::new(base, arm, mig_gpus, learner, config)?;
     let mut chosen: Vec<&IsoPod> = pods.iter().take(config.replay_pods).collect();
     chosen.sort_by_key(|p| p.arrive_s);
     let first = chosen.first().map_or(0, |p| p.arrive_s);
@@ -685,6 +686,11 @@ pub fn run_isolation(
         return Err(IsolationError::NoGpuPods);
     }
     let mig_gpus = static_mig_gpus(cluster, pods);
+    // Every arm starts from the same policy: one that does not learn its workload
+    // measures against the typical pods of `pods` (the arms' GPUs differ only in
+    // MIG mode, so the base cluster's inventory serves them all).
+    let typical = TargetWorkload::from_requests(pods.iter().map(|p| &p.request), 0.95);
+    let learner = Learner::start(cluster, &config.policy, Arc::new(typical))?;
     let mut arms = Vec::new();
     for arm in Arm::ALL {
         let pool = match arm {
@@ -695,8 +701,8 @@ pub fn run_isolation(
             arm,
             name: arm.name(),
             static_mig_gpus: pool,
-            fill: fill(cluster, arm, pool, pods, config)?,
-            replay: replay(cluster, arm, pool, pods, config)?,
+            fill: fill(cluster, arm, pool, pods, &learner, config)?,
+            replay: replay(cluster, arm, pool, pods, &learner, config)?,
         });
     }
     Ok(IsolationResult {
