@@ -192,6 +192,37 @@ fn pod_frag_with_idle(n: &FragNode<'_>, pod: &TypicalPod, idle: u64) -> u64 {
     if fit_count >= pod.gpus { short } else { idle }
 }
 
+/// [`pod_frag`] with the node's CPU counted: where the node has CPU for `n` more pods
+/// of the shape, only the `n · gpus` fitting GPUs with the most free are usable and the
+/// rest is fragment too (FGD's measure calls every fitting GPU usable as soon as one
+/// pod's CPU is there). Tessera's measure; FGD keeps [`pod_frag`].
+pub fn pod_frag_cpu_counted(n: &FragNode<'_>, pod: &TypicalPod) -> u64 {
+    let idle: u64 = n.free_milli.iter().map(|&l| u64::from(l)).sum();
+    if pod.gpus == 0
+        || n.free_cpu_milli < pod.cpu_milli
+        || n.model.is_some_and(|m| !pod.models.contains(m))
+    {
+        return idle;
+    }
+    let mut fitting: smallvec::SmallVec<[u32; 8]> = n
+        .free_milli
+        .iter()
+        .copied()
+        .filter(|&l| l >= pod.milli)
+        .collect();
+    if fitting.len() < pod.gpus as usize {
+        return idle;
+    }
+    let reach = match n.free_cpu_milli.checked_div(pod.cpu_milli) {
+        Some(pods) => pods
+            .saturating_mul(u64::from(pod.gpus))
+            .min(fitting.len() as u64) as usize,
+        None => fitting.len(),
+    };
+    fitting.sort_unstable_by(|a, b| b.cmp(a));
+    idle - fitting[..reach].iter().map(|&l| u64::from(l)).sum::<u64>()
+}
+
 /// A node's free milli per GPU sorted ascending with prefix sums, so each typical
 /// pod's fragment is one binary search instead of a pass over the GPUs.
 struct SortedFree {
@@ -313,6 +344,63 @@ impl CompiledWorkload {
             g.cum.push(last + p.weight);
         }
         CompiledWorkload { groups }
+    }
+
+    /// [`CompiledWorkload::node_frag`] with the node's CPU counted: the expectation of
+    /// [`pod_frag_cpu_counted`] over the workload (the shapes the node's model excludes
+    /// left out with `accessible_only`).
+    pub fn node_frag_cpu_counted(&self, n: &FragNode<'_>, accessible_only: bool) -> f64 {
+        let idle: u64 = n.free_milli.iter().map(|&l| u64::from(l)).sum();
+        if idle == 0 {
+            return 0.0;
+        }
+        let sorted = SortedFree::new(n.free_milli);
+        let idle_f = idle as f64;
+        let cpu = n.free_cpu_milli;
+        let len = sorted.vals.len();
+        let mut total = 0.0;
+        for g in &self.groups {
+            let all = *g.cum.last().unwrap_or(&0.0);
+            if n.model.is_some_and(|m| !g.models.contains(m)) {
+                if !accessible_only {
+                    total += all * idle_f;
+                }
+                continue;
+            }
+            // CPU-only shapes, and shapes none of whose asks fit the CPU: all idle.
+            if g.gpus == 0 || g.cpu.first().is_none_or(|&c| c > cpu) {
+                total += all * idle_f;
+                continue;
+            }
+            let short = sorted.vals.partition_point(|&l| l < g.milli);
+            let fit_count = (len - short) as u64;
+            if fit_count < u64::from(g.gpus) {
+                total += all * idle_f;
+                continue;
+            }
+            // Asks with CPU for enough pods to reach every fitting GPU: FGD's fragment.
+            let pods_needed = fit_count.div_ceil(u64::from(g.gpus));
+            let uncapped = |c: u64| c == 0 || c.saturating_mul(pods_needed) <= cpu;
+            if g.cpu.last().is_some_and(|&c| uncapped(c)) {
+                total += all * sorted.prefix[short] as f64;
+                continue;
+            }
+            let ok_end = g.cpu.partition_point(|&c| c <= cpu);
+            let uncapped_end = g.cpu[..ok_end].partition_point(|&c| uncapped(c));
+            total += g.cum[uncapped_end] * sorted.prefix[short] as f64;
+            // The capped asks, in runs with the same number of pods the CPU allows.
+            let mut i = uncapped_end;
+            while i < ok_end {
+                let pods = cpu / g.cpu[i];
+                let end = i + g.cpu[i..ok_end].partition_point(|&c| c.saturating_mul(pods) <= cpu);
+                let k = pods.saturating_mul(u64::from(g.gpus)).min(fit_count) as usize;
+                let usable = sorted.prefix[len] - sorted.prefix[len - k];
+                total += (g.cum[end] - g.cum[i]) * (idle - usable) as f64;
+                i = end;
+            }
+            total += (all - g.cum[ok_end]) * idle_f;
+        }
+        total
     }
 
     /// Expected fragment of one node, in milli-GPU; with `accessible_only`, the shapes
@@ -439,6 +527,30 @@ mod tests {
         }
     }
 
+    /// A node with three idle GPUs and CPU for one more 11-core pod: FGD calls all three
+    /// usable by that pod, the counted measure two of them fragment.
+    #[test]
+    fn counted_cpu_strands_the_gpus_it_cannot_serve() {
+        let n = FragNode {
+            free_milli: &[1000, 1000, 1000, 190],
+            free_cpu_milli: 15_000,
+            model: None,
+        };
+        let whole = pod(1, 1000, 11_000);
+        assert_eq!(pod_frag(&n, &whole), 190);
+        assert_eq!(pod_frag_cpu_counted(&n, &whole), 2190);
+        // A 4-core share can reach three GPUs: the fullest-free three, 190 left over.
+        assert_eq!(pod_frag_cpu_counted(&n, &pod(1, 150, 4000)), 190);
+        // With CPU for every fitting GPU (or no CPU asked) it is FGD's measure.
+        assert_eq!(pod_frag_cpu_counted(&n, &pod(1, 1000, 5000)), 190);
+        assert_eq!(pod_frag_cpu_counted(&n, &pod(1, 150, 0)), 0);
+        // Three GPUs fit 2-GPU pods, CPU for one: one GPU and the 190 are fragment.
+        assert_eq!(pod_frag_cpu_counted(&n, &pod(2, 1000, 8000)), 1190);
+        // Not enough CPU for one pod, or a CPU-only pod: everything.
+        assert_eq!(pod_frag_cpu_counted(&n, &pod(1, 100, 16_000)), 3190);
+        assert_eq!(pod_frag_cpu_counted(&n, &pod(0, 0, 1000)), 3190);
+    }
+
     #[test]
     fn builtin_workload_sums_to_one() {
         let wl = TargetWorkload::builtin();
@@ -464,6 +576,42 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The grouped counted measure is the expectation of the plain definition.
+        #[test]
+        fn compiled_counted_equals_definition(
+            free in proptest::collection::vec(0u32..=1000, 1..9),
+            cpu in 0u64..40_000,
+            model in proptest::option::of(0u8..3),
+            pods in proptest::collection::vec(
+                (0u32..4, 0u32..=1000, 0u64..20_000, 0u8..4, 0.01f64..1.0), 1..12),
+        ) {
+            let model = model.map(ModelId);
+            let n = FragNode { free_milli: &free, free_cpu_milli: cpu, model };
+            let wl = TargetWorkload {
+                pods: pods
+                    .into_iter()
+                    .map(|(gpus, milli, cpu_milli, models, weight)| TypicalPod {
+                        cpu_milli: cpu_milli / 1000 * 1000,
+                        gpus,
+                        milli,
+                        models: if models == 3 { ModelSet::ALL } else { ModelSet(1 << models) },
+                        weight,
+                    })
+                    .collect(),
+            };
+            let cw = CompiledWorkload::new(&wl);
+            for accessible_only in [false, true] {
+                let plain: f64 = wl
+                    .pods
+                    .iter()
+                    .filter(|p| !accessible_only || n.model.is_none_or(|m| p.models.contains(m)))
+                    .map(|p| p.weight * pod_frag_cpu_counted(&n, p) as f64)
+                    .sum();
+                let fast = cw.node_frag_cpu_counted(&n, accessible_only);
+                proptest::prop_assert!((plain - fast).abs() < 1e-6, "{} vs {}", plain, fast);
+            }
+        }
+
         /// The sorted fast path gives exactly the plain definition's value.
         #[test]
         fn sorted_fast_path_equals_definition(

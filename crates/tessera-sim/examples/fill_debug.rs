@@ -31,7 +31,8 @@ fn params_from_env() -> Result<TesseraParams, Box<dyn std::error::Error>> {
         match k {
             "quantum" => p.quantum = v,
             "multi_gpu_bands" => p.multi_gpu_bands = v,
-            "cpu_pod_weight" => p.cpu_pod_weight = v,
+            "pressure_weight" => p.pressure_weight = v,
+            "cpu_counted" => p.cpu_counted = v != 0.0,
             other => return Err(format!("TP: unknown weight {other}").into()),
         }
     }

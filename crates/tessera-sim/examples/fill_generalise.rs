@@ -13,7 +13,7 @@
 //! it learns from arrivals. FGD's results are cached under `$FGD_CACHE` (default: the
 //! system temp folder). `--prior-mass`, `--half-life`, `--rebuild-distance` set how
 //! Tessera learns. Terms for `--off`: bands, share-bands, pressure, accessible,
-//! cpu-pod, topology, multi-cap.
+//! cpu-counted, topology, multi-cap.
 
 use std::path::PathBuf;
 
@@ -34,7 +34,7 @@ fn switch_off(p: &mut TesseraParams, term: &str) -> Result<(), Error> {
         "share-bands" => p.share_quantum_scale = 0.0,
         "pressure" => p.pressure_weight = 0.0,
         "accessible" => p.count_inaccessible = true,
-        "cpu-pod" => p.cpu_pod_weight = 0.0,
+        "cpu-counted" => p.cpu_counted = false,
         "topology" => p.topology_weight = 0.0,
         "multi-cap" => p.multi_gpu_bands = 0.0,
         other => return Err(format!("unknown term {other}").into()),
@@ -50,9 +50,9 @@ fn set_param(p: &mut TesseraParams, kv: &str) -> Result<(), Error> {
         "share_quantum_scale" => p.share_quantum_scale = v,
         "pressure_weight" => p.pressure_weight = v,
         "pressure_exponent" => p.pressure_exponent = v,
-        "cpu_pod_weight" => p.cpu_pod_weight = v,
         "topology_weight" => p.topology_weight = v,
         "multi_gpu_bands" => p.multi_gpu_bands = v,
+        "cpu_counted" => p.cpu_counted = v != 0.0,
         other => return Err(format!("unknown parameter {other}").into()),
     }
     Ok(())

@@ -16,8 +16,13 @@
 //!   scarce models to the pods that can run nowhere else. The cost is convex (cube):
 //!   where constrained pods need a small part of a model it only breaks ties, where
 //!   they need all of it (pressure ≥ 1) it rules.
-//! - **CPU-only pods go where GPUs are used up**: they pay `cpu_pod_weight` per free GPU
-//!   left on the node, so they take CPU no GPU pod could use anyway.
+//! - **Fragment counts the CPU the node has left for each shape** (`cpu_counted`): FGD
+//!   calls a node's fitting GPUs usable by a shape as soon as the node has CPU for one
+//!   pod of it, so a node with three free GPUs and CPU for one more 1-GPU pod counts
+//!   none of them as fragment, though two will stay idle. Here a shape with CPU for `n`
+//!   more pods of `k` GPUs can use only the `n · k` fitting GPUs with the most free,
+//!   the rest is fragment. That makes every pod — CPU-only ones included, which now
+//!   need no rule of their own — pay for the GPUs its CPU strands.
 //! - **Multi-GPU shapes are capped so that keeping an idle node whole is worth at most
 //!   one band** (`multi_gpu_bands`): the expectation counts a k-GPU node's whole idle GPU
 //!   as fragment for k-GPU shapes once one GPU is taken, and with frequent multi-GPU
@@ -33,7 +38,6 @@
 //!
 //! ```text
 //! score = band(F_before − F_after) − pressure_weight · pressure³ · milli
-//!         − cpu_pod_weight · free_gpus  [CPU-only pods]
 //!         + topology_weight · interconnect
 //! band(x) = ⌊x / q⌋ · q,  q = share_quantum_scale · milli for shares, quantum otherwise
 //! ```
@@ -41,14 +45,15 @@
 //! The target workload is whatever the caller holds: the trace's typical pods, or the
 //! workload learned online ([`crate::workload::LearnedWorkload`]). The score is a pure
 //! function of the node's state and the request, so the scheduler caches it per shape;
-//! a caller whose target changes builds a new policy.
+//! a caller whose target changes builds a new policy. The policy itself keeps each
+//! fragment value by node state (`FragMemo`), which nodes in one state share.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rand::RngCore;
 use smallvec::SmallVec;
 
-use super::{Policy, first_gpus, gpu_free_milli};
+use super::{Policy, first_gpus};
 use crate::fit::{Fit, GpuSet, NodeView, best_connected};
 use crate::frag::{CompiledWorkload, FragNode, TargetWorkload};
 use crate::model::ModelId;
@@ -66,8 +71,6 @@ pub struct TesseraParams {
     pub pressure_weight: f64,
     /// The cost grows as pressure to this power.
     pub pressure_exponent: f64,
-    /// Cost per free GPU on the node, for CPU-only pods.
-    pub cpu_pod_weight: f64,
     /// Worth of the best interconnect for multi-GPU pods.
     pub topology_weight: f64,
     /// Most fragment, in bands of `quantum`, that the shapes of one GPU count k > 1 may
@@ -78,6 +81,9 @@ pub struct TesseraParams {
     /// For shares: band width as this fraction of the share's milli-GPU instead of
     /// `quantum` (0: `quantum`).
     pub share_quantum_scale: f64,
+    /// A shape's usable GPUs are limited by the CPU left for its pods
+    /// ([`CompiledWorkload::node_frag_cpu_counted`]); off, FGD's measure.
+    pub cpu_counted: bool,
 }
 
 impl Default for TesseraParams {
@@ -86,12 +92,12 @@ impl Default for TesseraParams {
         TesseraParams {
             quantum: 100.0,
             count_inaccessible: false,
-            pressure_weight: 1.0,
+            pressure_weight: 2.0,
             pressure_exponent: 3.0,
-            cpu_pod_weight: 500.0,
             topology_weight: 10.0,
             multi_gpu_bands: 1.0,
             share_quantum_scale: 0.285,
+            cpu_counted: true,
         }
     }
 }
@@ -101,6 +107,7 @@ pub struct Tessera {
     params: TesseraParams,
     /// Pressure per model id (empty: unknown, no pressure term).
     pressure: Vec<f64>,
+    memo: FragMemo,
 }
 
 impl Tessera {
@@ -118,7 +125,59 @@ impl Tessera {
             })),
             params,
             pressure: model_pressure(&workload, gpus_per_model),
+            memo: FragMemo::default(),
         }
+    }
+}
+
+/// A node's fragment by its state: the GPUs' free milli (sorted), its free CPU and its
+/// model, which are all the measure reads for a fixed workload. A cluster holds many
+/// nodes in one state (every idle node of a type, every full one), and the scheduler
+/// scores each shape on each of them, so most evaluations repeat. Direct-mapped: a
+/// slot is overwritten on a collision; a hit compares the whole state, so it is exact.
+#[derive(Default)]
+struct FragMemo {
+    slots: Mutex<Vec<MemoSlot>>,
+}
+
+#[derive(Clone, Default)]
+struct MemoSlot {
+    state: Option<(SmallVec<[u32; 8]>, u64, Option<ModelId>)>,
+    value: f64,
+}
+
+const MEMO_SLOTS: usize = 1 << 12;
+
+impl FragMemo {
+    fn get_or(&self, n: &FragNode<'_>, compute: impl FnOnce() -> f64) -> f64 {
+        let mut h: u64 = n.free_cpu_milli ^ n.model.map_or(0xff, |m| u64::from(m.0));
+        for &l in n.free_milli {
+            h = (h.rotate_left(5) ^ u64::from(l)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+        let slot = ((h ^ (h >> 29)) as usize) & (MEMO_SLOTS - 1);
+        let same = |s: &MemoSlot| {
+            s.state.as_ref().is_some_and(|(free, cpu, model)| {
+                free.as_slice() == n.free_milli && *cpu == n.free_cpu_milli && *model == n.model
+            })
+        };
+        {
+            let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(s) = slots.get(slot)
+                && same(s)
+            {
+                return s.value;
+            }
+        }
+        let value = compute();
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        if slots.is_empty() {
+            slots.resize(MEMO_SLOTS, MemoSlot::default());
+        }
+        slots[slot] = MemoSlot {
+            state: Some((n.free_milli.into(), n.free_cpu_milli, n.model)),
+            value,
+        };
+        value
     }
 }
 
@@ -197,73 +256,75 @@ pub fn model_pressure(wl: &TargetWorkload, gpus_per_model: &[u32]) -> Vec<f64> {
         .collect()
 }
 
-/// The node's fragment with `req` placed on `gpus` (none: as it is now).
-fn frag(
-    view: NodeView<'_>,
-    req: Option<(&Request, &[u8])>,
-    wl: &CompiledWorkload,
-    all: bool,
-) -> f64 {
-    let mut free: SmallVec<[u32; 8]> = view.used.gpus.iter().map(|g| g.free_cores_milli).collect();
-    let mut cpu = view.used.free_cpu_milli;
-    if let Some((req, gpus)) = req {
-        let per = req.gpu.milli_per_gpu();
-        for &g in gpus {
-            free[g as usize] = free[g as usize].saturating_sub(per);
+impl Tessera {
+    /// The node's fragment with `req` placed on `gpus` (none: as it is now).
+    fn frag(&self, view: NodeView<'_>, req: Option<(&Request, &[u8])>) -> f64 {
+        let mut free: SmallVec<[u32; 8]> =
+            view.used.gpus.iter().map(|g| g.free_cores_milli).collect();
+        let mut cpu = view.used.free_cpu_milli;
+        if let Some((req, gpus)) = req {
+            let per = req.gpu.milli_per_gpu();
+            for &g in gpus {
+                free[g as usize] = free[g as usize].saturating_sub(per);
+            }
+            cpu = cpu.saturating_sub(req.cpu_milli);
         }
-        cpu = cpu.saturating_sub(req.cpu_milli);
+        // The measure reads the free values as a multiset: sorted, equal states share a slot.
+        free.sort_unstable();
+        let n = FragNode {
+            free_milli: &free,
+            free_cpu_milli: cpu,
+            model: view.node.primary_model(),
+        };
+        let accessible_only = !self.params.count_inaccessible;
+        self.memo.get_or(&n, || {
+            if self.params.cpu_counted {
+                self.workload.node_frag_cpu_counted(&n, accessible_only)
+            } else {
+                self.workload.node_frag(&n, accessible_only)
+            }
+        })
     }
-    let n = FragNode {
-        free_milli: &free,
-        free_cpu_milli: cpu,
-        model: view.node.primary_model(),
-    };
-    wl.node_frag(&n, !all)
-}
 
-/// The GPUs for `req` and the node's fragment after using them.
-fn choose(
-    view: NodeView<'_>,
-    req: &Request,
-    fit: &Fit,
-    wl: &CompiledWorkload,
-    all: bool,
-) -> (GpuSet, f64) {
-    let frag_after = |view, req, gpus: &[u8], wl| frag(view, Some((req, gpus)), wl, all);
-    match &req.gpu {
-        GpuAsk::Shared { count: 1, .. } => {
-            // Least fragment after; ties to the GPU with the least free share, then the lowest index.
-            let mut best: Option<(u8, f64, u32)> = None;
-            let mut tried: SmallVec<[u32; 8]> = SmallVec::new();
-            for &g in &fit.usable {
-                let free = view.used.gpus[g as usize].free_cores_milli;
-                if tried.contains(&free) {
-                    continue;
+    /// The GPUs for `req` and the node's fragment after using them.
+    fn choose(&self, view: NodeView<'_>, req: &Request, fit: &Fit) -> (GpuSet, f64) {
+        let frag_after = |gpus: &[u8]| self.frag(view, Some((req, gpus)));
+        match &req.gpu {
+            GpuAsk::Shared { count: 1, .. } => {
+                // Least fragment after; ties to the GPU with the least free share, then the
+                // lowest index.
+                let mut best: Option<(u8, f64, u32)> = None;
+                let mut tried: SmallVec<[u32; 8]> = SmallVec::new();
+                for &g in &fit.usable {
+                    let free = view.used.gpus[g as usize].free_cores_milli;
+                    if tried.contains(&free) {
+                        continue;
+                    }
+                    tried.push(free);
+                    let after = frag_after(&[g]);
+                    let better = match best {
+                        None => true,
+                        Some((_, a, f)) => after < a - 1e-9 || (after <= a + 1e-9 && free < f),
+                    };
+                    if better {
+                        best = Some((g, after, free));
+                    }
                 }
-                tried.push(free);
-                let after = frag_after(view, req, &[g], wl);
-                let better = match best {
-                    None => true,
-                    Some((_, a, f)) => after < a - 1e-9 || (after <= a + 1e-9 && free < f),
-                };
-                if better {
-                    best = Some((g, after, free));
+                match best {
+                    Some((g, after, _)) => ([g].into_iter().collect(), after),
+                    None => (GpuSet::new(), self.frag(view, None)),
                 }
             }
-            match best {
-                Some((g, after, _)) => ([g].into_iter().collect(), after),
-                None => (GpuSet::new(), frag(view, None, wl, all)),
+            GpuAsk::Whole { count } if *count > 1 => {
+                let gpus = best_connected(view.node, &fit.usable, fit.need, req.constraints.nvlink);
+                let after = frag_after(&gpus);
+                (gpus, after)
             }
-        }
-        GpuAsk::Whole { count } if *count > 1 => {
-            let gpus = best_connected(view.node, &fit.usable, fit.need, req.constraints.nvlink);
-            let after = frag_after(view, req, &gpus, wl);
-            (gpus, after)
-        }
-        _ => {
-            let gpus = first_gpus(fit);
-            let after = frag_after(view, req, &gpus, wl);
-            (gpus, after)
+            _ => {
+                let gpus = first_gpus(fit);
+                let after = frag_after(&gpus);
+                (gpus, after)
+            }
         }
     }
 }
@@ -285,9 +346,8 @@ impl Policy for Tessera {
         _rng: &mut dyn RngCore,
     ) -> Option<Scored> {
         let p = &self.params;
-        let all = p.count_inaccessible;
-        let before = frag(view, None, &self.workload, all);
-        let (gpus, after) = choose(view, req, fit, &self.workload, all);
+        let before = self.frag(view, None);
+        let (gpus, after) = self.choose(view, req, fit);
         let quantum = match req.gpu {
             GpuAsk::Shared { cores_milli, .. } if p.share_quantum_scale > 0.0 => {
                 p.share_quantum_scale * f64::from(cores_milli)
@@ -307,13 +367,8 @@ impl Policy for Tessera {
             .unwrap_or(0.0);
         let reserved =
             p.pressure_weight * pressure.powf(p.pressure_exponent) * req.gpu.total_milli() as f64;
-        let cpu_pod_cost = if req.gpu.gpu_count() == 0 {
-            p.cpu_pod_weight * gpu_free_milli(view) as f64 / 1000.0
-        } else {
-            0.0
-        };
         let interconnect = super::topology::normalised_quality(view, &gpus);
-        let score = frag_removed - reserved - cpu_pod_cost + p.topology_weight * interconnect;
+        let score = frag_removed - reserved + p.topology_weight * interconnect;
         Some(Scored {
             score,
             gpus,
@@ -325,10 +380,6 @@ impl Policy for Tessera {
                 ScoreTerm {
                     name: "model-pressure",
                     value: pressure,
-                },
-                ScoreTerm {
-                    name: "cpu-only-cost",
-                    value: cpu_pod_cost,
                 },
                 ScoreTerm {
                     name: "interconnect",
@@ -488,8 +539,11 @@ mod tests {
         }
     }
 
+    /// A CPU-only pod that would leave t4-a (32 cores, two idle GPUs) CPU for one more
+    /// 1-core pod strands one of its GPUs: the counted measure sends it to t4-b, whose
+    /// GPUs are used up; FGD's measure (CPU for one pod is enough) to t4-a, the first.
     #[test]
-    fn cpu_only_pods_go_where_gpus_are_used_up() {
+    fn cpu_only_pods_do_not_strand_gpus() {
         let (c, wl, _, _) = setup();
         let mut l = Ledger::new(&c);
         // Fill both GPUs of t4-b.
@@ -504,15 +558,74 @@ mod tests {
             },
         )
         .unwrap();
-        let mut s = Scheduler::new(Box::new(Tessera::new(
-            Arc::new(wl),
-            &[],
-            TesseraParams::default(),
-        )));
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-        match s.decide(&c, &l, &Request::cpu_only(4000, 0), &mut rng) {
-            Decision::Place(p) => assert_eq!(c.node(p.node).name, "t4-b"),
-            d => panic!("{d:?}"),
+        for (cpu_counted, want) in [(true, "t4-b"), (false, "t4-a")] {
+            let mut s = Scheduler::new(Box::new(Tessera::new(
+                Arc::new(wl.clone()),
+                &[],
+                TesseraParams {
+                    cpu_counted,
+                    ..TesseraParams::default()
+                },
+            )));
+            match s.decide(&c, &l, &Request::cpu_only(31_000, 0), &mut rng) {
+                Decision::Place(p) => assert_eq!(c.node(p.node).name, want, "{cpu_counted}"),
+                d => panic!("{d:?}"),
+            }
+        }
+    }
+
+    /// The memo only saves work: one policy scoring many node states (equal ones, ones
+    /// that differ only in CPU or GPU order) gives what a fresh policy gives each time.
+    #[test]
+    fn the_memo_never_changes_a_score() {
+        let (c, wl, _, _) = setup();
+        let mut l = Ledger::new(&c);
+        // g2-0: a 700 share on GPU 0 and a whole GPU 3; g2-1: the same on GPUs 5 and 1,
+        // g2-2: the same as g2-1 but 93 cores taken (CPU for three more pods); the rest idle.
+        let place = |l: &mut Ledger, node: u32, share_gpu: u8, whole_gpu: u8, cpu: u64| {
+            l.apply(
+                &c,
+                &Placement {
+                    node: NodeId(node),
+                    grants: [
+                        GpuGrant::shared(share_gpu, 0, 700),
+                        GpuGrant::whole(whole_gpu, 0),
+                    ]
+                    .into_iter()
+                    .collect(),
+                    cpu_milli: cpu,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        };
+        place(&mut l, 2, 0, 3, 1000);
+        place(&mut l, 3, 5, 1, 1000);
+        place(&mut l, 4, 5, 1, 93_000);
+        let wl = Arc::new(wl);
+        let shared = Tessera::new(wl.clone(), &[], TesseraParams::default());
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let reqs = [
+            Request::share_milli(300, 1000, 0),
+            Request::whole(1, 1000, 0),
+            Request::whole(2, 1000, 0),
+            Request::cpu_only(31_000, 0),
+        ];
+        for _ in 0..2 {
+            for req in &reqs {
+                for id in 0..c.nodes().len() {
+                    let view = NodeView::of(&c, &l, NodeId(id as u32));
+                    let Ok(fit) = crate::fit::check(view, req) else {
+                        continue;
+                    };
+                    let fresh = Tessera::new(wl.clone(), &[], TesseraParams::default());
+                    let a = shared.score(view, req, &fit, &mut rng).unwrap();
+                    let b = fresh.score(view, req, &fit, &mut rng).unwrap();
+                    assert_eq!(a.score, b.score, "node {id} {req:?}");
+                    assert_eq!(a.gpus, b.gpus, "node {id} {req:?}");
+                }
+            }
         }
     }
 
