@@ -168,18 +168,20 @@ pub fn pod_frag(n: &FragNode<'_>, pod: &TypicalPod) -> u64 {
     pod_frag_with_idle(n, pod, idle)
 }
 
+/// The pod can use none of the node's GPUs whatever their state: it asks for none,
+/// the node's model is excluded, or the node lacks the CPU for one such pod. All the
+/// node's free GPU is then fragment for it, in every measure.
+#[inline]
+fn serves_none(n: &FragNode<'_>, pod: &TypicalPod) -> bool {
+    pod.gpus == 0
+        || n.free_cpu_milli < pod.cpu_milli
+        || n.model.is_some_and(|m| !pod.models.contains(m))
+}
+
 /// [`pod_frag`] with the node's idle milli-GPU already summed.
 #[inline]
 fn pod_frag_with_idle(n: &FragNode<'_>, pod: &TypicalPod, idle: u64) -> u64 {
-    if pod.gpus == 0 {
-        return idle;
-    }
-    if let Some(m) = n.model
-        && !pod.models.contains(m)
-    {
-        return idle;
-    }
-    if n.free_cpu_milli < pod.cpu_milli {
+    if serves_none(n, pod) {
         return idle;
     }
     let (fit_count, short): (u32, u64) = n.free_milli.iter().fold((0, 0), |(c, s), &l| {
@@ -198,10 +200,7 @@ fn pod_frag_with_idle(n: &FragNode<'_>, pod: &TypicalPod, idle: u64) -> u64 {
 /// pod's CPU is there). Tessera's measure; FGD keeps [`pod_frag`].
 pub fn pod_frag_cpu_counted(n: &FragNode<'_>, pod: &TypicalPod) -> u64 {
     let idle: u64 = n.free_milli.iter().map(|&l| u64::from(l)).sum();
-    if pod.gpus == 0
-        || n.free_cpu_milli < pod.cpu_milli
-        || n.model.is_some_and(|m| !pod.models.contains(m))
-    {
+    if serves_none(n, pod) {
         return idle;
     }
     let mut fitting: smallvec::SmallVec<[u32; 8]> = n
@@ -253,10 +252,7 @@ impl SortedFree {
     #[inline]
     fn pod_frag(&self, n: &FragNode<'_>, pod: &TypicalPod) -> u64 {
         let idle = self.idle();
-        if pod.gpus == 0
-            || n.free_cpu_milli < pod.cpu_milli
-            || n.model.is_some_and(|m| !pod.models.contains(m))
-        {
+        if serves_none(n, pod) {
             return idle;
         }
         // GPUs below the pod's per-GPU ask are the fragment; the rest must be enough.
