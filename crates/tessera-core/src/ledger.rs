@@ -157,6 +157,10 @@ pub struct Ledger {
     allocations: FxHashMap<AllocId, Placement>,
     next_id: u64,
     used_milli: u64,
+    /// Allocated GPU compute by model id, in milli-GPU.
+    used_by_model: Vec<u64>,
+    /// The model id of every GPU, by node (what a release needs to count it back).
+    gpu_models: Vec<SmallVec<[u8; 8]>>,
     journal: Vec<JournalOp>,
     open_checkpoints: usize,
     /// Nodes changed, in order; `change_base` entries were dropped from the front.
@@ -191,6 +195,12 @@ impl Ledger {
             allocations: FxHashMap::default(),
             next_id: 1,
             used_milli: 0,
+            used_by_model: vec![0; cluster.catalog.specs().len()],
+            gpu_models: cluster
+                .nodes()
+                .iter()
+                .map(|n| n.gpus.iter().map(|g| g.model.0).collect())
+                .collect(),
             journal: Vec::new(),
             open_checkpoints: 0,
             changes: Vec::new(),
@@ -221,6 +231,23 @@ impl Ledger {
     /// Allocated GPU compute across the cluster, in milli-GPU.
     pub fn used_milli(&self) -> u64 {
         self.used_milli
+    }
+
+    /// Allocated GPU compute by model id ([`crate::model::ModelId`]), in milli-GPU.
+    pub fn used_milli_by_model(&self) -> &[u64] {
+        &self.used_by_model
+    }
+
+    /// Adds `milli` of GPU `gpu` of `node` to its model's use (negative: gives it back).
+    fn count_model(&mut self, node: NodeId, gpu: u8, milli: u32, add: bool) {
+        let model = self.gpu_models[node.0 as usize][gpu as usize] as usize;
+        if let Some(u) = self.used_by_model.get_mut(model) {
+            if add {
+                *u += u64::from(milli);
+            } else {
+                *u -= u64::from(milli);
+            }
+        }
     }
 
     /// Applies a placement, or refuses it without changing anything.
@@ -361,6 +388,9 @@ impl Ledger {
             }
         }
         self.allocations.insert(id, p.clone());
+        for grant in &p.grants {
+            self.count_model(p.node, grant.gpu, grant.cores_milli, true);
+        }
         let node = &mut self.nodes[p.node.0 as usize];
         node.summary = GpuSummary::of(&node.gpus);
         self.log_change(p.node);
@@ -408,6 +438,9 @@ impl Ledger {
             if node.classes[pos].1 == 0 {
                 node.classes.swap_remove(pos);
             }
+        }
+        for grant in &p.grants {
+            self.count_model(p.node, grant.gpu, grant.cores_milli, false);
         }
         let node = &mut self.nodes[p.node.0 as usize];
         node.summary = GpuSummary::of(&node.gpus);
@@ -689,6 +722,13 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(l.used_milli(), l.nodes().iter().map(|n| n.used_milli()).sum::<u64>());
+                let mut by_model = vec![0u64; c.catalog.specs().len()];
+                for (n, u) in c.nodes().iter().zip(l.nodes()) {
+                    for (g, gu) in n.gpus.iter().zip(&u.gpus) {
+                        by_model[g.model.0 as usize] += u64::from(1000 - gu.free_cores_milli);
+                    }
+                }
+                prop_assert_eq!(l.used_milli_by_model(), by_model.as_slice());
             }
         }
     }

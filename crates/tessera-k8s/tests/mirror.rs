@@ -444,7 +444,7 @@ fn preemption_scores_with_the_learned_policy() {
         "tessera",
         &PolicyArgs {
             workload: Some(m.target_workload()),
-            gpus_per_model: policy::gpus_per_model(&cluster),
+            model_supply: m.model_supply(),
         },
     )
     .unwrap();
@@ -473,4 +473,43 @@ fn preemption_scores_with_the_learned_policy() {
         differs |= score(copy.as_ref(), &mut rng) != score(built_in.as_ref(), &mut rng);
     }
     assert!(differs, "the learned target changes some node's score");
+}
+
+/// The model pressure is weighed against the GPU compute still free per model, as
+/// in the simulator: after two binds use up the A100s the mirror's policy is
+/// rebuilt from a supply that holds none of them.
+#[test]
+fn the_policy_follows_the_free_gpu_supply() {
+    let nodes = vec![kube_node("a", "32", "128Gi"), kube_node("h", "32", "128Gi")];
+    let inv = vec![
+        gpu_node("a", "A100-80GB", 81_920, 2),
+        gpu_node("h", "H100-80GB", 81_920, 2),
+    ];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let mut mm = m.lock();
+    let cat = mm.cluster().catalog.clone();
+    let supply_of = |supply: &[u32], model: &str| {
+        let id = cat.find(model).unwrap();
+        supply.get(id.0 as usize).copied().unwrap_or(0)
+    };
+    let ask = [("cpu", "1"), ("tessera.io/gpu", "1")];
+    let first = pod("ml", "probe", "uid-probe", &ask);
+    mm.filter(&first, &["a", "h"]).unwrap();
+    let before = mm.model_supply();
+    assert_eq!(supply_of(&before, "A100-80GB"), 2_000);
+    assert_eq!(supply_of(&before, "H100-80GB"), 2_000);
+    for i in 0..2 {
+        let p = pod("ml", &format!("w-{i}"), &format!("uid-w-{i}"), &ask);
+        assert_eq!(mm.filter(&p, &["a"]).unwrap().passed, vec!["a"]);
+        assert!(matches!(
+            mm.reserve(&p, "a").unwrap(),
+            Reservation::Write {
+                annotation: Some(_)
+            }
+        ));
+    }
+    mm.filter(&first, &["a", "h"]).unwrap();
+    let after = mm.model_supply();
+    assert_eq!(supply_of(&after, "A100-80GB"), 0, "{after:?}");
+    assert_eq!(supply_of(&after, "H100-80GB"), 2_000, "{after:?}");
 }

@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use tessera_core::Scheduler;
 use tessera_core::ledger::Ledger;
 use tessera_core::policy::tessera::{Tessera, TesseraParams};
-use tessera_core::policy::{self, PolicyArgs};
+use tessera_core::policy::{self, PolicyArgs, SupplyWatch};
 use tessera_sim::experiment::fill::{
     FillConfig, arrival_order, permute_nodes, seeds, typical_pods,
 };
@@ -107,7 +107,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // As run_fill builds it, with the weights from the environment.
             Box::new(Tessera::new(
                 args.workload(),
-                &args.gpus_per_model,
+                &args.model_supply,
                 params_from_env()?,
             ))
         } else {
@@ -119,7 +119,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let cluster = permute_nodes(&cluster0, &mut rng)?;
         let mut ledger = Ledger::new(&cluster);
         let mut arrived = 0u64;
+        // Tessera follows the free GPU supply, as the fill's driver rebuilds it.
+        let mut supply =
+            SupplyWatch::new(&cluster, policy::free_milli_per_model(&cluster, &ledger));
         for &i in &order {
+            if policy_name == "tessera" && supply.moved(&cluster, &ledger) {
+                sched = Scheduler::new(Box::new(Tessera::new(
+                    args.workload(),
+                    supply.built(),
+                    params_from_env()?,
+                )));
+            }
             let req = &pods[i].request;
             arrived += req.gpu.total_milli();
             if arrived > cap {

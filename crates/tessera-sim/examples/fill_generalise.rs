@@ -13,7 +13,7 @@
 //! it learns from arrivals. FGD's results are cached under `$FGD_CACHE` (default: the
 //! system temp folder). `--prior-mass`, `--half-life`, `--rebuild-distance` set how
 //! Tessera learns. Terms for `--off`: bands, share-bands, pressure, accessible,
-//! cpu-counted, topology, multi-cap.
+//! cpu-counted, topology, multi-cap, free-supply (pressure against the inventory).
 
 use std::path::PathBuf;
 
@@ -67,6 +67,8 @@ fn main() -> Result<(), Error> {
     let mut set = "published".to_string();
     let mut n_seeds = 10;
     let mut online = false;
+    // `--off free-supply`: model pressure against the inventory, as before it followed the free GPUs.
+    let mut inventory_supply = false;
     let mut params = TesseraParams::default();
     let mut learn = tessera_core::workload::LearnConfig::default();
     let mut i = 0;
@@ -75,6 +77,7 @@ fn main() -> Result<(), Error> {
         match args[i].as_str() {
             "--set" => set = v,
             "--seeds" => n_seeds = v.parse()?,
+            "--off" if v == "free-supply" => inventory_supply = true,
             "--off" => switch_off(&mut params, &v)?,
             "--set-param" => set_param(&mut params, &v)?,
             "--prior-mass" => learn.prior_mass = v.parse()?,
@@ -140,16 +143,13 @@ fn main() -> Result<(), Error> {
                 &cluster,
                 pods,
                 "tessera",
-                |wl| {
-                    let a = PolicyArgs {
-                        workload: Some(wl),
-                        gpus_per_model: gpus.clone(),
+                |a: PolicyArgs| {
+                    let supply = if inventory_supply {
+                        &gpus
+                    } else {
+                        &a.model_supply
                     };
-                    Ok(Box::new(Tessera::new(
-                        a.workload(),
-                        &a.gpus_per_model,
-                        params,
-                    )))
+                    Ok(Box::new(Tessera::new(a.workload(), supply, params)))
                 },
                 s,
                 &config,

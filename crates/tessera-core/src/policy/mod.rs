@@ -25,6 +25,7 @@ use rand::RngCore;
 
 use crate::fit::{Fit, GpuSet, NodeView};
 use crate::frag::TargetWorkload;
+use crate::ledger::Ledger;
 use crate::model::Cluster;
 use crate::placement::Scored;
 use crate::request::{GpuAsk, Request};
@@ -63,8 +64,11 @@ pub struct PolicyArgs {
     /// The workload fragmentation is measured against (FGD's "typical pods").
     /// `None` means the built-in distribution calibrated to the openb trace.
     pub workload: Option<Arc<TargetWorkload>>,
-    /// GPUs of each model id in the cluster ([`gpus_per_model`]); empty when unknown.
-    pub gpus_per_model: Vec<u32>,
+    /// The GPU supply of each model id that the model-constrained demand is weighed
+    /// against: the GPU compute still free per model ([`free_milli_per_model`]), the
+    /// inventory ([`gpus_per_model`]) before anything is placed; any unit, only the
+    /// shares count. Empty when unknown.
+    pub model_supply: Vec<u32>,
 }
 
 impl PolicyArgs {
@@ -74,12 +78,82 @@ impl PolicyArgs {
             .unwrap_or_else(|| Arc::new(TargetWorkload::builtin()))
     }
 
-    /// `workload` as the target, with the GPU inventory of `cluster`.
+    /// `workload` as the target, with the GPU inventory of `cluster` as the supply
+    /// (nothing placed yet).
     pub fn for_cluster(workload: Arc<TargetWorkload>, cluster: &Cluster) -> PolicyArgs {
         PolicyArgs {
             workload: Some(workload),
-            gpus_per_model: gpus_per_model(cluster),
+            model_supply: gpus_per_model(cluster),
         }
+    }
+
+    /// `workload` as the target, with the GPU compute `ledger` leaves free on
+    /// `cluster` as the supply.
+    pub fn for_ledger(
+        workload: Arc<TargetWorkload>,
+        cluster: &Cluster,
+        ledger: &Ledger,
+    ) -> PolicyArgs {
+        PolicyArgs {
+            workload: Some(workload),
+            model_supply: free_milli_per_model(cluster, ledger),
+        }
+    }
+}
+
+/// GPU compute still free per model id on `cluster` under `ledger`, in milli-GPU
+/// (saturating at `u32::MAX`).
+pub fn free_milli_per_model(cluster: &Cluster, ledger: &Ledger) -> Vec<u32> {
+    gpus_per_model(cluster)
+        .iter()
+        .enumerate()
+        .map(|(m, &n)| {
+            let used = ledger.used_milli_by_model().get(m).copied().unwrap_or(0);
+            u32::try_from((u64::from(n) * 1000).saturating_sub(used)).unwrap_or(u32::MAX)
+        })
+        .collect()
+}
+
+/// When a policy built from the free supply ([`free_milli_per_model`]) is due to be
+/// built again: once the supply it was built from has moved, summed over the models,
+/// by 1 % of the cluster's GPU compute. Rebuilding drops the score caches, so it
+/// follows the supply in steps rather than on every placement.
+#[derive(Debug, Clone)]
+pub struct SupplyWatch {
+    built: Vec<u32>,
+    step: u64,
+}
+
+impl SupplyWatch {
+    /// Watches `cluster`, whose policy was built from `supply`.
+    pub fn new(cluster: &Cluster, supply: Vec<u32>) -> SupplyWatch {
+        SupplyWatch {
+            built: supply,
+            step: (cluster.gpu_count() as u64 * 10).max(1),
+        }
+    }
+
+    /// The supply the policy was last built from.
+    pub fn built(&self) -> &[u32] {
+        &self.built
+    }
+
+    /// `true` when the policy should be built again, from the supply now (which
+    /// [`SupplyWatch::built`] then holds); `false` while it is close enough.
+    pub fn moved(&mut self, cluster: &Cluster, ledger: &Ledger) -> bool {
+        let now = free_milli_per_model(cluster, ledger);
+        let drift: u64 = (0..now.len().max(self.built.len()))
+            .map(|m| {
+                let a = u64::from(now.get(m).copied().unwrap_or(0));
+                let b = u64::from(self.built.get(m).copied().unwrap_or(0));
+                a.abs_diff(b)
+            })
+            .sum();
+        if drift < self.step {
+            return false;
+        }
+        self.built = now;
+        true
     }
 }
 
@@ -133,7 +207,7 @@ pub fn by_name(name: &str, args: &PolicyArgs) -> Result<Box<dyn Policy>, Unknown
         "topology" => Box::new(topology::Topology),
         "tessera" => Box::new(tessera::Tessera::new(
             args.workload(),
-            &args.gpus_per_model,
+            &args.model_supply,
             tessera::TesseraParams::default(),
         )),
         "k8s-default" => Box::new(k8s_default::K8sDefault),

@@ -15,7 +15,11 @@
 //!   about the share of the model's GPUs they need), so unconstrained pods leave the
 //!   scarce models to the pods that can run nowhere else. The cost is convex (cube):
 //!   where constrained pods need a small part of a model it only breaks ties, where
-//!   they need all of it (pressure ≥ 1) it rules.
+//!   they need all of it (pressure ≥ 1) it rules. The pressure is measured against the
+//!   GPUs still free (callers build the policy from [`super::free_milli_per_model`] and
+//!   again when [`super::SupplyWatch`] says the supply moved): a model that other pods
+//!   use up faster than the rest grows scarcer for the pods that need it, which a
+//!   pressure fixed by the inventory cannot see.
 //! - **Fragment counts the CPU the node has left for each shape** (`cpu_counted`): FGD
 //!   calls a node's fitting GPUs usable by a shape as soon as the node has CPU for one
 //!   pod of it, so a node with three free GPUs and CPU for one more 1-GPU pod counts
@@ -111,12 +115,13 @@ pub struct Tessera {
 }
 
 impl Tessera {
-    /// The one constructor. `gpus_per_model` is the cluster's GPU inventory by model id
-    /// ([`super::gpus_per_model`]); empty means unknown, and then there is no
-    /// model-pressure term.
+    /// The one constructor. `model_supply` is the GPU supply by model id that the
+    /// constrained demand is weighed against ([`super::PolicyArgs::model_supply`]: the
+    /// compute still free, or the inventory); empty means unknown, and then there is
+    /// no model-pressure term.
     pub fn new(
         workload: Arc<TargetWorkload>,
-        gpus_per_model: &[u32],
+        model_supply: &[u32],
         params: TesseraParams,
     ) -> Tessera {
         Tessera {
@@ -124,7 +129,7 @@ impl Tessera {
                 params.multi_gpu_bands * params.quantum / (f64::from(k.max(2) - 1) * 1000.0)
             })),
             params,
-            pressure: model_pressure(&workload, gpus_per_model),
+            pressure: model_pressure(&workload, model_supply),
             memo: FragMemo::default(),
         }
     }
@@ -215,13 +220,15 @@ pub fn cap_multi_gpu(wl: &TargetWorkload, cap: impl Fn(u32) -> f64) -> TargetWor
 }
 
 /// Per model id: the GPU demand of the model-constrained typical pods that falls on the
-/// model (each pod's demand spread over its allowed models in proportion to their GPUs),
-/// per GPU of the model, over the whole workload's demand per GPU of the cluster. 1.0
-/// means the constrained pods alone ask as much of this model as the average pod asks of
-/// any GPU.
-pub fn model_pressure(wl: &TargetWorkload, gpus_per_model: &[u32]) -> Vec<f64> {
-    let n_models = gpus_per_model.len();
-    let supply: Vec<f64> = gpus_per_model.iter().map(|&n| f64::from(n)).collect();
+/// model (each pod's demand spread over its allowed models in proportion to their
+/// supply), per unit of the model's supply, over the whole workload's demand per unit of
+/// the cluster's supply. 1.0 means the constrained pods alone ask as much of this model
+/// as the average pod asks of any GPU. With the free compute as the supply
+/// ([`super::free_milli_per_model`]) the pressure on a model grows as other pods use it
+/// up faster than the rest, and falls back when it is freed.
+pub fn model_pressure(wl: &TargetWorkload, model_supply: &[u32]) -> Vec<f64> {
+    let n_models = model_supply.len();
+    let supply: Vec<f64> = model_supply.iter().map(|&n| f64::from(n)).collect();
     let total_supply: f64 = supply.iter().sum();
     let supply_ref = &supply;
     let present = move |set: crate::model::ModelSet| {
@@ -509,6 +516,58 @@ mod tests {
         // T4 carries the constrained 0.5·1000 over its 4 GPUs: (500/4) / (1000/52) = 6.5.
         assert!((p[t4.0 as usize] - 6.5).abs() < 1e-9);
         assert_eq!(p[g2.0 as usize], 0.0);
+    }
+
+    /// The pressure measured against the GPUs still free: others using up three of
+    /// the four T4 GPUs make T4 scarce for the pods that need it, where the inventory
+    /// still says it is plentiful; the supply watch asks for a rebuild once the free
+    /// supply has moved by 1 % of the cluster's compute, not before.
+    #[test]
+    fn pressure_follows_the_free_supply() {
+        let (c, _, t4, g2) = setup();
+        let mut only_t4 = ModelSet(0);
+        only_t4.insert(t4);
+        let wl = TargetWorkload {
+            pods: vec![
+                pod(1, 1000, only_t4, 0.02),
+                pod(1, 1000, ModelSet::ALL, 0.98),
+            ],
+        };
+        let mut l = Ledger::new(&c);
+        let fresh = super::super::free_milli_per_model(&c, &l);
+        assert_eq!(fresh[t4.0 as usize], 4_000);
+        assert_eq!(fresh[g2.0 as usize], 48_000);
+        // Nothing placed: the free supply is the inventory (in milli), same pressure.
+        let inventory = model_pressure(&wl, &super::super::gpus_per_model(&c));
+        // (0.02·1000 / 4) / (1000 / 52) = 0.26.
+        assert!((inventory[t4.0 as usize] - 0.26).abs() < 1e-9);
+        assert!((model_pressure(&wl, &fresh)[t4.0 as usize] - 0.26).abs() < 1e-9);
+        let mut watch = super::super::SupplyWatch::new(&c, fresh);
+        let whole = |node: u32, gpu: u8| Placement {
+            node: NodeId(node),
+            grants: [GpuGrant::whole(gpu, 1000)].into_iter().collect(),
+            ..Placement::default()
+        };
+        // A 100-milli share moves the supply by 0.2 % of 52 GPUs: no rebuild yet.
+        l.apply(
+            &c,
+            &Placement {
+                node: NodeId(0),
+                grants: [GpuGrant::shared(0, 1000, 100)].into_iter().collect(),
+                ..Placement::default()
+            },
+        )
+        .unwrap();
+        assert!(!watch.moved(&c, &l));
+        l.apply(&c, &whole(0, 1)).unwrap();
+        l.apply(&c, &whole(1, 0)).unwrap();
+        assert!(watch.moved(&c, &l), "2.1 GPUs of 52 used");
+        assert_eq!(watch.built()[t4.0 as usize], 1_900);
+        // T4: 0.02·1000 over 1.9 free GPUs; the cluster: 1000 over 49.9 free.
+        let free = model_pressure(&wl, watch.built())[t4.0 as usize];
+        assert!((free - 20.0 / 1.9 / (1000.0 / 49.9)).abs() < 1e-9, "{free}");
+        assert!(free > 2.0 * inventory[t4.0 as usize]);
+        assert!(!watch.moved(&c, &l), "nothing moved since");
     }
 
     #[test]

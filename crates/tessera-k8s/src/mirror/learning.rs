@@ -1,9 +1,10 @@
 //! The workload the `tessera` policy measures fragmentation against, learned
 //! from the pods that arrive (issue 12): the core's [`LearnedWorkload`], fed
 //! each pod once (by UID) in arrival order, rebuilt from the pods listed after
-//! a restart, and the policy rebuilt whenever the learned target moves or the
-//! cluster's GPU inventory changes. Policies that do not learn keep the one
-//! they were built with.
+//! a restart, and the policy rebuilt whenever the learned target moves, the
+//! cluster's GPU inventory changes or the GPU compute still free per model moves
+//! ([`SupplyWatch`]: the model pressure is weighed against it, as in the
+//! simulator). Policies that do not learn keep the one they were built with.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use serde::Serialize;
 use tessera_core::frag::{TargetWorkload, TypicalPod};
 use tessera_core::model::{Catalog, ModelId};
 use tessera_core::policy::tessera::model_pressure;
-use tessera_core::policy::{self, PolicyArgs};
+use tessera_core::policy::{self, PolicyArgs, SupplyWatch};
 use tessera_core::request::GpuAsk;
 use tessera_core::workload::{LearnConfig, LearnedWorkload};
 
@@ -25,6 +26,8 @@ pub struct Learning {
     pub(super) workload: LearnedWorkload,
     /// Pods already learned (each once, whatever relists show them again).
     seen: HashSet<String>,
+    /// The free GPU supply the policy was last built from (`None`: not built yet).
+    supply: Option<SupplyWatch>,
 }
 
 impl Default for Learning {
@@ -32,6 +35,7 @@ impl Default for Learning {
         Learning {
             workload: LearnedWorkload::cold_start(LearnConfig::default()),
             seen: HashSet::new(),
+            supply: None,
         }
     }
 }
@@ -118,12 +122,16 @@ impl Mirror {
         self.learning.seen.retain(|uid| pods.contains_key(uid));
     }
 
-    /// Builds the policy again from the learned target and the GPU inventory,
-    /// dropping every cached verdict (they were scored by the old one).
+    /// Builds the policy again from the learned target and the GPU compute free
+    /// now, dropping every cached verdict (they were scored by the old one).
     pub(super) fn rebuild_policy(&mut self) {
         if !self.policy.learns_workload() {
             return;
         }
+        self.learning.supply = Some(SupplyWatch::new(
+            &self.cluster,
+            policy::free_milli_per_model(&self.cluster, &self.ledger),
+        ));
         match policy::by_name(self.policy.name(), &self.learned_args()) {
             Ok(p) => {
                 self.policy = p;
@@ -135,11 +143,36 @@ impl Mirror {
         }
     }
 
-    /// What the policy is built from: the learned target and the GPU inventory.
+    /// Rebuilds a learning policy once the free GPU supply has moved from the one
+    /// it was built from by 1 % of the cluster's compute ([`SupplyWatch`]).
+    pub(super) fn follow_supply(&mut self) {
+        if !self.policy.learns_workload() {
+            return;
+        }
+        let moved = match &mut self.learning.supply {
+            Some(w) => w.moved(&self.cluster, &self.ledger),
+            None => true,
+        };
+        if moved {
+            self.rebuild_policy();
+        }
+    }
+
+    /// What the policy is built from: the learned target and the free GPU supply
+    /// it was last built from.
     fn learned_args(&self) -> PolicyArgs {
         PolicyArgs {
             workload: Some(self.learning.workload.target()),
-            gpus_per_model: policy::gpus_per_model(&self.cluster),
+            model_supply: self.model_supply(),
+        }
+    }
+
+    /// The free GPU compute per model the policy weighs the constrained demand
+    /// against (as of its last build; the inventory before any).
+    pub fn model_supply(&self) -> Vec<u32> {
+        match &self.learning.supply {
+            Some(w) => w.built().to_vec(),
+            None => policy::gpus_per_model(&self.cluster),
         }
     }
 
@@ -186,7 +219,7 @@ impl Mirror {
         let catalog = &self.cluster.catalog;
         let mut shapes: Vec<&TypicalPod> = target.pods.iter().collect();
         shapes.sort_by(|a, b| b.weight.total_cmp(&a.weight));
-        let pressure = model_pressure(&target, &policy::gpus_per_model(&self.cluster))
+        let pressure = model_pressure(&target, &self.model_supply())
             .into_iter()
             .enumerate()
             .filter(|&(_, p)| p > 0.0)

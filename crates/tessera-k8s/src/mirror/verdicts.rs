@@ -173,6 +173,7 @@ impl Mirror {
     ) -> Result<FilterOutcome<'a>, RequestError> {
         self.refresh();
         self.expire_reservations();
+        self.follow_supply();
         let mut out = FilterOutcome::default();
         let asks = convert::pod_asks(pod, &self.cluster.catalog);
         let req = asks.request?;
@@ -223,6 +224,7 @@ impl Mirror {
         names: &[&'a str],
     ) -> Result<Vec<(&'a str, i64)>, RequestError> {
         self.refresh();
+        self.follow_supply();
         let asks = convert::pod_asks(pod, &self.cluster.catalog);
         let req = asks.request?;
         if req.gpu == GpuAsk::None {
@@ -271,6 +273,7 @@ impl Mirror {
     ) -> Result<(Placement, Explanation), Explanation> {
         self.refresh();
         self.expire_reservations();
+        self.follow_supply();
         let key = (req.clone(), host.clone());
         let (cache, mut judging) = self.split();
         let verdicts = judging.verdicts(cache, &key, None);

@@ -26,7 +26,7 @@ use tessera_core::Scheduler;
 use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{Ledger, LedgerError};
 use tessera_core::model::{Cluster, ClusterError};
-use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
+use tessera_core::policy::{self, Policy, PolicyArgs, SupplyWatch, UnknownPolicy};
 use tessera_core::request::Request;
 use tessera_core::workload::{LearnConfig, LearnedWorkload};
 
@@ -204,7 +204,7 @@ pub fn permute_nodes(cluster: &Cluster, rng: &mut SmallRng) -> Result<Cluster, C
 
 /// Runs the fill experiment with the policy named `policy_name` (see
 /// [`tessera_core::policy::NAMES`]), built by [`policy::by_name`] from the target
-/// workload ([`FillConfig::knowledge`]) and the cluster's GPU inventory.
+/// workload ([`FillConfig::knowledge`]) and the cluster's GPU supply by model.
 pub fn run_fill(
     cluster: &Cluster,
     pods: &[TracePod],
@@ -216,35 +216,35 @@ pub fn run_fill(
         cluster,
         pods,
         policy_name,
-        |workload| fill_policy(cluster, policy_name, workload),
+        |args| policy::by_name(policy_name, &args),
         seed,
         config,
     )
 }
 
-/// The policy [`run_fill`] uses for `policy_name`: [`policy::by_name`] with the
-/// target workload and the cluster's GPU inventory (`policy::gpus_per_model`).
+/// The policy [`run_fill`] uses for `policy_name` on `ledger`'s state: [`policy::by_name`]
+/// with the target workload and the GPU compute the ledger leaves free per model.
 pub fn fill_policy(
     cluster: &Cluster,
+    ledger: &Ledger,
     policy_name: &str,
     workload: Arc<TargetWorkload>,
 ) -> Result<Box<dyn Policy>, UnknownPolicy> {
-    let args = PolicyArgs {
-        workload: Some(workload),
-        gpus_per_model: policy::gpus_per_model(cluster),
-    };
-    policy::by_name(policy_name, &args)
+    policy::by_name(
+        policy_name,
+        &PolicyArgs::for_ledger(workload, cluster, ledger),
+    )
 }
 
-/// [`run_fill`] with a policy built by `make_policy` from the target workload (for
-/// policies with arguments beyond [`PolicyArgs`]); `policy_name` labels the result.
-/// With [`Knowledge::Online`], `make_policy` is called again each time the learned
-/// target moves.
+/// [`run_fill`] with a policy built by `make_policy` from the target workload and the
+/// GPU supply (for policies with arguments beyond [`PolicyArgs`]); `policy_name`
+/// labels the result. For a policy that learns, `make_policy` is called again each
+/// time the learned target or the free GPU supply moves.
 pub fn run_fill_with(
     cluster: &Cluster,
     pods: &[TracePod],
     policy_name: &str,
-    make_policy: impl FnMut(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
+    make_policy: impl FnMut(PolicyArgs) -> Result<Box<dyn Policy>, UnknownPolicy>,
     seed: u64,
     config: &FillConfig,
 ) -> Result<FillResult, FillError> {
@@ -352,7 +352,7 @@ pub(crate) struct Driven {
 pub(crate) fn drive(
     cluster: &Cluster,
     pods: &[TracePod],
-    mut make_policy: impl FnMut(Arc<TargetWorkload>) -> Result<Box<dyn Policy>, UnknownPolicy>,
+    mut make_policy: impl FnMut(PolicyArgs) -> Result<Box<dyn Policy>, UnknownPolicy>,
     seed: u64,
     config: &FillConfig,
     stop_milli: Option<u64>,
@@ -369,9 +369,19 @@ pub(crate) fn drive(
         return Err(FillError::BadTuneRatio(config.tune_ratio));
     }
     let workload = typical_pods(pods, config.typical_coverage);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let order = arrival_order(pods, capacity, config, &mut rng);
+    let cluster = if config.permute_nodes {
+        permute_nodes(cluster, &mut rng)?
+    } else {
+        cluster.clone()
+    };
+    let mut ledger = Ledger::new(&cluster);
     let mut target = Arc::new(workload.clone());
-    let mut policy = make_policy(target.clone())?;
+    let mut policy = make_policy(PolicyArgs::for_ledger(target.clone(), &cluster, &ledger))?;
+    // A policy that learns follows its learned target and the free GPU supply.
     let mut learned = None;
+    let mut supply = SupplyWatch::new(&cluster, policy::free_milli_per_model(&cluster, &ledger));
     if policy.learns_workload() {
         let l = match config.knowledge {
             Knowledge::Typical => {
@@ -384,18 +394,10 @@ pub(crate) fn drive(
             Knowledge::Online => LearnedWorkload::cold_start(config.learn),
         };
         target = l.target();
-        policy = make_policy(target.clone())?;
+        policy = make_policy(PolicyArgs::for_ledger(target.clone(), &cluster, &ledger))?;
         learned = Some(l);
     }
     let mut scheduler = Scheduler::new(policy);
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let order = arrival_order(pods, capacity, config, &mut rng);
-    let cluster = if config.permute_nodes {
-        permute_nodes(cluster, &mut rng)?
-    } else {
-        cluster.clone()
-    };
-    let mut ledger = Ledger::new(&cluster);
     on(Event::Start {
         cluster: &cluster,
         ledger: &ledger,
@@ -410,11 +412,17 @@ pub(crate) fn drive(
         }
         arrived += req.gpu.total_milli();
         submitted += 1;
-        if let Some(l) = &mut learned
-            && l.observe(req)
-        {
-            target = l.target();
-            scheduler = Scheduler::new(make_policy(target.clone())?);
+        if let Some(l) = &mut learned {
+            let target_moved = l.observe(req);
+            let supply_moved = supply.moved(&cluster, &ledger);
+            if target_moved || supply_moved {
+                target = l.target();
+                scheduler = Scheduler::new(make_policy(PolicyArgs::for_ledger(
+                    target.clone(),
+                    &cluster,
+                    &ledger,
+                ))?);
+            }
         }
         let at = match scheduler.place(&cluster, &ledger, req, &mut rng) {
             Some(p) => {

@@ -412,7 +412,7 @@ impl Engine {
 
     /// Places an arriving pod; `None` when it fits nowhere.
     fn place(&mut self, req: &Request) -> Result<Option<AllocId>, IsolationError> {
-        if self.learner.observe(req) {
+        if self.learner.observe(req, &self.cluster, &self.ledger) {
             self.sched = Scheduler::new(self.learner.policy()?);
         }
         let Some(p) = self

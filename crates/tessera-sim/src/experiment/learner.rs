@@ -1,8 +1,8 @@
 //! A policy as the Kubernetes scheduler runs it, for the experiments in which pods
 //! arrive over time (replay, tenants, preempt, gang, isolation): a policy that learns
 //! its workload (`tessera`) starts from the generic cold-start prior, learns every pod
-//! as it arrives and is rebuilt from the learned target and the cluster's GPU
-//! inventory each time that target moves. `tessera-k8s`'s mirror does the same (there
+//! as it arrives and is rebuilt from the learned target and the GPU compute still free
+//! per model each time that target or that supply moves ([`SupplyWatch`]). `tessera-k8s`'s mirror does the same (there
 //! a pod without GPUs counts once bound to a node with GPUs; every node here has
 //! GPUs). A policy that does not learn (FGD) is built once from the trace's typical
 //! pods.
@@ -10,8 +10,9 @@
 use std::sync::Arc;
 
 use tessera_core::frag::TargetWorkload;
+use tessera_core::ledger::Ledger;
 use tessera_core::model::Cluster;
-use tessera_core::policy::{self, Policy, PolicyArgs, UnknownPolicy};
+use tessera_core::policy::{self, Policy, PolicyArgs, SupplyWatch, UnknownPolicy};
 use tessera_core::request::Request;
 use tessera_core::workload::{LearnConfig, LearnedWorkload};
 
@@ -19,7 +20,8 @@ use tessera_core::workload::{LearnConfig, LearnedWorkload};
 #[derive(Clone)]
 pub(crate) struct Learner {
     name: String,
-    gpus_per_model: Vec<u32>,
+    /// The free GPU supply the policy was last built from, and when to build again.
+    supply: SupplyWatch,
     /// What a policy that does not learn is built from.
     typical: Arc<TargetWorkload>,
     workload: Option<LearnedWorkload>,
@@ -28,7 +30,7 @@ pub(crate) struct Learner {
 impl Learner {
     /// Checks that `name` is a policy; one that learns starts from the cold-start
     /// prior, one that does not is built from `typical`; both with `cluster`'s GPU
-    /// inventory.
+    /// inventory as the supply (nothing placed yet).
     pub(crate) fn start(
         cluster: &Cluster,
         name: &str,
@@ -36,7 +38,10 @@ impl Learner {
     ) -> Result<Learner, UnknownPolicy> {
         let mut learner = Learner {
             name: name.to_string(),
-            gpus_per_model: policy::gpus_per_model(cluster),
+            supply: SupplyWatch::new(
+                cluster,
+                policy::free_milli_per_model(cluster, &Ledger::new(cluster)),
+            ),
             typical,
             workload: None,
         };
@@ -55,15 +60,21 @@ impl Learner {
         };
         let args = PolicyArgs {
             workload: Some(workload),
-            gpus_per_model: self.gpus_per_model.clone(),
+            model_supply: self.supply.built().to_vec(),
         };
         policy::by_name(&self.name, &args)
     }
 
-    /// Learns an arrival. `true` when the learned target moved: callers holding a
-    /// policy build it again ([`Learner::policy`]).
-    pub(crate) fn observe(&mut self, req: &Request) -> bool {
-        self.workload.as_mut().is_some_and(|w| w.observe(req))
+    /// Learns an arrival to `cluster` in the state `ledger` holds. `true` when the
+    /// learned target or the free supply moved: callers holding a policy build it
+    /// again ([`Learner::policy`]).
+    pub(crate) fn observe(&mut self, req: &Request, cluster: &Cluster, ledger: &Ledger) -> bool {
+        let Some(w) = self.workload.as_mut() else {
+            return false;
+        };
+        let target = w.observe(req);
+        let supply = self.supply.moved(cluster, ledger);
+        target || supply
     }
 }
 
@@ -77,10 +88,11 @@ mod tests {
         let whole = Request::whole(1, 4000, 0);
         let typical = Arc::new(TargetWorkload::from_requests([&whole], 1.0));
         let half = Request::share_milli(500, 2000, 0);
+        let l = Ledger::new(&c);
         let mut fgd = Learner::start(&c, "fgd", typical.clone()).unwrap();
-        assert!((0..1000).all(|_| !fgd.observe(&half)));
+        assert!((0..1000).all(|_| !fgd.observe(&half, &c, &l)));
         let mut tessera = Learner::start(&c, "tessera", typical).unwrap();
-        let rebuilt = (0..1000).filter(|_| tessera.observe(&half)).count();
+        let rebuilt = (0..1000).filter(|_| tessera.observe(&half, &c, &l)).count();
         assert!(rebuilt > 0, "the learned target never moved");
         let learned = tessera.workload.as_ref().unwrap().target();
         let share: f64 = learned

@@ -327,10 +327,15 @@ struct Engine<'a> {
 }
 
 impl Engine<'_> {
-    /// Learns an arriving pod; rebuilds the policy when the learned target moved
+    /// Learns an arriving pod; rebuilds the policy when the learned target or the free
+    /// GPU supply moved
     /// (and forgets which shapes failed: the new policy has not judged them).
     fn learn(&mut self, shape: u32) -> Result<(), ReplayError> {
-        if self.learner.observe(&self.input.shapes[shape as usize]) {
+        if self.learner.observe(
+            &self.input.shapes[shape as usize],
+            self.cluster,
+            &self.ledger,
+        ) {
             self.scheduler = Scheduler::new(self.learner.policy()?);
             self.failed_at.fill(None);
             self.rebuilds += 1;

@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use tessera_core::frag::TargetWorkload;
+use tessera_core::policy;
 use tessera_core::request::GpuAsk;
 use tessera_core::{AllocId, Cluster, Ledger};
 
-use super::fill::{Event, FillConfig, FillError, drive, fill_policy};
+use super::fill::{Event, FillConfig, FillError, drive};
 use crate::trace::TracePod;
 
 /// A fill stopped at a share of capacity.
@@ -56,7 +57,7 @@ pub fn fill_until(
     let run = drive(
         cluster,
         pods,
-        |workload| fill_policy(cluster, policy_name, workload),
+        |args| policy::by_name(policy_name, &args),
         seed,
         config,
         Some(stop),

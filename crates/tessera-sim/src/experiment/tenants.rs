@@ -270,11 +270,15 @@ struct Engine<'a> {
 }
 
 impl Engine<'_> {
-    /// Learns an arriving pod; rebuilds the policy when the learned target moved
+    /// Learns an arriving pod; rebuilds the policy when the learned target or the free
+    /// GPU supply moved
     /// (and forgets which shapes failed to fit or to reclaim: the new policy has
     /// not judged them).
     fn learn(&mut self, shape: u32) -> Result<(), TenantError> {
-        if self.learner.observe(&self.shapes[shape as usize]) {
+        if self
+            .learner
+            .observe(&self.shapes[shape as usize], self.cluster, &self.ledger)
+        {
             let policy = self.learner.policy().map_err(ReplayError::from)?;
             self.scheduler = Scheduler::new(policy);
             self.failed_epoch.fill(u64::MAX);
