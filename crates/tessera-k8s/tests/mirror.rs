@@ -476,8 +476,8 @@ fn preemption_scores_with_the_learned_policy() {
 }
 
 /// The model pressure is weighed against the GPU compute still free per model, as
-/// in the simulator: after two binds use up the A100s the mirror's policy is
-/// rebuilt from a supply that holds none of them.
+/// in the simulator: once A100-only pods have been learned, two binds that use up
+/// the A100s rebuild the mirror's policy from a supply that holds none of them.
 #[test]
 fn the_policy_follows_the_free_gpu_supply() {
     let nodes = vec![kube_node("a", "32", "128Gi"), kube_node("h", "32", "128Gi")];
@@ -486,6 +486,25 @@ fn the_policy_follows_the_free_gpu_supply() {
         gpu_node("h", "H100-80GB", 81_920, 2),
     ];
     let m = mirror("tessera", nodes, inv, vec![]);
+    // 600 pending pods that may run on A100s only: the learned target gives A100 a
+    // pressure, which is what the supply is followed for (without one the policy
+    // has nothing to follow and is not rebuilt for it).
+    for i in 0..600 {
+        let mut p = pod(
+            "default",
+            &format!("p-{i}"),
+            &format!("uid-p-{i}"),
+            &[("tessera.io/gpu", "1")],
+        );
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                tessera_core::request::ANN_GPU_MODEL.to_string(),
+                "A100-80GB".to_string(),
+            );
+        m.lock().upsert_pod(p);
+    }
     let mut mm = m.lock();
     let cat = mm.cluster().catalog.clone();
     let supply_of = |supply: &[u32], model: &str| {

@@ -56,6 +56,12 @@ pub trait Policy: Send + Sync {
     fn learns_workload(&self) -> bool {
         false
     }
+
+    /// Whether its scores read the free GPU supply ([`PolicyArgs::model_supply`]), so
+    /// that callers build it again as the supply moves ([`SupplyWatch`]).
+    fn follows_supply(&self) -> bool {
+        false
+    }
 }
 
 /// Arguments every policy may read; each validates what it uses.
@@ -114,10 +120,32 @@ pub fn free_milli_per_model(cluster: &Cluster, ledger: &Ledger) -> Vec<u32> {
         .collect()
 }
 
+/// Whether some model's share of the free supply moved by more than 5 % of itself
+/// between `a` and `b` (one with none free on one side and some on the other always
+/// has): the pressure reads shares, so supply used up evenly changes nothing.
+fn shares_moved(a: &[u32], b: &[u32]) -> bool {
+    let total = |v: &[u32]| v.iter().map(|&x| f64::from(x)).sum::<f64>();
+    let (ta, tb) = (total(a), total(b));
+    if ta == 0.0 || tb == 0.0 {
+        return ta != tb;
+    }
+    (0..a.len().max(b.len())).any(|m| {
+        let sa = f64::from(a.get(m).copied().unwrap_or(0)) / ta;
+        let sb = f64::from(b.get(m).copied().unwrap_or(0)) / tb;
+        match (sa > 0.0, sb > 0.0) {
+            (true, true) => (sb / sa - 1.0).abs() > 0.05,
+            (false, false) => false,
+            _ => true,
+        }
+    })
+}
+
 /// When a policy built from the free supply ([`free_milli_per_model`]) is due to be
 /// built again: once the supply it was built from has moved, summed over the models,
-/// by 1 % of the cluster's GPU compute. Rebuilding drops the score caches, so it
-/// follows the supply in steps rather than on every placement.
+/// by 1 % of the cluster's GPU compute, and some model's share of it by 5 % of that
+/// share (supply used up evenly leaves the pressure as it was). Rebuilding drops
+/// the score caches, so it follows the supply in steps rather than on every
+/// placement.
 #[derive(Debug, Clone)]
 pub struct SupplyWatch {
     built: Vec<u32>,
@@ -149,7 +177,7 @@ impl SupplyWatch {
                 a.abs_diff(b)
             })
             .sum();
-        if drift < self.step {
+        if drift < self.step || !shares_moved(&self.built, &now) {
             return false;
         }
         self.built = now;

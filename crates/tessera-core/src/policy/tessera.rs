@@ -345,6 +345,12 @@ impl Policy for Tessera {
         true
     }
 
+    /// Only the model pressure reads the supply: with no model-constrained shape in
+    /// the target there is nothing to follow.
+    fn follows_supply(&self) -> bool {
+        self.pressure.iter().any(|&p| p > 0.0)
+    }
+
     fn score(
         &self,
         view: NodeView<'_>,
@@ -521,7 +527,7 @@ mod tests {
     /// The pressure measured against the GPUs still free: others using up three of
     /// the four T4 GPUs make T4 scarce for the pods that need it, where the inventory
     /// still says it is plentiful; the supply watch asks for a rebuild once the free
-    /// supply has moved by 1 % of the cluster's compute, not before.
+    /// supply has moved by 1 % of the cluster's compute and unevenly, not before.
     #[test]
     fn pressure_follows_the_free_supply() {
         let (c, _, t4, g2) = setup();
@@ -568,6 +574,20 @@ mod tests {
         assert!((free - 20.0 / 1.9 / (1000.0 / 49.9)).abs() < 1e-9, "{free}");
         assert!(free > 2.0 * inventory[t4.0 as usize]);
         assert!(!watch.moved(&c, &l), "nothing moved since");
+        // Supply used up evenly (a quarter of what is free on each model) leaves the
+        // shares, and so the pressure, where they were: no rebuild, though 13 GPUs moved.
+        let mut even = Ledger::new(&c);
+        let mut watch =
+            super::super::SupplyWatch::new(&c, super::super::free_milli_per_model(&c, &even));
+        even.apply(&c, &whole(0, 0)).unwrap();
+        for node in 2..8 {
+            for gpu in 0..2 {
+                even.apply(&c, &whole(node, gpu)).unwrap();
+            }
+        }
+        assert!(!watch.moved(&c, &even));
+        even.apply(&c, &whole(1, 0)).unwrap();
+        assert!(watch.moved(&c, &even), "T4 now half used, G2 a quarter");
     }
 
     #[test]

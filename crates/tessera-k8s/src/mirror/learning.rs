@@ -149,6 +149,9 @@ impl Mirror {
         if !self.policy.learns_workload() {
             return;
         }
+        if !self.policy.follows_supply() && self.learning.supply.is_some() {
+            return;
+        }
         let moved = match &mut self.learning.supply {
             Some(w) => w.moved(&self.cluster, &self.ledger),
             None => true,

@@ -397,6 +397,7 @@ pub(crate) fn drive(
         policy = make_policy(PolicyArgs::for_ledger(target.clone(), &cluster, &ledger))?;
         learned = Some(l);
     }
+    let mut follows = policy.follows_supply();
     let mut scheduler = Scheduler::new(policy);
     on(Event::Start {
         cluster: &cluster,
@@ -414,14 +415,14 @@ pub(crate) fn drive(
         submitted += 1;
         if let Some(l) = &mut learned {
             let target_moved = l.observe(req);
-            let supply_moved = supply.moved(&cluster, &ledger);
+            let supply_moved = follows && supply.moved(&cluster, &ledger);
             if target_moved || supply_moved {
                 target = l.target();
-                scheduler = Scheduler::new(make_policy(PolicyArgs::for_ledger(
-                    target.clone(),
-                    &cluster,
-                    &ledger,
-                ))?);
+                let args = PolicyArgs::for_ledger(target.clone(), &cluster, &ledger);
+                supply = SupplyWatch::new(&cluster, args.model_supply.clone());
+                let policy = make_policy(args)?;
+                follows = policy.follows_supply();
+                scheduler = Scheduler::new(policy);
             }
         }
         let at = match scheduler.place(&cluster, &ledger, req, &mut rng) {

@@ -22,6 +22,8 @@ pub(crate) struct Learner {
     name: String,
     /// The free GPU supply the policy was last built from, and when to build again.
     supply: SupplyWatch,
+    /// Whether the policy last built reads the supply ([`Policy::follows_supply`]).
+    follows: std::cell::Cell<bool>,
     /// What a policy that does not learn is built from.
     typical: Arc<TargetWorkload>,
     workload: Option<LearnedWorkload>,
@@ -43,6 +45,7 @@ impl Learner {
                 policy::free_milli_per_model(cluster, &Ledger::new(cluster)),
             ),
             typical,
+            follows: std::cell::Cell::new(false),
             workload: None,
         };
         if learner.policy()?.learns_workload() {
@@ -62,7 +65,9 @@ impl Learner {
             workload: Some(workload),
             model_supply: self.supply.built().to_vec(),
         };
-        policy::by_name(&self.name, &args)
+        let p = policy::by_name(&self.name, &args)?;
+        self.follows.set(p.follows_supply());
+        Ok(p)
     }
 
     /// Learns an arrival to `cluster` in the state `ledger` holds. `true` when the
@@ -73,8 +78,10 @@ impl Learner {
             return false;
         };
         let target = w.observe(req);
-        let supply = self.supply.moved(cluster, ledger);
-        target || supply
+        // A policy whose scores do not read the supply is not rebuilt for it.
+        let follows = self.follows.get();
+        let supply = (target || follows) && self.supply.moved(cluster, ledger);
+        target || (follows && supply)
     }
 }
 
