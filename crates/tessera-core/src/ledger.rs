@@ -159,6 +159,8 @@ pub struct Ledger {
     used_milli: u64,
     /// Allocated GPU compute by model id, in milli-GPU.
     used_by_model: Vec<u64>,
+    /// GPUs of each model id in the cluster.
+    gpus_by_model: Vec<u32>,
     /// The model id of every GPU, by node (what a release needs to count it back).
     gpu_models: Vec<SmallVec<[u8; 8]>>,
     journal: Vec<JournalOp>,
@@ -196,6 +198,7 @@ impl Ledger {
             next_id: 1,
             used_milli: 0,
             used_by_model: vec![0; cluster.catalog.specs().len()],
+            gpus_by_model: crate::policy::gpus_per_model(cluster),
             gpu_models: cluster
                 .nodes()
                 .iter()
@@ -238,16 +241,17 @@ impl Ledger {
         &self.used_by_model
     }
 
-    /// Adds `milli` of GPU `gpu` of `node` to its model's use (negative: gives it back).
-    fn count_model(&mut self, node: NodeId, gpu: u8, milli: u32, add: bool) {
-        let model = self.gpu_models[node.0 as usize][gpu as usize] as usize;
-        if let Some(u) = self.used_by_model.get_mut(model) {
-            if add {
-                *u += u64::from(milli);
-            } else {
-                *u -= u64::from(milli);
-            }
-        }
+    /// GPU compute still free by model id, in milli-GPU (saturating at `u32::MAX`):
+    /// the supply Tessera's model pressure is weighed against
+    /// ([`crate::policy::PolicyArgs::model_supply`]).
+    pub fn free_milli_by_model(&self) -> Vec<u32> {
+        self.gpus_by_model
+            .iter()
+            .zip(&self.used_by_model)
+            .map(|(&n, &used)| {
+                u32::try_from((u64::from(n) * 1000).saturating_sub(used)).unwrap_or(u32::MAX)
+            })
+            .collect()
     }
 
     /// Applies a placement, or refuses it without changing anything.
@@ -376,10 +380,12 @@ impl Ledger {
         node.free_cpu_milli -= p.cpu_milli;
         node.free_memory_mib -= p.memory_mib;
         node.allocations += 1;
+        let models = &self.gpu_models[p.node.0 as usize];
         for grant in &p.grants {
             let gu = &mut node.gpus[grant.gpu as usize];
             apply_grant(gu, grant);
             self.used_milli += u64::from(grant.cores_milli);
+            self.used_by_model[models[grant.gpu as usize] as usize] += u64::from(grant.cores_milli);
         }
         if p.class != 0 {
             match node.classes.iter_mut().find(|(c, _)| *c == p.class) {
@@ -388,9 +394,6 @@ impl Ledger {
             }
         }
         self.allocations.insert(id, p.clone());
-        for grant in &p.grants {
-            self.count_model(p.node, grant.gpu, grant.cores_milli, true);
-        }
         let node = &mut self.nodes[p.node.0 as usize];
         node.summary = GpuSummary::of(&node.gpus);
         self.log_change(p.node);
@@ -416,6 +419,7 @@ impl Ledger {
         node.free_cpu_milli += p.cpu_milli;
         node.free_memory_mib += p.memory_mib;
         node.allocations -= 1;
+        let models = &self.gpu_models[p.node.0 as usize];
         for grant in &p.grants {
             let gu = &mut node.gpus[grant.gpu as usize];
             gu.free_memory_mib += grant.memory_mib;
@@ -430,6 +434,7 @@ impl Ledger {
                 gu.mig_instances[slot.profile as usize] -= 1;
             }
             self.used_milli -= u64::from(grant.cores_milli);
+            self.used_by_model[models[grant.gpu as usize] as usize] -= u64::from(grant.cores_milli);
         }
         if p.class != 0
             && let Some(pos) = node.classes.iter().position(|(c, _)| *c == p.class)
@@ -438,9 +443,6 @@ impl Ledger {
             if node.classes[pos].1 == 0 {
                 node.classes.swap_remove(pos);
             }
-        }
-        for grant in &p.grants {
-            self.count_model(p.node, grant.gpu, grant.cores_milli, false);
         }
         let node = &mut self.nodes[p.node.0 as usize];
         node.summary = GpuSummary::of(&node.gpus);

@@ -120,10 +120,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut ledger = Ledger::new(&cluster);
         let mut arrived = 0u64;
         // Tessera follows the free GPU supply, as the fill's driver rebuilds it.
-        let mut supply =
-            SupplyWatch::new(&cluster, policy::free_milli_per_model(&cluster, &ledger));
+        let mut supply = SupplyWatch::new(&cluster, ledger.free_milli_by_model());
         for &i in &order {
-            if policy_name == "tessera" && supply.moved(&cluster, &ledger) {
+            if policy_name == "tessera" && sched.policy().follows_supply() && supply.moved(&ledger)
+            {
                 sched = Scheduler::new(Box::new(Tessera::new(
                     args.workload(),
                     supply.built(),

@@ -71,7 +71,7 @@ pub struct PolicyArgs {
     /// `None` means the built-in distribution calibrated to the openb trace.
     pub workload: Option<Arc<TargetWorkload>>,
     /// The GPU supply of each model id that the model-constrained demand is weighed
-    /// against: the GPU compute still free per model ([`free_milli_per_model`]), the
+    /// against: the GPU compute still free per model ([`Ledger::free_milli_by_model`]), the
     /// inventory ([`gpus_per_model`]) before anything is placed; any unit, only the
     /// shares count. Empty when unknown.
     pub model_supply: Vec<u32>,
@@ -93,31 +93,14 @@ impl PolicyArgs {
         }
     }
 
-    /// `workload` as the target, with the GPU compute `ledger` leaves free on
-    /// `cluster` as the supply.
-    pub fn for_ledger(
-        workload: Arc<TargetWorkload>,
-        cluster: &Cluster,
-        ledger: &Ledger,
-    ) -> PolicyArgs {
+    /// `workload` as the target, with the GPU compute `ledger` leaves free as the
+    /// supply.
+    pub fn for_ledger(workload: Arc<TargetWorkload>, ledger: &Ledger) -> PolicyArgs {
         PolicyArgs {
             workload: Some(workload),
-            model_supply: free_milli_per_model(cluster, ledger),
+            model_supply: ledger.free_milli_by_model(),
         }
     }
-}
-
-/// GPU compute still free per model id on `cluster` under `ledger`, in milli-GPU
-/// (saturating at `u32::MAX`).
-pub fn free_milli_per_model(cluster: &Cluster, ledger: &Ledger) -> Vec<u32> {
-    gpus_per_model(cluster)
-        .iter()
-        .enumerate()
-        .map(|(m, &n)| {
-            let used = ledger.used_milli_by_model().get(m).copied().unwrap_or(0);
-            u32::try_from((u64::from(n) * 1000).saturating_sub(used)).unwrap_or(u32::MAX)
-        })
-        .collect()
 }
 
 /// Whether some model's share of the free supply moved by more than 5 % of itself
@@ -140,7 +123,7 @@ fn shares_moved(a: &[u32], b: &[u32]) -> bool {
     })
 }
 
-/// When a policy built from the free supply ([`free_milli_per_model`]) is due to be
+/// When a policy built from the free supply ([`Ledger::free_milli_by_model`]) is due to be
 /// built again: once the supply it was built from has moved, summed over the models,
 /// by 1 % of the cluster's GPU compute, and some model's share of it by 5 % of that
 /// share (supply used up evenly leaves the pressure as it was). Rebuilding drops
@@ -168,8 +151,8 @@ impl SupplyWatch {
 
     /// `true` when the policy should be built again, from the supply now (which
     /// [`SupplyWatch::built`] then holds); `false` while it is close enough.
-    pub fn moved(&mut self, cluster: &Cluster, ledger: &Ledger) -> bool {
-        let now = free_milli_per_model(cluster, ledger);
+    pub fn moved(&mut self, ledger: &Ledger) -> bool {
+        let now = ledger.free_milli_by_model();
         let drift: u64 = (0..now.len().max(self.built.len()))
             .map(|m| {
                 let a = u64::from(now.get(m).copied().unwrap_or(0));

@@ -16,7 +16,7 @@
 //!   scarce models to the pods that can run nowhere else. The cost is convex (cube):
 //!   where constrained pods need a small part of a model it only breaks ties, where
 //!   they need all of it (pressure ≥ 1) it rules. The pressure is measured against the
-//!   GPUs still free (callers build the policy from [`super::free_milli_per_model`] and
+//!   GPUs still free (callers build the policy from [`crate::ledger::Ledger::free_milli_by_model`] and
 //!   again when [`super::SupplyWatch`] says the supply moved): a model that other pods
 //!   use up faster than the rest grows scarcer for the pods that need it, which a
 //!   pressure fixed by the inventory cannot see.
@@ -224,7 +224,7 @@ pub fn cap_multi_gpu(wl: &TargetWorkload, cap: impl Fn(u32) -> f64) -> TargetWor
 /// supply), per unit of the model's supply, over the whole workload's demand per unit of
 /// the cluster's supply. 1.0 means the constrained pods alone ask as much of this model
 /// as the average pod asks of any GPU. With the free compute as the supply
-/// ([`super::free_milli_per_model`]) the pressure on a model grows as other pods use it
+/// ([`crate::ledger::Ledger::free_milli_by_model`]) the pressure on a model grows as other pods use it
 /// up faster than the rest, and falls back when it is freed.
 pub fn model_pressure(wl: &TargetWorkload, model_supply: &[u32]) -> Vec<f64> {
     let n_models = model_supply.len();
@@ -540,7 +540,7 @@ mod tests {
             ],
         };
         let mut l = Ledger::new(&c);
-        let fresh = super::super::free_milli_per_model(&c, &l);
+        let fresh = l.free_milli_by_model();
         assert_eq!(fresh[t4.0 as usize], 4_000);
         assert_eq!(fresh[g2.0 as usize], 48_000);
         // Nothing placed: the free supply is the inventory (in milli), same pressure.
@@ -564,30 +564,29 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(!watch.moved(&c, &l));
+        assert!(!watch.moved(&l));
         l.apply(&c, &whole(0, 1)).unwrap();
         l.apply(&c, &whole(1, 0)).unwrap();
-        assert!(watch.moved(&c, &l), "2.1 GPUs of 52 used");
+        assert!(watch.moved(&l), "2.1 GPUs of 52 used");
         assert_eq!(watch.built()[t4.0 as usize], 1_900);
         // T4: 0.02·1000 over 1.9 free GPUs; the cluster: 1000 over 49.9 free.
         let free = model_pressure(&wl, watch.built())[t4.0 as usize];
         assert!((free - 20.0 / 1.9 / (1000.0 / 49.9)).abs() < 1e-9, "{free}");
         assert!(free > 2.0 * inventory[t4.0 as usize]);
-        assert!(!watch.moved(&c, &l), "nothing moved since");
+        assert!(!watch.moved(&l), "nothing moved since");
         // Supply used up evenly (a quarter of what is free on each model) leaves the
         // shares, and so the pressure, where they were: no rebuild, though 13 GPUs moved.
         let mut even = Ledger::new(&c);
-        let mut watch =
-            super::super::SupplyWatch::new(&c, super::super::free_milli_per_model(&c, &even));
+        let mut watch = super::super::SupplyWatch::new(&c, even.free_milli_by_model());
         even.apply(&c, &whole(0, 0)).unwrap();
         for node in 2..8 {
             for gpu in 0..2 {
                 even.apply(&c, &whole(node, gpu)).unwrap();
             }
         }
-        assert!(!watch.moved(&c, &even));
+        assert!(!watch.moved(&even));
         even.apply(&c, &whole(1, 0)).unwrap();
-        assert!(watch.moved(&c, &even), "T4 now half used, G2 a quarter");
+        assert!(watch.moved(&even), "T4 now half used, G2 a quarter");
     }
 
     #[test]

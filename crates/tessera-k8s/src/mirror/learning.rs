@@ -130,7 +130,7 @@ impl Mirror {
         }
         self.learning.supply = Some(SupplyWatch::new(
             &self.cluster,
-            policy::free_milli_per_model(&self.cluster, &self.ledger),
+            self.ledger.free_milli_by_model(),
         ));
         match policy::by_name(self.policy.name(), &self.learned_args()) {
             Ok(p) => {
@@ -153,7 +153,7 @@ impl Mirror {
             return;
         }
         let moved = match &mut self.learning.supply {
-            Some(w) => w.moved(&self.cluster, &self.ledger),
+            Some(w) => w.moved(&self.ledger),
             None => true,
         };
         if moved {

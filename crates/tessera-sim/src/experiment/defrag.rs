@@ -174,13 +174,8 @@ pub fn prepare(
         budgets.set(BudgetId(b), config.disruptions_allowed);
     }
     // The fill's policy as it stood at the snapshot (for `tessera`, its learned target).
-    let policy = fill_policy(
-        &snap.cluster,
-        &snap.ledger,
-        policy_name,
-        snap.target.clone(),
-    )
-    .map_err(FillError::from)?;
+    let policy =
+        fill_policy(&snap.ledger, policy_name, snap.target.clone()).map_err(FillError::from)?;
     Ok(World {
         cluster: snap.cluster,
         ledger: snap.ledger,

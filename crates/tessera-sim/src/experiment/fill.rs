@@ -225,15 +225,11 @@ pub fn run_fill(
 /// The policy [`run_fill`] uses for `policy_name` on `ledger`'s state: [`policy::by_name`]
 /// with the target workload and the GPU compute the ledger leaves free per model.
 pub fn fill_policy(
-    cluster: &Cluster,
     ledger: &Ledger,
     policy_name: &str,
     workload: Arc<TargetWorkload>,
 ) -> Result<Box<dyn Policy>, UnknownPolicy> {
-    policy::by_name(
-        policy_name,
-        &PolicyArgs::for_ledger(workload, cluster, ledger),
-    )
+    policy::by_name(policy_name, &PolicyArgs::for_ledger(workload, ledger))
 }
 
 /// [`run_fill`] with a policy built by `make_policy` from the target workload and the
@@ -378,10 +374,10 @@ pub(crate) fn drive(
     };
     let mut ledger = Ledger::new(&cluster);
     let mut target = Arc::new(workload.clone());
-    let mut policy = make_policy(PolicyArgs::for_ledger(target.clone(), &cluster, &ledger))?;
+    let mut policy = make_policy(PolicyArgs::for_ledger(target.clone(), &ledger))?;
     // A policy that learns follows its learned target and the free GPU supply.
     let mut learned = None;
-    let mut supply = SupplyWatch::new(&cluster, policy::free_milli_per_model(&cluster, &ledger));
+    let mut supply = SupplyWatch::new(&cluster, ledger.free_milli_by_model());
     if policy.learns_workload() {
         let l = match config.knowledge {
             Knowledge::Typical => {
@@ -394,7 +390,7 @@ pub(crate) fn drive(
             Knowledge::Online => LearnedWorkload::cold_start(config.learn),
         };
         target = l.target();
-        policy = make_policy(PolicyArgs::for_ledger(target.clone(), &cluster, &ledger))?;
+        policy = make_policy(PolicyArgs::for_ledger(target.clone(), &ledger))?;
         learned = Some(l);
     }
     let mut follows = policy.follows_supply();
@@ -415,10 +411,10 @@ pub(crate) fn drive(
         submitted += 1;
         if let Some(l) = &mut learned {
             let target_moved = l.observe(req);
-            let supply_moved = follows && supply.moved(&cluster, &ledger);
+            let supply_moved = follows && supply.moved(&ledger);
             if target_moved || supply_moved {
                 target = l.target();
-                let args = PolicyArgs::for_ledger(target.clone(), &cluster, &ledger);
+                let args = PolicyArgs::for_ledger(target.clone(), &ledger);
                 supply = SupplyWatch::new(&cluster, args.model_supply.clone());
                 let policy = make_policy(args)?;
                 follows = policy.follows_supply();

@@ -365,7 +365,7 @@ pub fn run(
             Event::Arrive(i) => {
                 let mut moved = false;
                 for m in &jobs[i].members {
-                    moved |= learner.observe(m, cluster, &ledger);
+                    moved |= learner.observe(m, &ledger);
                 }
                 if moved {
                     scheduler = Scheduler::new(learner.policy()?);

@@ -394,7 +394,7 @@ impl Engine {
         config: &IsolationConfig,
     ) -> Result<Engine, IsolationError> {
         let cluster = arm_cluster(base, arm, mig_gpus);
-        let learner = learner.clone();
+        let mut learner = learner.clone();
         let policy = learner.policy()?;
         Ok(Engine {
             arm,
@@ -412,7 +412,7 @@ impl Engine {
 
     /// Places an arriving pod; `None` when it fits nowhere.
     fn place(&mut self, req: &Request) -> Result<Option<AllocId>, IsolationError> {
-        if self.learner.observe(req, &self.cluster, &self.ledger) {
+        if self.learner.observe(req, &self.ledger) {
             self.sched = Scheduler::new(self.learner.policy()?);
         }
         let Some(p) = self

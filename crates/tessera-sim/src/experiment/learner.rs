@@ -23,7 +23,7 @@ pub(crate) struct Learner {
     /// The free GPU supply the policy was last built from, and when to build again.
     supply: SupplyWatch,
     /// Whether the policy last built reads the supply ([`Policy::follows_supply`]).
-    follows: std::cell::Cell<bool>,
+    follows: bool,
     /// What a policy that does not learn is built from.
     typical: Arc<TargetWorkload>,
     workload: Option<LearnedWorkload>,
@@ -40,12 +40,9 @@ impl Learner {
     ) -> Result<Learner, UnknownPolicy> {
         let mut learner = Learner {
             name: name.to_string(),
-            supply: SupplyWatch::new(
-                cluster,
-                policy::free_milli_per_model(cluster, &Ledger::new(cluster)),
-            ),
+            supply: SupplyWatch::new(cluster, Ledger::new(cluster).free_milli_by_model()),
             typical,
-            follows: std::cell::Cell::new(false),
+            follows: false,
             workload: None,
         };
         if learner.policy()?.learns_workload() {
@@ -56,7 +53,7 @@ impl Learner {
 
     /// The policy as it stands: built from the learned target, or from the typical
     /// pods for a policy that does not learn.
-    pub(crate) fn policy(&self) -> Result<Box<dyn Policy>, UnknownPolicy> {
+    pub(crate) fn policy(&mut self) -> Result<Box<dyn Policy>, UnknownPolicy> {
         let workload = match &self.workload {
             Some(w) => w.target(),
             None => self.typical.clone(),
@@ -66,22 +63,22 @@ impl Learner {
             model_supply: self.supply.built().to_vec(),
         };
         let p = policy::by_name(&self.name, &args)?;
-        self.follows.set(p.follows_supply());
+        self.follows = p.follows_supply();
         Ok(p)
     }
 
-    /// Learns an arrival to `cluster` in the state `ledger` holds. `true` when the
+    /// Learns an arrival to a cluster in the state `ledger` holds. `true` when the
     /// learned target or the free supply moved: callers holding a policy build it
     /// again ([`Learner::policy`]).
-    pub(crate) fn observe(&mut self, req: &Request, cluster: &Cluster, ledger: &Ledger) -> bool {
+    pub(crate) fn observe(&mut self, req: &Request, ledger: &Ledger) -> bool {
         let Some(w) = self.workload.as_mut() else {
             return false;
         };
         let target = w.observe(req);
-        // A policy whose scores do not read the supply is not rebuilt for it.
-        let follows = self.follows.get();
-        let supply = (target || follows) && self.supply.moved(cluster, ledger);
-        target || (follows && supply)
+        // A policy whose scores do not read the supply is not rebuilt for it; one
+        // rebuilt for its target takes the supply as it is now if it moved.
+        let supply = (target || self.follows) && self.supply.moved(ledger);
+        target || supply
     }
 }
 
@@ -97,9 +94,9 @@ mod tests {
         let half = Request::share_milli(500, 2000, 0);
         let l = Ledger::new(&c);
         let mut fgd = Learner::start(&c, "fgd", typical.clone()).unwrap();
-        assert!((0..1000).all(|_| !fgd.observe(&half, &c, &l)));
+        assert!((0..1000).all(|_| !fgd.observe(&half, &l)));
         let mut tessera = Learner::start(&c, "tessera", typical).unwrap();
-        let rebuilt = (0..1000).filter(|_| tessera.observe(&half, &c, &l)).count();
+        let rebuilt = (0..1000).filter(|_| tessera.observe(&half, &l)).count();
         assert!(rebuilt > 0, "the learned target never moved");
         let learned = tessera.workload.as_ref().unwrap().target();
         let share: f64 = learned

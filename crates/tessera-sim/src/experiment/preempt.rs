@@ -228,7 +228,7 @@ pub fn setup(
     let mut ledger = Ledger::new(cluster);
     let mut running = FxHashMap::default();
     for &i in &order {
-        if learner.observe(&fill_pods[i].request, cluster, &ledger) {
+        if learner.observe(&fill_pods[i].request, &ledger) {
             scheduler = Scheduler::new(learner.policy()?);
         }
         let Some(p) = scheduler.place(cluster, &ledger, &fill_pods[i].request, &mut rng) else {
@@ -347,7 +347,7 @@ fn run_policy(
     };
     let mut lost_milli_s = 0u64;
     for (now_s, req) in arrivals {
-        if learner.observe(req, cluster, &state.ledger) {
+        if learner.observe(req, &state.ledger) {
             scheduler = Scheduler::new(learner.policy()?);
         }
         if let Some(p) = scheduler.place(cluster, &state.ledger, req, &mut rng) {

@@ -331,11 +331,10 @@ impl Engine<'_> {
     /// GPU supply moved
     /// (and forgets which shapes failed: the new policy has not judged them).
     fn learn(&mut self, shape: u32) -> Result<(), ReplayError> {
-        if self.learner.observe(
-            &self.input.shapes[shape as usize],
-            self.cluster,
-            &self.ledger,
-        ) {
+        if self
+            .learner
+            .observe(&self.input.shapes[shape as usize], &self.ledger)
+        {
             self.scheduler = Scheduler::new(self.learner.policy()?);
             self.failed_at.fill(None);
             self.rebuilds += 1;
@@ -481,7 +480,7 @@ pub fn run_replay(
     if input.pods.is_empty() {
         return Err(ReplayError::NoPods);
     }
-    let learner = Learner::start(cluster, policy_name, input.workload.clone())?;
+    let mut learner = Learner::start(cluster, policy_name, input.workload.clone())?;
     let scheduler = Scheduler::new(learner.policy()?);
     let once: Vec<u64> = input
         .pods

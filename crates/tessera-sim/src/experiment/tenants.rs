@@ -277,7 +277,7 @@ impl Engine<'_> {
     fn learn(&mut self, shape: u32) -> Result<(), TenantError> {
         if self
             .learner
-            .observe(&self.shapes[shape as usize], self.cluster, &self.ledger)
+            .observe(&self.shapes[shape as usize], &self.ledger)
         {
             let policy = self.learner.policy().map_err(ReplayError::from)?;
             self.scheduler = Scheduler::new(policy);
@@ -626,7 +626,7 @@ pub fn run_tenants(
         })
         .collect();
 
-    let learner =
+    let mut learner =
         Learner::start(cluster, "tessera", input.workload.clone()).map_err(ReplayError::from)?;
     let scheduler = Scheduler::new(learner.policy().map_err(ReplayError::from)?);
     let n = pods.len();
