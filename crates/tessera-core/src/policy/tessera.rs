@@ -28,7 +28,7 @@
 //!   the rest is fragment. That makes every pod — CPU-only ones included, which now
 //!   need no rule of their own — pay for the GPUs its CPU strands.
 //! - **Multi-GPU shapes are capped so that keeping an idle node whole is worth at most
-//!   one band** (`multi_gpu_bands`): the expectation counts a k-GPU node's whole idle GPU
+//!   half a band** (`multi_gpu_bands`): the expectation counts a k-GPU node's whole idle GPU
 //!   as fragment for k-GPU shapes once one GPU is taken, and with frequent multi-GPU
 //!   shapes that outweighs how well small pods fit; capped, it decides only between
 //!   nodes that are otherwise about equal.
@@ -99,7 +99,7 @@ impl Default for TesseraParams {
             pressure_weight: 2.0,
             pressure_exponent: 3.0,
             topology_weight: 10.0,
-            multi_gpu_bands: 1.0,
+            multi_gpu_bands: 0.5,
             share_quantum_scale: 0.285,
             cpu_counted: true,
         }
