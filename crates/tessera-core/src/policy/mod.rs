@@ -149,6 +149,14 @@ impl SupplyWatch {
         &self.built
     }
 
+    /// The policy is built again for another reason (its learned target moved): it
+    /// takes the supply `ledger` leaves free now, which this returns and
+    /// [`SupplyWatch::built`] then holds.
+    pub fn rebuilt(&mut self, ledger: &Ledger) -> &[u32] {
+        self.built = ledger.free_milli_by_model();
+        &self.built
+    }
+
     /// `true` when the policy should be built again, from the supply now (which
     /// [`SupplyWatch::built`] then holds); `false` while it is close enough.
     pub fn moved(&mut self, ledger: &Ledger) -> bool {

@@ -414,8 +414,10 @@ pub(crate) fn drive(
             let supply_moved = follows && supply.moved(&ledger);
             if target_moved || supply_moved {
                 target = l.target();
-                let args = PolicyArgs::for_ledger(target.clone(), &ledger);
-                supply = SupplyWatch::new(&cluster, args.model_supply.clone());
+                let args = PolicyArgs {
+                    workload: Some(target.clone()),
+                    model_supply: supply.rebuilt(&ledger).to_vec(),
+                };
                 let policy = make_policy(args)?;
                 follows = policy.follows_supply();
                 scheduler = Scheduler::new(policy);

@@ -74,11 +74,14 @@ impl Learner {
         let Some(w) = self.workload.as_mut() else {
             return false;
         };
-        let target = w.observe(req);
-        // A policy whose scores do not read the supply is not rebuilt for it; one
-        // rebuilt for its target takes the supply as it is now if it moved.
-        let supply = (target || self.follows) && self.supply.moved(ledger);
-        target || supply
+        if w.observe(req) {
+            // Built again for its target, the policy takes the supply as it is now, as
+            // the fill's driver and the Kubernetes mirror build theirs.
+            self.supply.rebuilt(ledger);
+            return true;
+        }
+        // A policy whose scores do not read the supply is not rebuilt for it.
+        self.follows && self.supply.moved(ledger)
     }
 }
 
@@ -106,5 +109,24 @@ mod tests {
             .map(|p| p.weight)
             .sum();
         assert!(share > 0.5, "half shares weigh {share} after 1,000 of them");
+        // Rebuilt for its target, it reads the supply the ledger leaves now, though
+        // one whole GPU of 782 is under the watch's step.
+        let mut used = Ledger::new(&c);
+        let node = c.nodes().iter().position(|n| !n.gpus.is_empty()).unwrap();
+        used.apply(
+            &c,
+            &tessera_core::placement::Placement {
+                node: tessera_core::model::NodeId(node as u32),
+                grants: [tessera_core::placement::GpuGrant::whole(0, 1000)]
+                    .into_iter()
+                    .collect(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let quarter = Request::share_milli(250, 1000, 0);
+        assert!((0..1000).any(|_| tessera.observe(&quarter, &used)));
+        assert_eq!(tessera.supply.built(), used.free_milli_by_model());
+        assert_ne!(used.free_milli_by_model(), l.free_milli_by_model());
     }
 }
