@@ -120,7 +120,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut ledger = Ledger::new(&cluster);
         let mut arrived = 0u64;
         // Tessera follows the free GPU supply, as the fill's driver rebuilds it.
-        let mut supply = SupplyWatch::new(&cluster, ledger.free_milli_by_model());
+        let mut supply = SupplyWatch::new(&cluster, &ledger);
         for &i in &order {
             if policy_name == "tessera" && sched.policy().follows_supply() && supply.moved(&ledger)
             {

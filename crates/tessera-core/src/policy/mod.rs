@@ -136,10 +136,10 @@ pub struct SupplyWatch {
 }
 
 impl SupplyWatch {
-    /// Watches `cluster`, whose policy was built from `supply`.
-    pub fn new(cluster: &Cluster, supply: Vec<u32>) -> SupplyWatch {
+    /// Watches `cluster`, whose policy is built from the supply `ledger` leaves free now.
+    pub fn new(cluster: &Cluster, ledger: &Ledger) -> SupplyWatch {
         SupplyWatch {
-            built: supply,
+            built: ledger.free_milli_by_model(),
             step: (cluster.gpu_count() as u64 * 10).max(1),
         }
     }

@@ -548,7 +548,7 @@ mod tests {
         // (0.02·1000 / 4) / (1000 / 52) = 0.26.
         assert!((inventory[t4.0 as usize] - 0.26).abs() < 1e-9);
         assert!((model_pressure(&wl, &fresh)[t4.0 as usize] - 0.26).abs() < 1e-9);
-        let mut watch = super::super::SupplyWatch::new(&c, fresh);
+        let mut watch = super::super::SupplyWatch::new(&c, &l);
         let whole = |node: u32, gpu: u8| Placement {
             node: NodeId(node),
             grants: [GpuGrant::whole(gpu, 1000)].into_iter().collect(),
@@ -577,7 +577,7 @@ mod tests {
         // Supply used up evenly (a quarter of what is free on each model) leaves the
         // shares, and so the pressure, where they were: no rebuild, though 13 GPUs moved.
         let mut even = Ledger::new(&c);
-        let mut watch = super::super::SupplyWatch::new(&c, even.free_milli_by_model());
+        let mut watch = super::super::SupplyWatch::new(&c, &even);
         even.apply(&c, &whole(0, 0)).unwrap();
         for node in 2..8 {
             for gpu in 0..2 {

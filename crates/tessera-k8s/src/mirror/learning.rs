@@ -128,10 +128,7 @@ impl Mirror {
         if !self.policy.learns_workload() {
             return;
         }
-        self.learning.supply = Some(SupplyWatch::new(
-            &self.cluster,
-            self.ledger.free_milli_by_model(),
-        ));
+        self.learning.supply = Some(SupplyWatch::new(&self.cluster, &self.ledger));
         match policy::by_name(self.policy.name(), &self.learned_args()) {
             Ok(p) => {
                 self.policy = p;

@@ -377,7 +377,7 @@ pub(crate) fn drive(
     let mut policy = make_policy(PolicyArgs::for_ledger(target.clone(), &ledger))?;
     // A policy that learns follows its learned target and the free GPU supply.
     let mut learned = None;
-    let mut supply = SupplyWatch::new(&cluster, ledger.free_milli_by_model());
+    let mut supply = SupplyWatch::new(&cluster, &ledger);
     if policy.learns_workload() {
         let l = match config.knowledge {
             Knowledge::Typical => {

@@ -2,9 +2,9 @@
 //! arrive over time (replay, tenants, preempt, gang, isolation): a policy that learns
 //! its workload (`tessera`) starts from the generic cold-start prior, learns every pod
 //! as it arrives and is rebuilt from the learned target and the GPU compute still free
-//! per model each time that target or that supply moves ([`SupplyWatch`]). `tessera-k8s`'s mirror does the same (there
-//! a pod without GPUs counts once bound to a node with GPUs; every node here has
-//! GPUs). A policy that does not learn (FGD) is built once from the trace's typical
+//! per model each time that target or that supply moves ([`SupplyWatch`]).
+//! `tessera-k8s`'s mirror does the same (there a pod without GPUs counts once bound to
+//! a node with GPUs; every node here has GPUs). A policy that does not learn (FGD) is built once from the trace's typical
 //! pods.
 
 use std::sync::Arc;
@@ -40,7 +40,7 @@ impl Learner {
     ) -> Result<Learner, UnknownPolicy> {
         let mut learner = Learner {
             name: name.to_string(),
-            supply: SupplyWatch::new(cluster, Ledger::new(cluster).free_milli_by_model()),
+            supply: SupplyWatch::new(cluster, &Ledger::new(cluster)),
             typical,
             follows: false,
             workload: None,

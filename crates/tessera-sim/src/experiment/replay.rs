@@ -328,8 +328,8 @@ struct Engine<'a> {
 
 impl Engine<'_> {
     /// Learns an arriving pod; rebuilds the policy when the learned target or the free
-    /// GPU supply moved
-    /// (and forgets which shapes failed: the new policy has not judged them).
+    /// GPU supply moved (and forgets which shapes failed: the new policy has not
+    /// judged them).
     fn learn(&mut self, shape: u32) -> Result<(), ReplayError> {
         if self
             .learner

@@ -271,9 +271,8 @@ struct Engine<'a> {
 
 impl Engine<'_> {
     /// Learns an arriving pod; rebuilds the policy when the learned target or the free
-    /// GPU supply moved
-    /// (and forgets which shapes failed to fit or to reclaim: the new policy has
-    /// not judged them).
+    /// GPU supply moved (and forgets which shapes failed to fit or to reclaim: the new
+    /// policy has not judged them).
     fn learn(&mut self, shape: u32) -> Result<(), TenantError> {
         if self
             .learner
