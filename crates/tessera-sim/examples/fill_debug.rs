@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use tessera_core::Scheduler;
 use tessera_core::ledger::Ledger;
 use tessera_core::policy::tessera::{Tessera, TesseraParams};
-use tessera_core::policy::{self, PolicyArgs, SupplyWatch};
+use tessera_core::policy::{self, PolicyArgs, PolicyInputs};
 use tessera_sim::experiment::fill::{
     FillConfig, arrival_order, permute_nodes, seeds, typical_pods,
 };
@@ -101,39 +101,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!();
     }
     for seed in seeds(n) {
-        let wl = typical_pods(&pods, config.typical_coverage);
-        let args = PolicyArgs::for_cluster(Arc::new(wl), &cluster0);
-        let policy: Box<dyn policy::Policy> = if policy_name == "tessera" {
-            // As run_fill builds it, with the weights from the environment.
-            Box::new(Tessera::new(
-                args.workload(),
-                &args.model_supply,
-                params_from_env()?,
-            ))
-        } else {
-            policy::by_name(policy_name, &args)?
-        };
-        let mut sched = Scheduler::new(policy);
         let mut rng = SmallRng::seed_from_u64(seed);
         let order = arrival_order(&pods, cap, &config, &mut rng);
         let cluster = permute_nodes(&cluster0, &mut rng)?;
         let mut ledger = Ledger::new(&cluster);
-        let mut arrived = 0u64;
-        // Tessera follows the free GPU supply, as the fill's driver rebuilds it.
-        let mut supply = SupplyWatch::new(&cluster, &ledger);
-        for &i in &order {
-            if policy_name == "tessera" && sched.policy().follows_supply() && supply.moved(&ledger)
-            {
-                sched = Scheduler::new(Box::new(Tessera::new(
-                    args.workload(),
-                    supply.built(),
+        // Built, learned and rebuilt as the fill's driver does (`PolicyInputs`), Tessera
+        // with the weights from the environment.
+        let make = |a: PolicyArgs| -> Result<Box<dyn policy::Policy>, Box<dyn std::error::Error>> {
+            Ok(if policy_name == "tessera" {
+                Box::new(Tessera::new(
+                    a.workload(),
+                    &a.model_supply,
                     params_from_env()?,
-                )));
-            }
+                ))
+            } else {
+                policy::by_name(policy_name, &a)?
+            })
+        };
+        let (mut inputs, policy) = PolicyInputs::start(
+            make,
+            Arc::new(typical_pods(&pods, config.typical_coverage)),
+            || config.knowledge.learned(&pods, config.learn),
+            &cluster,
+            &ledger,
+        )?;
+        let mut sched = Scheduler::new(policy);
+        let mut arrived = 0u64;
+        for &i in &order {
             let req = &pods[i].request;
             arrived += req.gpu.total_milli();
             if arrived > cap {
                 break;
+            }
+            if inputs.observe(req, &ledger) {
+                sched = Scheduler::new(inputs.build(make)?);
             }
             match sched.place(&cluster, &ledger, req, &mut rng) {
                 Some(p) => {

@@ -11,6 +11,7 @@ pub mod binpack;
 pub mod clustering;
 pub mod dotprod;
 pub mod fgd;
+mod inputs;
 pub mod k8s_binpack;
 pub mod k8s_default;
 pub mod packing;
@@ -18,6 +19,8 @@ pub mod random;
 pub mod spread;
 pub mod tessera;
 pub mod topology;
+
+pub use inputs::{PolicyInputs, SupplyWatch};
 
 use std::sync::Arc;
 
@@ -100,79 +103,6 @@ impl PolicyArgs {
             workload: Some(workload),
             model_supply: ledger.free_milli_by_model(),
         }
-    }
-}
-
-/// Whether some model's share of the free supply moved by more than 5 % of itself
-/// between `a` and `b` (one with none free on one side and some on the other always
-/// has): the pressure reads shares, so supply used up evenly changes nothing.
-fn shares_moved(a: &[u32], b: &[u32]) -> bool {
-    let total = |v: &[u32]| v.iter().map(|&x| f64::from(x)).sum::<f64>();
-    let (ta, tb) = (total(a), total(b));
-    if ta == 0.0 || tb == 0.0 {
-        return ta != tb;
-    }
-    (0..a.len().max(b.len())).any(|m| {
-        let sa = f64::from(a.get(m).copied().unwrap_or(0)) / ta;
-        let sb = f64::from(b.get(m).copied().unwrap_or(0)) / tb;
-        match (sa > 0.0, sb > 0.0) {
-            (true, true) => (sb / sa - 1.0).abs() > 0.05,
-            (false, false) => false,
-            _ => true,
-        }
-    })
-}
-
-/// When a policy built from the free supply ([`Ledger::free_milli_by_model`]) is due to be
-/// built again: once the supply it was built from has moved, summed over the models,
-/// by 1 % of the cluster's GPU compute, and some model's share of it by 5 % of that
-/// share (supply used up evenly leaves the pressure as it was). Rebuilding drops
-/// the score caches, so it follows the supply in steps rather than on every
-/// placement.
-#[derive(Debug, Clone)]
-pub struct SupplyWatch {
-    built: Vec<u32>,
-    step: u64,
-}
-
-impl SupplyWatch {
-    /// Watches `cluster`, whose policy is built from the supply `ledger` leaves free now.
-    pub fn new(cluster: &Cluster, ledger: &Ledger) -> SupplyWatch {
-        SupplyWatch {
-            built: ledger.free_milli_by_model(),
-            step: (cluster.gpu_count() as u64 * 10).max(1),
-        }
-    }
-
-    /// The supply the policy was last built from.
-    pub fn built(&self) -> &[u32] {
-        &self.built
-    }
-
-    /// The policy is built again for another reason (its learned target moved): it
-    /// takes the supply `ledger` leaves free now, which this returns and
-    /// [`SupplyWatch::built`] then holds.
-    pub fn rebuilt(&mut self, ledger: &Ledger) -> &[u32] {
-        self.built = ledger.free_milli_by_model();
-        &self.built
-    }
-
-    /// `true` when the policy should be built again, from the supply now (which
-    /// [`SupplyWatch::built`] then holds); `false` while it is close enough.
-    pub fn moved(&mut self, ledger: &Ledger) -> bool {
-        let now = ledger.free_milli_by_model();
-        let drift: u64 = (0..now.len().max(self.built.len()))
-            .map(|m| {
-                let a = u64::from(now.get(m).copied().unwrap_or(0));
-                let b = u64::from(self.built.get(m).copied().unwrap_or(0));
-                a.abs_diff(b)
-            })
-            .sum();
-        if drift < self.step || !shares_moved(&self.built, &now) {
-            return false;
-        }
-        self.built = now;
-        true
     }
 }
 

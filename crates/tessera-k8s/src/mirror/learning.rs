@@ -1,10 +1,11 @@
 //! The workload the `tessera` policy measures fragmentation against, learned
-//! from the pods that arrive (issue 12): the core's [`LearnedWorkload`], fed
-//! each pod once (by UID) in arrival order, rebuilt from the pods listed after
-//! a restart, and the policy rebuilt whenever the learned target moves, the
-//! cluster's GPU inventory changes or the GPU compute still free per model moves
-//! ([`SupplyWatch`]: the model pressure is weighed against it, as in the
-//! simulator). Policies that do not learn keep the one they were built with.
+//! from the pods that arrive (issue 12): the core's [`PolicyInputs`] — the
+//! rule the simulator's experiments follow too — fed each pod once (by UID) in
+//! arrival order, rebuilt from the pods listed after a restart, and the policy
+//! rebuilt whenever the learned target moves, the cluster's GPU inventory
+//! changes or the GPU compute still free per model moves (the model pressure is
+//! weighed against it). Policies that do not learn keep the one they were built
+//! with.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -12,9 +13,10 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use tessera_core::frag::{TargetWorkload, TypicalPod};
-use tessera_core::model::{Catalog, ModelId};
+use tessera_core::ledger::Ledger;
+use tessera_core::model::{Catalog, Cluster, ModelId};
 use tessera_core::policy::tessera::model_pressure;
-use tessera_core::policy::{self, PolicyArgs, SupplyWatch};
+use tessera_core::policy::{self, PolicyArgs, PolicyInputs};
 use tessera_core::request::GpuAsk;
 use tessera_core::workload::{LearnConfig, LearnedWorkload};
 
@@ -23,20 +25,31 @@ use crate::convert;
 
 /// What the mirror learns from.
 pub struct Learning {
-    pub(super) workload: LearnedWorkload,
+    /// The learned workload and the free GPU supply the policy was last built from.
+    inputs: PolicyInputs,
     /// Pods already learned (each once, whatever relists show them again).
     seen: HashSet<String>,
-    /// The free GPU supply the policy was last built from (`None`: not built yet).
-    supply: Option<SupplyWatch>,
 }
 
 impl Default for Learning {
+    /// The cold-start prior, on no cluster yet.
     fn default() -> Learning {
+        let cluster = Cluster::default();
         Learning {
-            workload: LearnedWorkload::cold_start(LearnConfig::default()),
+            inputs: PolicyInputs::learning(
+                LearnedWorkload::cold_start(LearnConfig::default()),
+                &cluster,
+                &Ledger::new(&cluster),
+            ),
             seen: HashSet::new(),
-            supply: None,
         }
+    }
+}
+
+impl Learning {
+    /// The learned workload (always there: the inputs are made learning).
+    fn workload(&self) -> Option<&LearnedWorkload> {
+        self.inputs.learned()
     }
 }
 
@@ -86,7 +99,7 @@ impl Mirror {
                 }
             };
             self.learning.seen.insert(convert::pod_uid(p).to_string());
-            moved |= self.learning.workload.observe(&req);
+            moved |= self.learning.inputs.learn(&req);
         }
         if moved {
             self.rebuild_policy();
@@ -128,8 +141,11 @@ impl Mirror {
         if !self.policy.learns_workload() {
             return;
         }
-        self.learning.supply = Some(SupplyWatch::new(&self.cluster, &self.ledger));
-        match policy::by_name(self.policy.name(), &self.learned_args()) {
+        self.learning
+            .inputs
+            .retake_supply(&self.cluster, &self.ledger);
+        let name = self.policy.name();
+        match self.learning.inputs.build(|a| policy::by_name(name, &a)) {
             Ok(p) => {
                 self.policy = p;
                 self.verdicts.clear();
@@ -141,38 +157,24 @@ impl Mirror {
     }
 
     /// Rebuilds a learning policy once the free GPU supply has moved from the one
-    /// it was built from by 1 % of the cluster's compute ([`SupplyWatch`]).
+    /// it was built from by a step ([`PolicyInputs::supply_moved`]).
     pub(super) fn follow_supply(&mut self) {
         if !self.policy.learns_workload() {
             return;
         }
-        if !self.policy.follows_supply() && self.learning.supply.is_some() {
-            return;
-        }
-        let moved = match &mut self.learning.supply {
-            Some(w) => w.moved(&self.ledger),
-            None => true,
-        };
-        if moved {
+        if self.learning.inputs.supply_moved(&self.ledger) {
             self.rebuild_policy();
         }
     }
 
-    /// What the policy is built from: the learned target and the free GPU supply
-    /// it was last built from.
-    fn learned_args(&self) -> PolicyArgs {
-        PolicyArgs {
-            workload: Some(self.learning.workload.target()),
-            model_supply: self.model_supply(),
-        }
-    }
-
-    /// The free GPU compute per model the policy weighs the constrained demand
-    /// against (as of its last build; the inventory before any).
+    /// The free GPU compute per model a learning policy weighs the constrained
+    /// demand against (as of its last build); the inventory for one that does not
+    /// learn.
     pub fn model_supply(&self) -> Vec<u32> {
-        match &self.learning.supply {
-            Some(w) => w.built().to_vec(),
-            None => policy::gpus_per_model(&self.cluster),
+        if self.policy.learns_workload() {
+            self.learning.inputs.supply().to_vec()
+        } else {
+            policy::gpus_per_model(&self.cluster)
         }
     }
 
@@ -182,7 +184,7 @@ impl Mirror {
     /// placement of the preemptor. `binpack` if the name no longer resolves.
     pub fn policy_copy(&self) -> Box<dyn policy::Policy> {
         let args = if self.policy.learns_workload() {
-            self.learned_args()
+            self.learning.inputs.args()
         } else {
             PolicyArgs::default()
         };
@@ -195,8 +197,12 @@ impl Mirror {
     /// target moved.
     pub fn learned(&self) -> (u64, u64) {
         (
-            self.learning.workload.arrivals(),
-            self.learning.workload.generation(),
+            self.learning
+                .workload()
+                .map_or(0, LearnedWorkload::arrivals),
+            self.learning
+                .workload()
+                .map_or(0, LearnedWorkload::generation),
         )
     }
 
@@ -206,7 +212,7 @@ impl Mirror {
     /// they show is the one the scheduler minimises.
     pub fn target_workload(&self) -> Arc<TargetWorkload> {
         if self.policy.learns_workload() {
-            self.learning.workload.target()
+            self.learning.inputs.target()
         } else {
             Arc::new(TargetWorkload::builtin())
         }
@@ -227,9 +233,18 @@ impl Mirror {
             .collect();
         WorkloadReport {
             learned: self.policy.learns_workload(),
-            pods_learned: self.learning.workload.arrivals(),
-            generation: self.learning.workload.generation(),
-            prior_pods: self.learning.workload.config().prior_mass,
+            pods_learned: self
+                .learning
+                .workload()
+                .map_or(0, LearnedWorkload::arrivals),
+            generation: self
+                .learning
+                .workload()
+                .map_or(0, LearnedWorkload::generation),
+            prior_pods: self
+                .learning
+                .workload()
+                .map_or(0.0, |w| w.config().prior_mass),
             shapes: target.pods.len(),
             top: shapes
                 .into_iter()

@@ -108,7 +108,7 @@ impl Mirror {
     pub fn new(policy: Box<dyn Policy>, key: Vec<u8>) -> Mirror {
         let cluster = Cluster::default();
         let ledger = Ledger::new(&cluster);
-        Mirror {
+        let mut m = Mirror {
             key,
             policy,
             learning: Default::default(),
@@ -132,7 +132,11 @@ impl Mirror {
             queues: Default::default(),
             groups: BTreeMap::new(),
             disruption: Default::default(),
-        }
+        };
+        // A learning policy is built from the learned target (the cold-start prior
+        // until pods arrive) from the start, whatever the caller built it from.
+        m.rebuild_policy();
+        m
     }
 
     /// A mirror built from complete lists of objects (what a fresh process sees on start).

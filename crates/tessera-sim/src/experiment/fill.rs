@@ -26,7 +26,7 @@ use tessera_core::Scheduler;
 use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{Ledger, LedgerError};
 use tessera_core::model::{Cluster, ClusterError};
-use tessera_core::policy::{self, Policy, PolicyArgs, SupplyWatch, UnknownPolicy};
+use tessera_core::policy::{self, Policy, PolicyArgs, PolicyInputs, UnknownPolicy};
 use tessera_core::request::Request;
 use tessera_core::workload::{LearnConfig, LearnedWorkload};
 
@@ -81,6 +81,22 @@ pub enum Knowledge {
     Typical,
     /// Nothing: the generic cold-start prior ([`LearnedWorkload::cold_start`]).
     Online,
+}
+
+impl Knowledge {
+    /// What a learning policy starts from on `pods` and learns with `learn`.
+    pub fn learned(self, pods: &[TracePod], learn: LearnConfig) -> LearnedWorkload {
+        match self {
+            Knowledge::Typical => {
+                let learn = LearnConfig {
+                    prior_mass: pods.len() as f64,
+                    ..learn
+                };
+                LearnedWorkload::new(&typical_pods(pods, 1.0), learn)
+            }
+            Knowledge::Online => LearnedWorkload::cold_start(learn),
+        }
+    }
 }
 
 impl Default for FillConfig {
@@ -373,27 +389,14 @@ pub(crate) fn drive(
         cluster.clone()
     };
     let mut ledger = Ledger::new(&cluster);
-    let mut target = Arc::new(workload.clone());
-    let mut policy = make_policy(PolicyArgs::for_ledger(target.clone(), &ledger))?;
     // A policy that learns follows its learned target and the free GPU supply.
-    let mut learned = None;
-    let mut supply = SupplyWatch::new(&cluster, &ledger);
-    if policy.learns_workload() {
-        let l = match config.knowledge {
-            Knowledge::Typical => {
-                let learn = LearnConfig {
-                    prior_mass: pods.len() as f64,
-                    ..config.learn
-                };
-                LearnedWorkload::new(&typical_pods(pods, 1.0), learn)
-            }
-            Knowledge::Online => LearnedWorkload::cold_start(config.learn),
-        };
-        target = l.target();
-        policy = make_policy(PolicyArgs::for_ledger(target.clone(), &ledger))?;
-        learned = Some(l);
-    }
-    let mut follows = policy.follows_supply();
+    let (mut inputs, policy) = PolicyInputs::start(
+        &mut make_policy,
+        Arc::new(workload.clone()),
+        || config.knowledge.learned(pods, config.learn),
+        &cluster,
+        &ledger,
+    )?;
     let mut scheduler = Scheduler::new(policy);
     on(Event::Start {
         cluster: &cluster,
@@ -409,19 +412,8 @@ pub(crate) fn drive(
         }
         arrived += req.gpu.total_milli();
         submitted += 1;
-        if let Some(l) = &mut learned {
-            let target_moved = l.observe(req);
-            let supply_moved = follows && supply.moved(&ledger);
-            if target_moved || supply_moved {
-                target = l.target();
-                let args = PolicyArgs {
-                    workload: Some(target.clone()),
-                    model_supply: supply.rebuilt(&ledger).to_vec(),
-                };
-                let policy = make_policy(args)?;
-                follows = policy.follows_supply();
-                scheduler = Scheduler::new(policy);
-            }
+        if inputs.observe(req, &ledger) {
+            scheduler = Scheduler::new(inputs.build(&mut make_policy)?);
         }
         let at = match scheduler.place(&cluster, &ledger, req, &mut rng) {
             Some(p) => {
@@ -449,9 +441,9 @@ pub(crate) fn drive(
         });
     }
     Ok(Driven {
+        target: inputs.target(),
         cluster,
         ledger,
-        target,
         submitted,
         placed,
         failed,
