@@ -12,13 +12,15 @@
 //! the trace's typical pods (the published protocol); `--online` gives Tessera only what
 //! it learns from arrivals. FGD's results are cached under `$FGD_CACHE` (default: the
 //! system temp folder). `--prior-mass`, `--half-life`, `--rebuild-distance` set how
-//! Tessera learns. Terms for `--off`: bands, share-bands, pressure, accessible,
+//! Tessera learns. Terms for `--off`: bands, share-bands, pressure, models-ignored
+//! (count only the shapes the node's model allows), accessible (count the others as
+//! FGD does),
 //! cpu-counted, topology, multi-cap, free-supply (pressure against the inventory).
 
 use std::path::PathBuf;
 
 use rayon::prelude::*;
-use tessera_core::policy::tessera::{Tessera, TesseraParams};
+use tessera_core::policy::tessera::{ShapeModels, Tessera, TesseraParams};
 use tessera_core::policy::{PolicyArgs, gpus_per_model};
 use tessera_sim::experiment::fill::{FillConfig, Knowledge, run_fill, run_fill_with, seeds};
 use tessera_sim::metrics::mean_sd;
@@ -33,7 +35,8 @@ fn switch_off(p: &mut TesseraParams, term: &str) -> Result<(), Error> {
         "bands" => p.quantum = 0.0,
         "share-bands" => p.share_quantum_scale = 0.0,
         "pressure" => p.pressure_weight = 0.0,
-        "accessible" => p.count_inaccessible = true,
+        "models-ignored" => p.shape_models = ShapeModels::Accessible,
+        "accessible" => p.shape_models = ShapeModels::ExcludedAsIdle,
         "cpu-counted" => p.cpu_counted = false,
         "topology" => p.topology_weight = 0.0,
         "multi-cap" => p.multi_gpu_bands = 0.0,

@@ -9,8 +9,11 @@
 //!   pods over the cluster, first fit keeps used GPUs together and whole nodes idle.
 //!   Bands are `quantum` wide, and for a share `share_quantum_scale` × its milli-GPU, so
 //!   each share is judged on changes comparable to its own size.
-//! - **Model scarcity.** Fragment counts only the shapes that may use the node's GPU
-//!   model, and a pod pays `pressure_weight · pressure(model)^pressure_exponent · its
+//! - **Model scarcity is the pressure's alone.** The fragment reads the shapes' sizes
+//!   and ignores which models they may use ([`ShapeModels::Ignored`]), so nodes of
+//!   every model are judged against one workload and their fragment changes compare
+//!   (counting only the shapes a node's model allows weighs each model's nodes on a
+//!   different part of the workload). Between models the pressure decides: a pod pays `pressure_weight · pressure(model)^pressure_exponent · its
 //!   milli-GPU` for using a model that model-constrained shapes need ([`model_pressure`]:
 //!   about the share of the model's GPUs they need), so unconstrained pods leave the
 //!   scarce models to the pods that can run nowhere else. The cost is convex (cube):
@@ -60,7 +63,7 @@ use smallvec::SmallVec;
 use super::{Policy, first_gpus};
 use crate::fit::{Fit, GpuSet, NodeView, best_connected};
 use crate::frag::{CompiledWorkload, FragNode, TargetWorkload};
-use crate::model::ModelId;
+use crate::model::{ModelId, ModelSet};
 use crate::placement::{ScoreTerm, Scored};
 use crate::request::{GpuAsk, Request};
 
@@ -69,8 +72,8 @@ use crate::request::{GpuAsk, Request};
 pub struct TesseraParams {
     /// Width of the fragment-change bands (milli-GPU; 0: exact).
     pub quantum: f64,
-    /// Count the pod shapes the node's GPU model excludes (as FGD does).
-    pub count_inaccessible: bool,
+    /// How the fragment counts the target's model-constrained shapes.
+    pub shape_models: ShapeModels,
     /// Cost per milli-GPU placed on a model of pressure 1 ([`model_pressure`]).
     pub pressure_weight: f64,
     /// The cost grows as pressure to this power.
@@ -95,7 +98,7 @@ impl Default for TesseraParams {
     fn default() -> Self {
         TesseraParams {
             quantum: 100.0,
-            count_inaccessible: false,
+            shape_models: ShapeModels::Ignored,
             pressure_weight: 2.0,
             pressure_exponent: 3.0,
             topology_weight: 10.0,
@@ -104,6 +107,20 @@ impl Default for TesseraParams {
             cpu_counted: true,
         }
     }
+}
+
+/// How Tessera's fragment counts the shapes of the target that may use only some
+/// GPU models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShapeModels {
+    /// As shapes any model may take: the fragment measures sizes only, and the
+    /// model pressure alone keeps other pods off the models constrained pods need.
+    Ignored,
+    /// Only the shapes the node's model allows count.
+    Accessible,
+    /// The shapes the node's model excludes count all its free GPU as fragment
+    /// (FGD's measure).
+    ExcludedAsIdle,
 }
 
 pub struct Tessera {
@@ -124,10 +141,16 @@ impl Tessera {
         model_supply: &[u32],
         params: TesseraParams,
     ) -> Tessera {
+        let mut target = cap_multi_gpu(&workload, |k| {
+            params.multi_gpu_bands * params.quantum / (f64::from(k.max(2) - 1) * 1000.0)
+        });
+        if params.shape_models == ShapeModels::Ignored {
+            for p in &mut target.pods {
+                p.models = ModelSet::ALL;
+            }
+        }
         Tessera {
-            workload: CompiledWorkload::new(&cap_multi_gpu(&workload, |k| {
-                params.multi_gpu_bands * params.quantum / (f64::from(k.max(2) - 1) * 1000.0)
-            })),
+            workload: CompiledWorkload::new(&target),
             params,
             pressure: model_pressure(&workload, model_supply),
             memo: FragMemo::default(),
@@ -231,7 +254,7 @@ pub fn model_pressure(wl: &TargetWorkload, model_supply: &[u32]) -> Vec<f64> {
     let supply: Vec<f64> = model_supply.iter().map(|&n| f64::from(n)).collect();
     let total_supply: f64 = supply.iter().sum();
     let supply_ref = &supply;
-    let present = move |set: crate::model::ModelSet| {
+    let present = move |set: ModelSet| {
         (0..n_models).filter(move |&m| supply_ref[m] > 0.0 && set.contains(ModelId(m as u8)))
     };
     let mut load = vec![0.0f64; n_models];
@@ -281,9 +304,14 @@ impl Tessera {
         let n = FragNode {
             free_milli: &free,
             free_cpu_milli: cpu,
-            model: view.node.primary_model(),
+            // With the shapes' models ignored nodes of any model in one state share a
+            // memo slot.
+            model: match self.params.shape_models {
+                ShapeModels::Ignored => None,
+                _ => view.node.primary_model(),
+            },
         };
-        let accessible_only = !self.params.count_inaccessible;
+        let accessible_only = self.params.shape_models != ShapeModels::ExcludedAsIdle;
         self.memo.get_or(&n, || {
             if self.params.cpu_counted {
                 self.workload.node_frag_cpu_counted(&n, accessible_only)
@@ -587,6 +615,62 @@ mod tests {
         assert!(!watch.moved(&even));
         even.apply(&c, &whole(1, 0)).unwrap();
         assert!(watch.moved(&even), "T4 now half used, G2 a quarter");
+    }
+
+    /// With the shapes' models ignored, a node's fragment change does not depend on
+    /// its model: a half share on an idle T4 GPU and on an idle G2 GPU of otherwise
+    /// equal nodes removes the same fragment (the T4-only whole-GPU shape loses the
+    /// GPU's other half on both). Counting only the shapes a model allows, the G2
+    /// node sees no change (the T4-only shape does not count there).
+    #[test]
+    fn fragment_ignores_the_shapes_models() {
+        let cat = Catalog::default();
+        let (t4, g2) = (cat.find("T4").unwrap(), cat.find("G2").unwrap());
+        let c = Cluster::new(
+            cat,
+            vec![
+                Node::uniform("t4", 64_000, 1 << 20, t4, 8),
+                Node::uniform("g2", 64_000, 1 << 20, g2, 8),
+            ],
+        )
+        .unwrap();
+        let mut only_t4 = ModelSet(0);
+        only_t4.insert(t4);
+        let wl = Arc::new(TargetWorkload {
+            pods: vec![pod(1, 1000, only_t4, 0.5), pod(1, 500, ModelSet::ALL, 0.5)],
+        });
+        let l = Ledger::new(&c);
+        let req = Request::share_milli(500, 1000, 0);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let removed = |models: ShapeModels, node: u32, rng: &mut rand::rngs::SmallRng| {
+            let params = TesseraParams {
+                shape_models: models,
+                ..TesseraParams::default()
+            };
+            // No supply: no pressure, the fragment alone.
+            let t = Tessera::new(wl.clone(), &[], params);
+            let v = NodeView {
+                node: c.node(NodeId(node)),
+                used: l.node(NodeId(node)),
+                catalog: &c.catalog,
+            };
+            let fit = crate::fit::check(v, &req).unwrap();
+            t.score(v, &req, &fit, rng).unwrap().terms[0].value
+        };
+        // 500 milli left for the whole-GPU shape of weight 0.5: 250 of fragment,
+        // in bands of 0.285 · 500.
+        let band = 0.285 * 500.0;
+        let ignored = (
+            removed(ShapeModels::Ignored, 0, &mut rng),
+            removed(ShapeModels::Ignored, 1, &mut rng),
+        );
+        assert_eq!(ignored, (-2.0 * band, -2.0 * band));
+        let accessible = (
+            removed(ShapeModels::Accessible, 0, &mut rng),
+            removed(ShapeModels::Accessible, 1, &mut rng),
+        );
+        assert_eq!(accessible, (-2.0 * band, 0.0));
+        assert_eq!(g2, c.node(NodeId(1)).primary_model().unwrap());
     }
 
     #[test]
