@@ -22,7 +22,9 @@ use crate::workload::LearnedWorkload;
 /// rebuild always takes the supply as it is then.
 #[derive(Debug, Clone)]
 pub struct PolicyInputs {
+    /// What a learning policy learns from (`None`: the policy does not learn).
     learned: Option<LearnedWorkload>,
+    /// The target of a policy that does not learn (unread while `learned` is set).
     fixed: Arc<TargetWorkload>,
     supply: SupplyWatch,
     /// Whether the policy last built reads the supply.
