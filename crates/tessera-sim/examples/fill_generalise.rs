@@ -15,7 +15,7 @@
 //! Tessera learns. Terms for `--off`: bands, share-bands, pressure, models-ignored
 //! (count only the shapes the node's model allows), accessible (count the others as
 //! FGD does),
-//! cpu-counted, topology, multi-cap, free-supply (pressure against the inventory).
+//! cpu-counted, topology, multi-cap, generic (no generic shapes), free-supply (pressure against the inventory).
 
 use std::path::PathBuf;
 
@@ -40,6 +40,7 @@ fn switch_off(p: &mut TesseraParams, term: &str) -> Result<(), Error> {
         "cpu-counted" => p.cpu_counted = false,
         "topology" => p.topology_weight = 0.0,
         "multi-cap" => p.multi_gpu_bands = 0.0,
+        "generic" => p.generic_share = 0.0,
         other => return Err(format!("unknown term {other}").into()),
     }
     Ok(())
@@ -56,6 +57,7 @@ fn set_param(p: &mut TesseraParams, kv: &str) -> Result<(), Error> {
         "topology_weight" => p.topology_weight = v,
         "multi_gpu_bands" => p.multi_gpu_bands = v,
         "cpu_counted" => p.cpu_counted = v != 0.0,
+        "generic_share" => p.generic_share = v,
         other => return Err(format!("unknown parameter {other}").into()),
     }
     Ok(())

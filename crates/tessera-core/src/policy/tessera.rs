@@ -30,6 +30,12 @@
 //!   more pods of `k` GPUs can use only the `n · k` fitting GPUs with the most free,
 //!   the rest is fragment. That makes every pod — CPU-only ones included, which now
 //!   need no rule of their own — pay for the GPUs its CPU strands.
+//! - **The fragment's target keeps a share of generic shapes** (`generic_share`, 0.4):
+//!   whole GPUs, half and quarter shares and CPU-only pods
+//!   ([`crate::workload::cold_start_prior`]) beside the learned mix. The learned mix
+//!   says what the cluster runs now; measured against it alone the fragment chases its
+//!   exact sizes, while round shapes keep what a node is left with in pieces any pod
+//!   can use. The pressure reads the learned target alone.
 //! - **Multi-GPU shapes are capped so that keeping an idle node whole is worth at most
 //!   half a band** (`multi_gpu_bands`): the expectation counts a k-GPU node's whole idle GPU
 //!   as fragment for k-GPU shapes once one GPU is taken, and with frequent multi-GPU
@@ -49,8 +55,9 @@
 //! band(x) = ⌊x / q⌋ · q,  q = share_quantum_scale · milli for shares, quantum otherwise
 //! ```
 //!
-//! The target workload is whatever the caller holds: the trace's typical pods, or the
-//! workload learned online ([`crate::workload::LearnedWorkload`]). The score is a pure
+//! F is measured against the caller's target (the trace's typical pods, or the
+//! workload learned online, [`crate::workload::LearnedWorkload`]) with the generic
+//! shapes beside it ([`with_generic`]), the pressure against the caller's target. The score is a pure
 //! function of the node's state and the request, so the scheduler caches it per shape;
 //! a caller whose target changes builds a new policy. The policy itself keeps each
 //! fragment value by node state (`FragMemo`), which nodes in one state share.
@@ -91,6 +98,10 @@ pub struct TesseraParams {
     /// A shape's usable GPUs are limited by the CPU left for its pods
     /// ([`CompiledWorkload::node_frag_cpu_counted`]); off, FGD's measure.
     pub cpu_counted: bool,
+    /// Share of the fragment's target given to the generic shapes
+    /// ([`crate::workload::cold_start_prior`]), the rest to the caller's target
+    /// (0: the caller's alone). The model pressure reads the caller's target only.
+    pub generic_share: f64,
 }
 
 impl Default for TesseraParams {
@@ -105,6 +116,7 @@ impl Default for TesseraParams {
             multi_gpu_bands: 0.5,
             share_quantum_scale: 0.285,
             cpu_counted: true,
+            generic_share: 0.4,
         }
     }
 }
@@ -141,7 +153,7 @@ impl Tessera {
         model_supply: &[u32],
         params: TesseraParams,
     ) -> Tessera {
-        let mut target = cap_multi_gpu(&workload, |k| {
+        let mut target = cap_multi_gpu(&with_generic(&workload, params.generic_share), |k| {
             params.multi_gpu_bands * params.quantum / (f64::from(k.max(2) - 1) * 1000.0)
         });
         if params.shape_models == ShapeModels::Ignored {
@@ -207,6 +219,23 @@ impl FragMemo {
         };
         value
     }
+}
+
+/// `share` of the generic shapes ([`crate::workload::cold_start_prior`]) beside
+/// `1 − share` of `wl` (a share outside (0, 1) leaves `wl` as it is).
+pub fn with_generic(wl: &TargetWorkload, share: f64) -> TargetWorkload {
+    let mut out = wl.clone();
+    if !(share > 0.0 && share < 1.0) || wl.pods.is_empty() {
+        return out;
+    }
+    for p in &mut out.pods {
+        p.weight *= 1.0 - share;
+    }
+    for mut p in crate::workload::cold_start_prior().pods {
+        p.weight *= share;
+        out.pods.push(p);
+    }
+    out
 }
 
 /// The workload with the shapes of each GPU count k above 1 scaled down, where they
@@ -522,6 +551,7 @@ mod tests {
             let params = TesseraParams {
                 multi_gpu_bands: bands,
                 quantum: 100.0,
+                generic_share: 0.0,
                 ..TesseraParams::default()
             };
             let t = Tessera::new(Arc::new(wl.clone()), &[], params);
@@ -622,6 +652,49 @@ mod tests {
     /// equal nodes removes the same fragment (the T4-only whole-GPU shape loses the
     /// GPU's other half on both). Counting only the shapes a model allows, the G2
     /// node sees no change (the T4-only shape does not count there).
+    /// The generic shapes take their share of the fragment's target: a half share on
+    /// the idle GPU of a one-GPU node, against a target of whole-GPU pods only, leaves
+    /// 500 milli no whole pod fits (500 of fragment); with 0.4 of generic shapes the
+    /// whole-GPU shapes weigh 0.76 and the CPU-only ones 0.08 (the halves and quarters
+    /// fit what is left): before 0.08 · 1000, after 0.76 · 500 + 0.08 · 500.
+    #[test]
+    fn the_target_keeps_a_share_of_generic_shapes() {
+        let cat = Catalog::default();
+        let g2 = cat.find("G2").unwrap();
+        let c = Cluster::new(cat, vec![Node::uniform("one", 64_000, 1 << 20, g2, 1)]).unwrap();
+        let l = Ledger::new(&c);
+        let wl = Arc::new(TargetWorkload {
+            pods: vec![pod(1, 1000, ModelSet::ALL, 1.0)],
+        });
+        let req = Request::share_milli(500, 1000, 0);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let removed = |share: f64, rng: &mut rand::rngs::SmallRng| {
+            let params = TesseraParams {
+                generic_share: share,
+                share_quantum_scale: 0.0,
+                quantum: 0.0,
+                ..TesseraParams::default()
+            };
+            let t = Tessera::new(wl.clone(), &[], params);
+            let v = NodeView {
+                node: c.node(NodeId(0)),
+                used: l.node(NodeId(0)),
+                catalog: &c.catalog,
+            };
+            let fit = crate::fit::check(v, &req).unwrap();
+            t.score(v, &req, &fit, rng).unwrap().terms[0].value
+        };
+        assert!((removed(0.0, &mut rng) + 500.0).abs() < 1e-9);
+        let want = 0.08 * 1000.0 - (0.76 * 500.0 + 0.08 * 500.0);
+        let got = removed(0.4, &mut rng);
+        assert!((got - want).abs() < 1e-9, "{got} against {want}");
+        // The generic shapes sum to the share, the caller's to the rest.
+        let mixed = with_generic(&wl, 0.4);
+        let sum: f64 = mixed.pods.iter().map(|p| p.weight).sum();
+        assert!((sum - 1.0).abs() < 1e-12);
+        assert_eq!(with_generic(&wl, 0.0), *wl);
+    }
+
     #[test]
     fn fragment_ignores_the_shapes_models() {
         let cat = Catalog::default();
@@ -645,6 +718,7 @@ mod tests {
         let removed = |models: ShapeModels, node: u32, rng: &mut rand::rngs::SmallRng| {
             let params = TesseraParams {
                 shape_models: models,
+                generic_share: 0.0,
                 ..TesseraParams::default()
             };
             // No supply: no pressure, the fragment alone.
@@ -727,6 +801,7 @@ mod tests {
                 &[],
                 TesseraParams {
                     cpu_counted,
+                    generic_share: 0.0,
                     ..TesseraParams::default()
                 },
             )));
@@ -809,7 +884,12 @@ mod tests {
         let wl = TargetWorkload {
             pods: vec![pod(1, 500, ModelSet::ALL, 1.0)],
         };
-        let t = Tessera::new(Arc::new(wl), &[], TesseraParams::default());
+        // The rule alone, without the generic shapes.
+        let alone = TesseraParams {
+            generic_share: 0.0,
+            ..TesseraParams::default()
+        };
+        let t = Tessera::new(Arc::new(wl), &[], alone);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let req = Request::share_milli(300, 0, 0);
         let score = |id: u32, rng: &mut rand::rngs::SmallRng| {
@@ -836,7 +916,7 @@ mod tests {
             &[],
             TesseraParams {
                 share_quantum_scale: 0.0,
-                ..TesseraParams::default()
+                ..alone
             },
         );
         let v = NodeView {
