@@ -14,8 +14,8 @@
 //! system temp folder). `--prior-mass`, `--half-life`, `--rebuild-distance` set how
 //! Tessera learns. Terms for `--off`: bands, share-bands, pressure, models-ignored
 //! (count only the shapes the node's model allows), accessible (count the others as
-//! FGD does),
-//! cpu-counted, topology, multi-cap, generic (no generic shapes), free-supply (pressure against the inventory).
+//! FGD does), cpu-counted, topology, multi-cap, generic (no generic shapes),
+//! free-supply (pressure against the inventory).
 
 use std::path::PathBuf;
 

@@ -13,8 +13,9 @@
 //!   and ignores which models they may use ([`ShapeModels::Ignored`]), so nodes of
 //!   every model are judged against one workload and their fragment changes compare
 //!   (counting only the shapes a node's model allows weighs each model's nodes on a
-//!   different part of the workload). Between models the pressure decides: a pod pays `pressure_weight · pressure(model)^pressure_exponent · its
-//!   milli-GPU` for using a model that model-constrained shapes need ([`model_pressure`]:
+//!   different part of the workload). Between models the pressure decides: a pod
+//!   pays `pressure_weight · pressure(model)^pressure_exponent · its milli-GPU` for
+//!   using a model that model-constrained shapes need ([`model_pressure`]:
 //!   about the share of the model's GPUs they need), so unconstrained pods leave the
 //!   scarce models to the pods that can run nowhere else. The cost is convex (cube):
 //!   where constrained pods need a small part of a model it only breaks ties, where
@@ -57,10 +58,11 @@
 //!
 //! F is measured against the caller's target (the trace's typical pods, or the
 //! workload learned online, [`crate::workload::LearnedWorkload`]) with the generic
-//! shapes beside it ([`with_generic`]), the pressure against the caller's target. The score is a pure
-//! function of the node's state and the request, so the scheduler caches it per shape;
-//! a caller whose target changes builds a new policy. The policy itself keeps each
-//! fragment value by node state (`FragMemo`), which nodes in one state share.
+//! shapes beside it ([`with_generic`]), the pressure against the caller's target.
+//! The score is a pure function of the node's state and the request, so the
+//! scheduler caches it per shape; a caller whose target changes builds a new policy.
+//! The policy itself keeps each fragment value by node state (`FragMemo`), which
+//! nodes in one state share.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -502,6 +504,18 @@ mod tests {
         (Cluster::new(cat, nodes).unwrap(), wl, t4, g2)
     }
 
+    /// The fragment term of `t`'s score for `req` on `node` as `l` leaves it.
+    fn frag_removed(t: &Tessera, c: &Cluster, l: &Ledger, node: u32, req: &Request) -> f64 {
+        let v = NodeView {
+            node: c.node(NodeId(node)),
+            used: l.node(NodeId(node)),
+            catalog: &c.catalog,
+        };
+        let fit = crate::fit::check(v, req).unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        t.score(v, req, &fit, &mut rng).unwrap().terms[0].value
+    }
+
     #[test]
     fn multi_gpu_shapes_are_capped_per_count() {
         let wl = TargetWorkload {
@@ -539,7 +553,6 @@ mod tests {
     fn multi_gpu_cap_keeps_an_idle_node_worth_one_band() {
         let (c, _, _, _) = setup();
         let l = Ledger::new(&c);
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let wl = TargetWorkload {
             pods: vec![
                 pod(1, 1000, ModelSet::ALL, 0.5),
@@ -547,7 +560,7 @@ mod tests {
             ],
         };
         let req = Request::whole(1, 1000, 0);
-        let removed = |bands: f64, rng: &mut rand::rngs::SmallRng| {
+        let removed = |bands: f64| {
             let params = TesseraParams {
                 multi_gpu_bands: bands,
                 quantum: 100.0,
@@ -555,21 +568,15 @@ mod tests {
                 ..TesseraParams::default()
             };
             let t = Tessera::new(Arc::new(wl.clone()), &[], params);
-            let v = NodeView {
-                node: c.node(NodeId(2)),
-                used: l.node(NodeId(2)),
-                catalog: &c.catalog,
-            };
-            let fit = crate::fit::check(v, &req).unwrap();
-            t.score(v, &req, &fit, rng).unwrap().terms[0].value
+            frag_removed(&t, &c, &l, 2, &req)
         };
         // Uncapped: 0.5 · 7000 = 3500 of new fragment, 35 bands.
-        assert_eq!(removed(0.0, &mut rng), -3500.0);
+        assert_eq!(removed(0.0), -3500.0);
         // Capped: w8 = 1/70, then (1/70) / (0.5 + 1/70) ≈ 0.0278 after renormalising:
         // 7000 · 0.0278 ≈ 194.4, rounded down to two bands.
-        assert_eq!(removed(1.0, &mut rng), -200.0);
+        assert_eq!(removed(1.0), -200.0);
         // Half a band: w8 = 1/140 → (1/140) / (0.5 + 1/140) ≈ 0.0141, 7000 · w8 ≈ 98.6.
-        assert_eq!(removed(0.5, &mut rng), -100.0);
+        assert_eq!(removed(0.5), -100.0);
     }
 
     #[test]
@@ -647,11 +654,6 @@ mod tests {
         assert!(watch.moved(&even), "T4 now half used, G2 a quarter");
     }
 
-    /// With the shapes' models ignored, a node's fragment change does not depend on
-    /// its model: a half share on an idle T4 GPU and on an idle G2 GPU of otherwise
-    /// equal nodes removes the same fragment (the T4-only whole-GPU shape loses the
-    /// GPU's other half on both). Counting only the shapes a model allows, the G2
-    /// node sees no change (the T4-only shape does not count there).
     /// The generic shapes take their share of the fragment's target: a half share on
     /// the idle GPU of a one-GPU node, against a target of whole-GPU pods only, leaves
     /// 500 milli no whole pod fits (500 of fragment); with 0.4 of generic shapes the
@@ -667,26 +669,18 @@ mod tests {
             pods: vec![pod(1, 1000, ModelSet::ALL, 1.0)],
         });
         let req = Request::share_milli(500, 1000, 0);
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-        let removed = |share: f64, rng: &mut rand::rngs::SmallRng| {
+        let removed = |share: f64| {
             let params = TesseraParams {
                 generic_share: share,
                 share_quantum_scale: 0.0,
                 quantum: 0.0,
                 ..TesseraParams::default()
             };
-            let t = Tessera::new(wl.clone(), &[], params);
-            let v = NodeView {
-                node: c.node(NodeId(0)),
-                used: l.node(NodeId(0)),
-                catalog: &c.catalog,
-            };
-            let fit = crate::fit::check(v, &req).unwrap();
-            t.score(v, &req, &fit, rng).unwrap().terms[0].value
+            frag_removed(&Tessera::new(wl.clone(), &[], params), &c, &l, 0, &req)
         };
-        assert!((removed(0.0, &mut rng) + 500.0).abs() < 1e-9);
+        assert!((removed(0.0) + 500.0).abs() < 1e-9);
         let want = 0.08 * 1000.0 - (0.76 * 500.0 + 0.08 * 500.0);
-        let got = removed(0.4, &mut rng);
+        let got = removed(0.4);
         assert!((got - want).abs() < 1e-9, "{got} against {want}");
         // The generic shapes sum to the share, the caller's to the rest.
         let mixed = with_generic(&wl, 0.4);
@@ -695,6 +689,11 @@ mod tests {
         assert_eq!(with_generic(&wl, 0.0), *wl);
     }
 
+    /// With the shapes' models ignored, a node's fragment change does not depend on
+    /// its model: a half share on an idle T4 GPU and on an idle G2 GPU of otherwise
+    /// equal nodes removes the same fragment (the T4-only whole-GPU shape loses the
+    /// GPU's other half on both). Counting only the shapes a model allows, the G2
+    /// node sees no change (the T4-only shape does not count there).
     #[test]
     fn fragment_ignores_the_shapes_models() {
         let cat = Catalog::default();
@@ -714,34 +713,26 @@ mod tests {
         });
         let l = Ledger::new(&c);
         let req = Request::share_milli(500, 1000, 0);
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-        let removed = |models: ShapeModels, node: u32, rng: &mut rand::rngs::SmallRng| {
+        let removed = |models: ShapeModels, node: u32| {
             let params = TesseraParams {
                 shape_models: models,
                 generic_share: 0.0,
                 ..TesseraParams::default()
             };
             // No supply: no pressure, the fragment alone.
-            let t = Tessera::new(wl.clone(), &[], params);
-            let v = NodeView {
-                node: c.node(NodeId(node)),
-                used: l.node(NodeId(node)),
-                catalog: &c.catalog,
-            };
-            let fit = crate::fit::check(v, &req).unwrap();
-            t.score(v, &req, &fit, rng).unwrap().terms[0].value
+            frag_removed(&Tessera::new(wl.clone(), &[], params), &c, &l, node, &req)
         };
         // 500 milli left for the whole-GPU shape of weight 0.5: 250 of fragment,
         // in bands of 0.285 · 500.
         let band = 0.285 * 500.0;
         let ignored = (
-            removed(ShapeModels::Ignored, 0, &mut rng),
-            removed(ShapeModels::Ignored, 1, &mut rng),
+            removed(ShapeModels::Ignored, 0),
+            removed(ShapeModels::Ignored, 1),
         );
         assert_eq!(ignored, (-2.0 * band, -2.0 * band));
         let accessible = (
-            removed(ShapeModels::Accessible, 0, &mut rng),
-            removed(ShapeModels::Accessible, 1, &mut rng),
+            removed(ShapeModels::Accessible, 0),
+            removed(ShapeModels::Accessible, 1),
         );
         assert_eq!(accessible, (-2.0 * band, 0.0));
         assert_eq!(g2, c.node(NodeId(1)).primary_model().unwrap());
