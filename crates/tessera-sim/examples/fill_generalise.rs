@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo run --release -p tessera-sim --example fill_generalise -- \
-//!     --set published|variants:100-119 [--seeds 10] [--online] [--off TERM]... [--set-param k=v]...
+//!     --set published[:cpu250,default]|variants:100-119 [--seeds 10] [--online] [--off TERM]... [--set-param k=v]...
 //! ```
 //!
 //! Prints one line per workload (Tessera and FGD mean ± sd of unallocated GPU % at
@@ -107,8 +107,18 @@ fn main() -> Result<(), Error> {
         .unwrap_or_else(|_| std::env::temp_dir());
     let cluster = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
     let mut workloads: Vec<(String, Vec<TracePod>)> = Vec::new();
-    if set == "published" {
-        for t in WORKLOADS {
+    if let Some(names) = set
+        .strip_prefix("published")
+        .map(|r| r.trim_start_matches(':'))
+    {
+        let wanted: Vec<&str> = names.split(',').filter(|n| !n.is_empty()).collect();
+        if let Some(bad) = wanted.iter().find(|n| !WORKLOADS.contains(n)) {
+            return Err(format!("unknown published trace {bad}").into());
+        }
+        for t in WORKLOADS
+            .iter()
+            .filter(|t| wanted.is_empty() || wanted.contains(t))
+        {
             let path = dir.join(format!("openb_pod_list_{t}.csv"));
             workloads.push((t.to_string(), load_pods(&path, &cluster.catalog)?));
         }

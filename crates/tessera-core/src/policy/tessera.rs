@@ -31,12 +31,14 @@
 //!   more pods of `k` GPUs can use only the `n · k` fitting GPUs with the most free,
 //!   the rest is fragment. That makes every pod — CPU-only ones included, which now
 //!   need no rule of their own — pay for the GPUs its CPU strands.
-//! - **The fragment's target keeps a share of generic shapes** (`generic_share`, 0.4):
-//!   whole GPUs, half and quarter shares and CPU-only pods
-//!   ([`crate::workload::cold_start_prior`]) beside the learned mix. The learned mix
-//!   says what the cluster runs now; measured against it alone the fragment chases its
-//!   exact sizes, while round shapes keep what a node is left with in pieces any pod
-//!   can use. The pressure reads the learned target alone.
+//! - **The fragment's target keeps a share of generic shapes** (`generic_share`, 0.4;
+//!   [`generic_shapes`]: mostly quarter shares, some whole GPUs and CPU-only pods)
+//!   beside the learned mix. The learned mix says what the cluster runs now; measured
+//!   against it alone the fragment chases its exact sizes and counts every piece no
+//!   learned shape fits as lost, while small round shares keep a piece of a quarter
+//!   GPU or more worth something: the fragment then tells the slivers and the GPUs the
+//!   CPU strands, which nothing will use, from pieces the next share may well fill.
+//!   The pressure reads the learned target alone.
 //! - **Multi-GPU shapes are capped so that keeping an idle node whole is worth at most
 //!   half a band** (`multi_gpu_bands`): the expectation counts a k-GPU node's whole idle GPU
 //!   as fragment for k-GPU shapes once one GPU is taken, and with frequent multi-GPU
@@ -101,7 +103,7 @@ pub struct TesseraParams {
     /// ([`CompiledWorkload::node_frag_cpu_counted`]); off, FGD's measure.
     pub cpu_counted: bool,
     /// Share of the fragment's target given to the generic shapes
-    /// ([`crate::workload::cold_start_prior`]), the rest to the caller's target
+    /// ([`generic_shapes`]), the rest to the caller's target
     /// (0: the caller's alone). The model pressure reads the caller's target only.
     pub generic_share: f64,
 }
@@ -223,8 +225,28 @@ impl FragMemo {
     }
 }
 
-/// `share` of the generic shapes ([`crate::workload::cold_start_prior`]) beside
-/// `1 − share` of `wl` (a share outside (0, 1) leaves `wl` as it is).
+/// The generic shapes the fragment's target keeps beside the caller's
+/// ([`TesseraParams::generic_share`]): quarter-GPU shares 0.7, whole GPUs 0.1,
+/// CPU-only pods 0.2, each with 4 cores. Not a guess at the workload (that is the
+/// learned target's job, and the cold-start prior's before anything arrived,
+/// [`crate::workload::cold_start_prior`]): small shares make a piece of a quarter GPU or
+/// more count as usable, so what the fragment adds on top of the learned mix is the
+/// worth of keeping leftovers in pieces of that size.
+pub fn generic_shapes() -> TargetWorkload {
+    let shape = |gpus, milli, weight| crate::frag::TypicalPod {
+        cpu_milli: 4000,
+        gpus,
+        milli,
+        models: ModelSet::ALL,
+        weight,
+    };
+    TargetWorkload {
+        pods: vec![shape(1, 250, 0.7), shape(1, 1000, 0.1), shape(0, 0, 0.2)],
+    }
+}
+
+/// `share` of the generic shapes ([`generic_shapes`]) beside `1 − share` of `wl` (a
+/// share outside (0, 1) leaves `wl` as it is).
 pub fn with_generic(wl: &TargetWorkload, share: f64) -> TargetWorkload {
     let mut out = wl.clone();
     if !(share > 0.0 && share < 1.0) || wl.pods.is_empty() {
@@ -233,7 +255,7 @@ pub fn with_generic(wl: &TargetWorkload, share: f64) -> TargetWorkload {
     for p in &mut out.pods {
         p.weight *= 1.0 - share;
     }
-    for mut p in crate::workload::cold_start_prior().pods {
+    for mut p in generic_shapes().pods {
         p.weight *= share;
         out.pods.push(p);
     }
@@ -657,8 +679,9 @@ mod tests {
     /// The generic shapes take their share of the fragment's target: a half share on
     /// the idle GPU of a one-GPU node, against a target of whole-GPU pods only, leaves
     /// 500 milli no whole pod fits (500 of fragment); with 0.4 of generic shapes the
-    /// whole-GPU shapes weigh 0.76 and the CPU-only ones 0.08 (the halves and quarters
-    /// fit what is left): before 0.08 · 1000, after 0.76 · 500 + 0.08 · 500.
+    /// whole-GPU shapes weigh 0.64, the quarter shares 0.28 and the CPU-only ones 0.08,
+    /// and the quarters fit what is left: before 0.08 · 1000, after 0.64 · 500 +
+    /// 0.08 · 500.
     #[test]
     fn the_target_keeps_a_share_of_generic_shapes() {
         let cat = Catalog::default();
@@ -679,7 +702,7 @@ mod tests {
             frag_removed(&Tessera::new(wl.clone(), &[], params), &c, &l, 0, &req)
         };
         assert!((removed(0.0) + 500.0).abs() < 1e-9);
-        let want = 0.08 * 1000.0 - (0.76 * 500.0 + 0.08 * 500.0);
+        let want = 0.08 * 1000.0 - (0.64 * 500.0 + 0.08 * 500.0);
         let got = removed(0.4);
         assert!((got - want).abs() < 1e-9, "{got} against {want}");
         // The generic shapes sum to the share, the caller's to the rest.
