@@ -60,20 +60,22 @@ impl Default for LearnConfig {
 /// whole-GPU pods, half and quarter shares and some CPU-only pods, each with a modest
 /// CPU ask.
 pub fn cold_start_prior() -> TargetWorkload {
-    let shape = |gpus, milli, weight| TypicalPod {
-        cpu_milli: 4000,
-        gpus,
-        milli,
-        models: ModelSet::ALL,
-        weight,
-    };
+    round_shapes(&[(1, 1000, 0.4), (1, 500, 0.2), (1, 250, 0.2), (0, 0, 0.2)])
+}
+
+/// Shapes `(gpus, milli per GPU, weight)` any model may take, each asking 4 cores.
+pub(crate) fn round_shapes(shapes: &[(u32, u32, f64)]) -> TargetWorkload {
     TargetWorkload {
-        pods: vec![
-            shape(1, 1000, 0.4),
-            shape(1, 500, 0.2),
-            shape(1, 250, 0.2),
-            shape(0, 0, 0.2),
-        ],
+        pods: shapes
+            .iter()
+            .map(|&(gpus, milli, weight)| TypicalPod {
+                cpu_milli: 4000,
+                gpus,
+                milli,
+                models: ModelSet::ALL,
+                weight,
+            })
+            .collect(),
     }
 }
 

@@ -233,16 +233,7 @@ impl FragMemo {
 /// more count as usable, so what the fragment adds on top of the learned mix is the
 /// worth of keeping leftovers in pieces of that size.
 pub fn generic_shapes() -> TargetWorkload {
-    let shape = |gpus, milli, weight| crate::frag::TypicalPod {
-        cpu_milli: 4000,
-        gpus,
-        milli,
-        models: ModelSet::ALL,
-        weight,
-    };
-    TargetWorkload {
-        pods: vec![shape(1, 250, 0.7), shape(1, 1000, 0.1), shape(0, 0, 0.2)],
-    }
+    crate::workload::round_shapes(&[(1, 250, 0.7), (1, 1000, 0.1), (0, 0, 0.2)])
 }
 
 /// `share` of the generic shapes ([`generic_shapes`]) beside `1 − share` of `wl` (a
