@@ -517,8 +517,9 @@ mod tests {
         (Cluster::new(cat, nodes).unwrap(), wl, t4, g2)
     }
 
-    /// The fragment term of `t`'s score for `req` on `node` as `l` leaves it.
-    fn frag_removed(t: &Tessera, c: &Cluster, l: &Ledger, node: u32, req: &Request) -> f64 {
+    /// `t`'s score for `req` on `node` as `l` leaves it (the policy reads no
+    /// randomness).
+    fn scored(t: &Tessera, c: &Cluster, l: &Ledger, node: u32, req: &Request) -> Scored {
         let v = NodeView {
             node: c.node(NodeId(node)),
             used: l.node(NodeId(node)),
@@ -526,7 +527,12 @@ mod tests {
         };
         let fit = crate::fit::check(v, req).unwrap();
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-        t.score(v, req, &fit, &mut rng).unwrap().terms[0].value
+        t.score(v, req, &fit, &mut rng).unwrap()
+    }
+
+    /// The fragment term of `t`'s score for `req` on `node` as `l` leaves it.
+    fn frag_removed(t: &Tessera, c: &Cluster, l: &Ledger, node: u32, req: &Request) -> f64 {
+        scored(t, c, l, node, req).terms[0].value
     }
 
     #[test]
@@ -895,24 +901,14 @@ mod tests {
             ..TesseraParams::default()
         };
         let t = Tessera::new(Arc::new(wl), &[], alone);
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let req = Request::share_milli(300, 0, 0);
-        let score = |id: u32, rng: &mut rand::rngs::SmallRng| {
-            let v = NodeView {
-                node: c.node(NodeId(id)),
-                used: l.node(NodeId(id)),
-                catalog: &c.catalog,
-            };
-            let fit = crate::fit::check(v, &req).unwrap();
-            t.score(v, &req, &fit, rng).unwrap()
-        };
         // g2-1: GPU 0 has 300 free (fragment for 500-pods: 300) → 0 after: +300 removed,
         // in bands of 0.285 · 300 = 85.5 for this share: 3 bands, 256.5. Idle g2-0:
         // 1000 → 700 fits a 500: 0 → 0, band 0.
-        let s1 = score(3, &mut rng);
+        let s1 = scored(&t, &c, &l, 3, &req);
         assert_eq!(s1.gpus.as_slice(), &[0]);
         assert!((s1.score - 256.5).abs() < 1e-9, "{}", s1.score);
-        assert_eq!(score(2, &mut rng).score, 0.0);
+        assert_eq!(scored(&t, &c, &l, 2, &req).score, 0.0);
         // With fixed bands for shares (scale 0) the 300 removed is exactly 3 bands of 100.
         let fixed = Tessera::new(
             Arc::new(TargetWorkload {
@@ -924,13 +920,7 @@ mod tests {
                 ..alone
             },
         );
-        let v = NodeView {
-            node: c.node(NodeId(3)),
-            used: l.node(NodeId(3)),
-            catalog: &c.catalog,
-        };
-        let fit = crate::fit::check(v, &req).unwrap();
-        assert_eq!(fixed.score(v, &req, &fit, &mut rng).unwrap().score, 300.0);
+        assert_eq!(scored(&fixed, &c, &l, 3, &req).score, 300.0);
     }
 
     /// What the Kubernetes scheduler does with the learned workload: after pods of a new
@@ -941,27 +931,17 @@ mod tests {
         use crate::workload::{LearnConfig, LearnedWorkload, cold_start_prior};
         let (c, _, _, _) = setup();
         let l = Ledger::new(&c);
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         // A 500-milli share on an idle G2 node leaves 500 on its GPU: fragment for every
         // shape asking more than 500 of one GPU.
         let req = Request::share_milli(500, 1000, 0);
-        let score = |wl: Arc<TargetWorkload>, rng: &mut rand::rngs::SmallRng| {
-            let t = Tessera::new(
-                wl,
-                &super::super::gpus_per_model(&c),
-                TesseraParams::default(),
-            );
-            let v = NodeView {
-                node: c.node(NodeId(2)),
-                used: l.node(NodeId(2)),
-                catalog: &c.catalog,
-            };
-            let fit = crate::fit::check(v, &req).unwrap();
-            t.score(v, &req, &fit, rng).unwrap().score
+        let supply = super::super::gpus_per_model(&c);
+        let score = |wl: Arc<TargetWorkload>| {
+            let t = Tessera::new(wl, &supply, TesseraParams::default());
+            scored(&t, &c, &l, 2, &req).score
         };
         let config = LearnConfig::default();
         let mut learned = LearnedWorkload::cold_start(config);
-        let before = score(learned.target(), &mut rng);
+        let before = score(learned.target());
         let new_shape = Request::share_milli(700, 1000, 0);
         let mut seen = Vec::new();
         let mut rebuilt = false;
@@ -972,12 +952,12 @@ mod tests {
         assert!(rebuilt);
         // Now 700-milli shares are most of the workload (500 pods against a prior of
         // 256, of which 0.4 asked 1000): the 500 left behind is fragment for most pods.
-        let after = score(learned.target(), &mut rng);
+        let after = score(learned.target());
         assert!(after < before - 100.0, "{before} → {after}");
         let restarted = LearnedWorkload::rebuild(&cold_start_prior(), config, &seen);
         assert_eq!(
-            score(restarted.target(), &mut rng),
-            score(Arc::new(learned.current()), &mut rng)
+            score(restarted.target()),
+            score(Arc::new(learned.current()))
         );
     }
 }
