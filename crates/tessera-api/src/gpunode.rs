@@ -177,6 +177,47 @@ pub struct GpuNodeStatus {
     /// GPUs that MPS shares are served on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mps_daemons: Vec<MpsDaemonState>,
+    /// Devices the kubelet has assigned to containers on this node, as its
+    /// PodResources API (`/var/lib/kubelet/pod-resources`) lists them, for every
+    /// GPU resource (`nvidia.com/*`, `tessera.io/*`) whatever device plugin
+    /// served it. The scheduler counts the GPUs held by pods it did not grant
+    /// (e.g. admitted by NVIDIA's device plugin before Tessera managed the node)
+    /// as used, so they are never handed out twice. `None`: the agent has not
+    /// read the kubelet's list yet (or is too old to), so the scheduler cannot
+    /// know what such pods hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_resources: Option<PodResourcesReport>,
+}
+
+/// What the kubelet's PodResources API said at one read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodResourcesReport {
+    /// When the agent read it (RFC 3339).
+    pub observed_at: String,
+    /// Every container that holds at least one GPU device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<ContainerDevices>,
+}
+
+/// The GPU devices one container holds, by resource name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerDevices {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// Extended resource the devices were assigned for, e.g. `nvidia.com/gpu`.
+    pub resource: String,
+    /// Device IDs exactly as the device plugin advertised them (NVIDIA's plugin:
+    /// `GPU-…` or `MIG-…` UUIDs, with `::N` replica suffixes under time-slicing).
+    #[serde(default)]
+    pub device_ids: Vec<String>,
+    /// `GPU-…` UUIDs of the physical GPUs those devices are on, as the agent
+    /// resolved them (a MIG device resolves to its parent GPU); empty when it
+    /// could not resolve a device, which the scheduler must treat as "any GPU".
+    #[serde(default)]
+    pub gpu_uuids: Vec<String>,
 }
 
 /// One MPS control daemon as the node agent last saw it.
@@ -298,6 +339,35 @@ mod tests {
         assert_eq!(g["health"], "Healthy");
         let back: GpuNode = serde_json::from_value(v).unwrap();
         assert_eq!(back.spec, node.spec);
+    }
+
+    #[test]
+    fn pod_resources_wire_names_are_stable() {
+        let status = GpuNodeStatus {
+            pod_resources: Some(PodResourcesReport {
+                observed_at: "2026-12-03T08:00:00Z".into(),
+                containers: vec![ContainerDevices {
+                    namespace: "ml".into(),
+                    pod: "train".into(),
+                    container: "main".into(),
+                    resource: "nvidia.com/gpu".into(),
+                    device_ids: vec!["GPU-a::1".into()],
+                    gpu_uuids: vec!["GPU-a".into()],
+                }],
+            }),
+            ..GpuNodeStatus::default()
+        };
+        let v = serde_json::to_value(&status).unwrap();
+        let report = &v["podResources"];
+        assert_eq!(report["observedAt"], "2026-12-03T08:00:00Z");
+        assert_eq!(report["containers"][0]["deviceIds"][0], "GPU-a::1");
+        assert_eq!(report["containers"][0]["gpuUuids"][0], "GPU-a");
+        let back: GpuNodeStatus = serde_json::from_value(v).unwrap();
+        assert_eq!(back, status);
+        // An agent too old to report leaves the field out: it reads as None, not as "nothing held".
+        let old: GpuNodeStatus =
+            serde_json::from_value(serde_json::json!({"health": "Healthy"})).unwrap();
+        assert_eq!(old.pod_resources, None);
     }
 
     #[test]

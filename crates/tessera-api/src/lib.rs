@@ -7,8 +7,8 @@ pub mod podgroup;
 pub mod queue;
 
 pub use gpunode::{
-    GpuCondition, GpuDevice, GpuHealth, GpuLink, GpuNode, GpuNodeSpec, GpuNodeStatus, LinkKind,
-    MigInstance, MigState, MpsDaemonState,
+    ContainerDevices, GpuCondition, GpuDevice, GpuHealth, GpuLink, GpuNode, GpuNodeSpec,
+    GpuNodeStatus, LinkKind, MigInstance, MigState, MpsDaemonState, PodResourcesReport,
 };
 pub use podgroup::{POD_GROUP_LABEL, PodGroup, PodGroupSpec};
 pub use queue::{GpuQueue, GpuQueueSpec, GpuQueueStatus, QueueResources};
