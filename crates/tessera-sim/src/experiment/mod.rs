@@ -2,10 +2,12 @@
 //! sharing the replay), *preempt* (device-aware preemption against a
 //! kube-scheduler-like baseline), *gang* (distributed jobs, all-or-nothing or
 //! member by member), *defrag* (moves that free whole nodes) and *isolation*
-//! (hard and soft shares under static MIG, MPS only and dynamic MIG).
+//! (hard and soft shares under static MIG, MPS only and dynamic MIG), and *dra*
+//! (kube-scheduler's first-fit DRA device allocation against Tessera's choice).
 
 pub mod cost;
 pub mod defrag;
+pub mod dra;
 pub mod fill;
 pub mod gang;
 pub mod isolation;
