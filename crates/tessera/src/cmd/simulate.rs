@@ -20,6 +20,7 @@ use tessera_sim::workload as synthetic;
 
 use crate::cmd::progress::Progress;
 
+mod dra;
 mod isolation;
 mod preempt;
 
@@ -42,7 +43,8 @@ pub struct SimulateArgs {
     /// (high-priority arrivals into a full cluster: Tessera's device-aware
     /// preemption against a kube-scheduler-like baseline), gang (distributed jobs:
     /// gangs vs member by member), defrag (moves per whole 8-GPU node freed) or
-    /// isolation (hard and soft shares: static MIG, MPS only, dynamic MIG).
+    /// isolation (hard and soft shares: static MIG, MPS only, dynamic MIG) or dra
+    /// (kube-scheduler's first-fit DRA device allocation against Tessera's choice).
     /// Default: fill with --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
@@ -162,6 +164,31 @@ fn load_trace_workloads(dir: &Path, names: &[String]) -> Result<Vec<Workload>, F
     Ok(out)
 }
 
+/// The openb pod lists `--workload` names in `--trace DIR` (default `default`), or
+/// without `--trace` the built-in synthetic workload of `--synthetic-seed`.
+fn selected_workloads(args: &SimulateArgs) -> Result<Vec<Workload>, Fail> {
+    match &args.trace {
+        Some(dir) => {
+            let names = workload_names(dir, args.workload.as_deref().unwrap_or("default"))?;
+            load_trace_workloads(dir, &names)
+        }
+        None => {
+            if args.workload.is_some() {
+                return Err(Fail::Usage(
+                    "--workload needs --trace DIR (without it the built-in synthetic workload runs)"
+                        .into(),
+                ));
+            }
+            let s = synthetic::generate(args.synthetic_seed);
+            Ok(vec![Workload {
+                name: synthetic::NAME.to_string(),
+                cluster: Arc::new(s.cluster),
+                pods: Arc::new(s.pods),
+            }])
+        }
+    }
+}
+
 fn check_policies(names: &[String]) -> Result<(), Fail> {
     for n in names {
         if !policy::NAMES.contains(&n.as_str()) {
@@ -207,44 +234,27 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "tenants" => (false, false),
         "preempt" => return preempt::run(&args),
         "gang" | "defrag" => return Ok(super::simulate_gang::run(&experiment, &args)),
+        "dra" => return dra::run(&args),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay, both, tenants, preempt, gang, defrag or isolation"
+                "--experiment: {other:?} is not fill, replay, both, tenants, preempt, gang, defrag, isolation or dra"
             )));
         }
     };
     let mut notes = Vec::new();
-    let (workloads, source) = match &args.trace {
-        Some(dir) => {
-            let names = workload_names(dir, args.workload.as_deref().unwrap_or("default"))?;
-            (
-                load_trace_workloads(dir, &names)?,
-                format!("openb trace in {}", dir.display()),
-            )
-        }
+    let workloads = selected_workloads(&args)?;
+    let source = match &args.trace {
+        Some(dir) => format!("openb trace in {}", dir.display()),
         None => {
-            if args.workload.is_some() {
-                return Err(Fail::Usage(
-                    "--workload needs --trace DIR (without it the built-in synthetic workload runs)"
-                        .into(),
-                ));
-            }
-            let s = synthetic::generate(args.synthetic_seed);
+            let w = &workloads[0];
             notes.push(format!(
                 "built-in synthetic workload (seed {}): {} pods on {} nodes / {} GPUs, calibrated to openb default",
                 args.synthetic_seed,
-                s.pods.len(),
-                s.cluster.len(),
-                s.cluster.gpu_count()
+                w.pods.len(),
+                w.cluster.len(),
+                w.cluster.gpu_count()
             ));
-            (
-                vec![Workload {
-                    name: synthetic::NAME.to_string(),
-                    cluster: Arc::new(s.cluster),
-                    pods: Arc::new(s.pods),
-                }],
-                "built-in synthetic".to_string(),
-            )
+            "built-in synthetic".to_string()
         }
     };
     let n_seeds = args.seeds.unwrap_or(if synthetic_run { 3 } else { 10 });
@@ -462,7 +472,8 @@ mod tests {
         args: SimulateArgs,
     }
 
-    fn args(list: &[&str]) -> SimulateArgs {
+    /// `SimulateArgs` from a command line (also for the experiments' own tests).
+    pub(super) fn args(list: &[&str]) -> SimulateArgs {
         Cli::try_parse_from(std::iter::once("simulate").chain(list.iter().copied()))
             .unwrap()
             .args

@@ -12,9 +12,8 @@ use tessera_sim::experiment::fill::seeds as seed_list;
 use tessera_sim::experiment::preempt::{
     FillPods, PreemptConfig, render_table, run_preempt_seeds, summarise,
 };
-use tessera_sim::workload as synthetic;
 
-use super::{Fail, SimulateArgs, load_trace_workloads, split, workload_names};
+use super::{Fail, SimulateArgs, selected_workloads, split};
 
 /// Options of `--experiment preempt` only.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -33,33 +32,14 @@ pub struct PreemptArgs {
 }
 
 pub(super) fn run(args: &SimulateArgs) -> Result<ExitCode, Fail> {
-    let (name, cluster, pods) = match &args.trace {
-        Some(dir) => {
-            let names = workload_names(dir, args.workload.as_deref().unwrap_or("default"))?;
-            let [name] = names.as_slice() else {
-                return Err(Fail::Usage(
-                    "--experiment preempt runs one workload at a time".into(),
-                ));
-            };
-            let mut w = load_trace_workloads(dir, std::slice::from_ref(name))?;
-            let w = w.remove(0);
-            (w.name, w.cluster, w.pods)
-        }
-        None => {
-            if args.workload.is_some() {
-                return Err(Fail::Usage(
-                    "--workload needs --trace DIR (without it the built-in synthetic workload runs)"
-                        .into(),
-                ));
-            }
-            let s = synthetic::generate(args.synthetic_seed);
-            (
-                synthetic::NAME.to_string(),
-                std::sync::Arc::new(s.cluster),
-                std::sync::Arc::new(s.pods),
-            )
-        }
-    };
+    let mut workloads = selected_workloads(args)?;
+    if workloads.len() != 1 {
+        return Err(Fail::Usage(
+            "--experiment preempt runs one workload at a time".into(),
+        ));
+    }
+    let w = workloads.remove(0);
+    let (name, cluster, pods) = (w.name, w.cluster, w.pods);
     let mut config = PreemptConfig {
         workload: name.clone(),
         ..PreemptConfig::default()
