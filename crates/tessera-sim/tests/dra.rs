@@ -130,7 +130,7 @@ fn tessera_leaves_a_quarter_fewer_gpus_unallocated_on_openb_default() {
 /// Not a check: prints the experiment's table on the openb traces named in
 /// `DRA_TRACES` (comma separated, default `default`) with `DRA_SEEDS` seeds (default
 /// 10), the same [`run_dra`] as `tessera simulate --experiment dra`, without building
-/// the CLI. `cargo test --release -p tessera-sim --test dra -- --ignored --nocapture`.
+/// the CLI; `DRA_ONLINE=1` as `--online`. `cargo test --release -p tessera-sim --test dra -- --ignored --nocapture`.
 #[test]
 #[ignore = "minutes: the figures of docs/simulator.md"]
 fn print_openb_table() {
@@ -149,7 +149,11 @@ fn print_openb_table() {
             cluster: cluster.clone(),
         };
         let started = std::time::Instant::now();
-        let r = run_dra(&w, &seeds(n), Knowledge::Typical, &|| {}).unwrap();
+        let knowledge = match std::env::var("DRA_ONLINE").as_deref() {
+            Ok("1") => Knowledge::Online,
+            _ => Knowledge::Typical,
+        };
+        let r = run_dra(&w, &seeds(n), knowledge, &|| {}).unwrap();
         print!("{}", render_table(std::slice::from_ref(&r)));
         for a in &r.arms {
             println!("  {}: {:?}", a.label, a.unallocated_pct_by_seed);
