@@ -35,8 +35,9 @@ pub enum Reason {
     NoMigGpu { profile: String },
     /// Instances of this profile exist on the node's MIG GPUs, but every one is granted.
     NoMigSlot { profile: String },
-    /// The node's MIG GPUs offer this profile but no instance of it exists, and
-    /// Tessera does not create MIG instances (an administrator or MIG manager does).
+    /// The node's MIG GPUs offer this profile but no instance of it exists, and the
+    /// node does not let Tessera create one (label `tessera.io/mig-dynamic`), or
+    /// has no room for one.
     NoMigInstance { profile: String },
     /// No NVLink-connected set of the asked size.
     NoNvlinkSet { want: u32 },
@@ -80,7 +81,7 @@ impl fmt::Display for Reason {
             Reason::NoMigSlot { profile } => write!(f, "every {profile} MIG instance is in use"),
             Reason::NoMigInstance { profile } => write!(
                 f,
-                "no {profile} MIG instance exists on a GPU (Tessera does not create MIG instances yet)"
+                "no {profile} MIG instance exists on a GPU, and Tessera may not create one here (that needs the node label tessera.io/mig-dynamic and free MIG space)"
             ),
             Reason::NoNvlinkSet { want } => write!(f, "no {want} NVLink-connected free GPUs"),
             Reason::PinnedGpusUnavailable => write!(f, "pinned GPUs not free here"),

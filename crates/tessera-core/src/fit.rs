@@ -6,11 +6,12 @@
 //! Policies then pick among the usable GPUs; [`grants`] turns the pick into
 //! ledger grants.
 //!
-//! MIG requests take only an instance that exists on a GPU ([`free_mig_instance`]):
-//! the node agent hands a container an existing instance and Tessera does not create
-//! them, so a free placement with no instance behind it is worth nothing. Shares asked
-//! at an isolation level (`hard`, `soft`, `any`) are different: [`mig_layout::choose`]
-//! picks the mechanism per GPU and may plan a new instance where the node allows it.
+//! MIG requests take an instance that exists on a GPU ([`free_mig_instance`]) and,
+//! where the node allows dynamic MIG (`tessera.io/mig-dynamic`), one the node agent
+//! will create ([`mig_layout::explicit_choice`]); elsewhere a free placement with no
+//! instance behind it is worth nothing. Shares asked at an isolation level (`hard`,
+//! `soft`, `any`) go through the same [`mig_layout::choose`], which picks the
+//! mechanism per GPU and may plan a new instance where the node allows it.
 
 use smallvec::SmallVec;
 
@@ -175,17 +176,15 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
                     mem_ok && cores_ok
                 }
             }
-            GpuAsk::Mig { profile } => match (&spec.mig, gpu.mig_enabled) {
-                (Some(geo), true) => match geo.profile(profile) {
-                    Some((pi, _)) => {
-                        any_mig = true;
-                        any_instance |= gpu.mig_instances.iter().any(|m| m.profile as usize == pi);
-                        free_mig_instance(gpu, gu, geo, pi, pinned).is_some()
-                    }
-                    None => false,
-                },
-                _ => false,
-            },
+            GpuAsk::Mig { profile } => {
+                if let (Some(geo), true) = (&spec.mig, gpu.mig_enabled)
+                    && let Some((pi, _)) = geo.profile(profile)
+                {
+                    any_mig = true;
+                    any_instance |= gpu.mig_instances.iter().any(|m| m.profile as usize == pi);
+                }
+                mig_layout::choose(node, gpu, gu, spec, req).is_some()
+            }
         };
         if ok {
             usable.push(i as u8);
@@ -234,7 +233,7 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
             GpuAsk::None => Reason::TooFewGpus { want: need },
         });
     }
-    if need == 1 && req.level == Some(crate::request::IsolationLevel::Hard) {
+    if need == 1 && mig_layout::ranks_mig_choices(req) {
         usable = mig_layout::least_fragmenting(view, req, &usable);
     }
     if req.constraints.single_architecture && need > 1 {
@@ -417,13 +416,10 @@ pub fn grants(view: NodeView<'_>, req: &Request, chosen: &[u8]) -> SmallVec<[Gpu
                     memory.resolve(spec.memory_mib),
                     *cores_milli,
                 )),
-                GpuAsk::Mig { profile } => {
-                    let geo = spec.mig.as_ref()?;
-                    let (pi, p) = geo.profile(profile)?;
+                GpuAsk::Mig { .. } => {
                     let gu = view.used.gpus.get(g as usize)?;
-                    let pinned = &req.constraints.pinned_uuids;
-                    let (_, slot) = free_mig_instance(gpu, gu, geo, pi, pinned)?;
-                    Some(mig_grant(g, geo, p, slot))
+                    let choice = mig_layout::choose(view.node, gpu, gu, spec, req)?;
+                    mig_layout::choice_grant(g, spec, req, choice)
                 }
             }
         })

@@ -81,6 +81,14 @@ fn example_scheduler_config_wires_every_verb() {
                 "{name} ({}) is not managed",
                 spec.name
             );
+            // The same instance under the stock "mixed" strategy name, which the
+            // node agent also serves.
+            let stock = format!("nvidia.com/mig-{short}");
+            assert!(
+                names.contains(&stock.as_str()),
+                "{stock} ({}) is not managed",
+                spec.name
+            );
             assert!(
                 chart.contains(&short.as_str()),
                 "{short} ({}) missing from the chart's migProfiles",

@@ -135,11 +135,12 @@ fn a_mig_gpu_without_instances_is_refused_with_a_clear_reason() {
     assert_eq!(
         e.to_string(),
         "0/2 nodes fit: 1 no MIG GPU offering 3g.40gb, 1 no 3g.40gb MIG instance exists \
-         on a GPU (Tessera does not create MIG instances yet)"
+         on a GPU, and Tessera may not create one here (that needs the node label \
+         tessera.io/mig-dynamic and free MIG space)"
     );
     match m.lock().reserve(&mig_pod("p"), "a100") {
         Err(ReserveError::DoesNotFit { reason, .. }) => {
-            assert!(reason.contains("does not create MIG instances"), "{reason}")
+            assert!(reason.contains("may not create one here"), "{reason}")
         }
         other => panic!("expected no fit, got {other:?}"),
     }

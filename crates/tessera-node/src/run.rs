@@ -42,7 +42,8 @@ pub struct AgentConfig {
     pub mps: MpsConfig,
     /// How devices are handed to containers (`--device-list-strategy`).
     pub device_list: DeviceList,
-    /// Also serve `nvidia.com/gpu` (whole GPUs) for pods written for NVIDIA's plugin.
+    /// Also serve `nvidia.com/gpu` (whole GPUs) and `nvidia.com/mig-<profile>` (MIG
+    /// instances, the "mixed" strategy's names) for pods written for NVIDIA's plugin.
     pub nvidia_gpu: bool,
     /// Write GFD-style labels on the Node.
     pub node_labels: bool,

@@ -22,7 +22,7 @@ async fn a_container_never_receives_another_containers_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent(dir.path(), Duration::from_secs(3600));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     let both = decision(
         "uid-two",
         NODE,
@@ -75,7 +75,7 @@ async fn each_container_gets_its_own_gpus() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent(dir.path(), Duration::from_secs(3600));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     let one: &[(&str, &str)] = &[("tessera.io/gpu", "1")];
     let containers = vec![
         Container::new("fetch", ContainerKind::Init, one),
@@ -136,7 +136,7 @@ async fn nvidia_gpu_is_answered_from_the_decision() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent(dir.path(), Duration::from_secs(3600));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     let mut nv = dial(&dir.path().join("tessera-nvidia-gpu.sock"))
         .await
         .unwrap();
@@ -204,7 +204,7 @@ async fn cdi_strategy_names_the_devices() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent_with(dir.path(), Duration::from_secs(3600), "cdi-cri");
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     let mut m = grant(2, GPU2, 9_728, 142);
     m.mig = Some(MigGrant {
         profile: "1g.10gb".into(),
@@ -262,7 +262,7 @@ async fn allocate_answers_from_the_scheduler_decision() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent(dir.path(), Duration::from_secs(3600));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
 
     let gpu_res = "tessera.io/gpu";
     let mig_res = "tessera.io/mig-1g.10gb";

@@ -16,7 +16,7 @@ async fn hard_share_gets_its_mig_instance_and_soft_shares_their_mps_limits() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent(dir.path(), Duration::from_secs(3600));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     // The hard share: a 1g.10gb instance (the smallest covering a 10 % share) on GPU 2.
     let mut m = grant(2, GPU2, 9_728, 142);
     m.mig = Some(MigGrant {
@@ -98,7 +98,7 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent(dir.path(), Duration::from_secs(3600));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     let planned = |start: u8| {
         let mut m = grant(1, GPU1, 40_192, 428);
         m.mig = Some(MigGrant {
@@ -134,11 +134,17 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
     let inst = gpus[1].mig_instances[0].clone();
     assert_eq!((inst.profile.as_str(), inst.start), ("3g.40gb", Some(4)));
     assert_eq!(mounted_devices(&r), [inst.uuid.as_str()]);
-    // A plugin for the new profile is started and registered, the others untouched.
-    let reg = tokio::time::timeout(WAIT, next_register(&mut kubelet))
-        .await
-        .unwrap();
-    assert_eq!(reg.resource_name, "tessera.io/mig-3g.40gb");
+    // Plugins for the new profile (Tessera's name and the stock one) are started
+    // and registered, the others untouched.
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        let reg = tokio::time::timeout(WAIT, next_register(&mut kubelet))
+            .await
+            .unwrap();
+        names.push(reg.resource_name);
+    }
+    names.sort();
+    assert_eq!(names, ["nvidia.com/mig-3g.40gb", "tessera.io/mig-3g.40gb"]);
     let mut mig = dial(&dir.path().join("tessera-mig-3g.40gb.sock"))
         .await
         .unwrap();

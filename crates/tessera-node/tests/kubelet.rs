@@ -16,15 +16,23 @@ async fn registers_and_streams_health_changes() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent(dir.path(), Duration::from_secs(3600));
-    let regs = registered(&mut kubelet, 3).await;
+    let regs = registered(&mut kubelet, 4).await;
     let names: Vec<&str> = regs.iter().map(|r| r.resource_name.as_str()).collect();
+    // The stock names (nvidia.com/gpu, and nvidia.com/mig-<profile> for the
+    // instances) beside Tessera's own.
     assert_eq!(
         names,
-        ["nvidia.com/gpu", "tessera.io/gpu", "tessera.io/mig-1g.10gb"]
+        [
+            "nvidia.com/gpu",
+            "nvidia.com/mig-1g.10gb",
+            "tessera.io/gpu",
+            "tessera.io/mig-1g.10gb"
+        ]
     );
-    assert_eq!(regs[1].endpoint, "tessera-gpu.sock");
+    assert_eq!(regs[2].endpoint, "tessera-gpu.sock");
     assert_eq!(regs[0].endpoint, "tessera-nvidia-gpu.sock");
-    assert_eq!(regs[1].version, "v1beta1");
+    assert_eq!(regs[1].endpoint, "tessera-nvidia-mig-1g.10gb.sock");
+    assert_eq!(regs[2].version, "v1beta1");
     assert!(dir.path().join("tessera-gpu.sock").exists());
 
     let mut gpu = dial(&dir.path().join("tessera-gpu.sock")).await.unwrap();
@@ -96,7 +104,7 @@ async fn quiet_period_brings_a_gpu_back() {
     let mut kubelet = start_kubelet(dir.path());
     // A short quiet period: the GPU returns on its own after it.
     let agent = start_agent(dir.path(), Duration::from_secs(2));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     let mut gpu = dial(&dir.path().join("tessera-gpu.sock")).await.unwrap();
     let mut stream = gpu.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
     stream.message().await.unwrap().unwrap();
@@ -129,7 +137,7 @@ async fn re_registers_when_the_kubelet_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = start_kubelet(dir.path());
     let agent = start_agent(dir.path(), Duration::from_secs(3600));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
 
     // Kubelet restart: it goes away, cleans the directory of sockets, comes back.
     let _ = kubelet.stop.send(());
@@ -139,9 +147,9 @@ async fn re_registers_when_the_kubelet_restarts() {
     }
     assert!(!dir.path().join("tessera-gpu.sock").exists());
     let mut kubelet = start_kubelet(dir.path());
-    let regs = registered(&mut kubelet, 3).await;
-    assert_eq!(regs[1].resource_name, "tessera.io/gpu");
-    assert_eq!(regs[2].resource_name, "tessera.io/mig-1g.10gb");
+    let regs = registered(&mut kubelet, 4).await;
+    assert_eq!(regs[2].resource_name, "tessera.io/gpu");
+    assert_eq!(regs[3].resource_name, "tessera.io/mig-1g.10gb");
     // The plugin serves again on a fresh socket.
     let mut gpu = dial(&dir.path().join("tessera-gpu.sock")).await.unwrap();
     let mut stream = gpu.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
@@ -151,8 +159,8 @@ async fn re_registers_when_the_kubelet_restarts() {
     let _ = kubelet.stop.send(());
     let _ = kubelet.task.await;
     let mut kubelet = start_kubelet(dir.path());
-    let regs = registered(&mut kubelet, 3).await;
-    assert_eq!(regs.len(), 3);
+    let regs = registered(&mut kubelet, 4).await;
+    assert_eq!(regs.len(), 4);
 
     drop(stream);
     stop_agent(agent).await;

@@ -78,7 +78,7 @@ async fn gpunode_shows_the_layout_the_agent_made() {
     let agent = tokio::spawn(tessera_node::run::run(config, deps, async {
         let _ = stopped.await;
     }));
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     // GPU 1's entry in a published spec.
     let gpu1 = |spec: &serde_json::Value| spec["gpus"][1].clone();
     let mut spec_where = async |pred: &dyn Fn(&serde_json::Value) -> bool| {

@@ -74,7 +74,7 @@ async fn mps_shares_get_per_gpu_daemons_that_are_supervised() {
     let binary = write_script(root.path(), FAKE_CONTROL);
     let mut kubelet = start_kubelet(dir.path());
     let agent = start(dir.path(), root.path(), binary);
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     let one = decision(
         "uid-one",
         NODE,
@@ -174,7 +174,7 @@ async fn mps_share_is_refused_when_its_daemon_cannot_start() {
     );
     let mut kubelet = start_kubelet(dir.path());
     let agent = start(dir.path(), root.path(), binary);
-    registered(&mut kubelet, 3).await;
+    registered(&mut kubelet, 4).await;
     let share = decision(
         "uid-share",
         NODE,

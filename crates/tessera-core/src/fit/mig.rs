@@ -1,7 +1,7 @@
 //! MIG in the filter: which existing instance a request can take, and its grant.
 //!
-//! Tessera grants only MIG instances that exist on a GPU (the node agent hands a
-//! container an existing instance; nothing creates one on demand yet). The ledger
+//! An instance that exists is granted as it is; one the node agent is to create
+//! (dynamic MIG) is planned in [`super::mig_layout`]. The ledger
 //! tracks MIG use by memory slices, and instances never share slices, so an
 //! instance is free exactly when none of its slices is in use.
 

@@ -267,7 +267,6 @@ fn mig_choice(
     let covering = covering_profiles(geo, memory_mib, cores_milli);
     let smallest = *covering.first()?;
     let held = Held::of(gu);
-    let in_mig = in_mig_mode(gpu, gu);
     // Free existing instances that cover the ask, smallest first.
     let existing = || {
         let mut free: Vec<(u8, u8)> = gpu
@@ -297,12 +296,7 @@ fn mig_choice(
             enable_mig_mode: false,
         });
     }
-    let may_create = if in_mig {
-        dynamic >= MigDynamic::Instances && (gpu.mig_enabled || dynamic == MigDynamic::Mode)
-    } else {
-        dynamic == MigDynamic::Mode && gu.is_idle()
-    };
-    if may_create {
+    if may_create(dynamic, gpu, gu) {
         for &pi in &covering {
             if let Some(s) = best_start(geo, held, pi) {
                 return Some(Choice::Mig {
@@ -324,8 +318,57 @@ fn mig_choice(
     })
 }
 
-/// What `gpu` can give `req`, a share asked at an isolation level; `None` when it
-/// can give it nothing (or the request names a mechanism itself).
+/// Whether the node lets the agent create an instance on `gpu` (see [`MigDynamic`]):
+/// in free MIG space of a GPU in MIG mode, or on an idle GPU it may switch.
+fn may_create(dynamic: MigDynamic, gpu: &Gpu, gu: &GpuUse) -> bool {
+    if in_mig_mode(gpu, gu) {
+        dynamic >= MigDynamic::Instances && (gpu.mig_enabled || dynamic == MigDynamic::Mode)
+    } else {
+        dynamic == MigDynamic::Mode && gu.is_idle()
+    }
+}
+
+/// What `gpu` gives a pod that names MIG profile `pi` itself
+/// (`tessera.io/mig-3g.40gb`, `nvidia.com/mig-3g.40gb`): a free instance of that
+/// profile that exists, else, where the node allows dynamic MIG
+/// ([`LABEL_MIG_DYNAMIC`]), one to create at the placement that leaves the GPU
+/// least fragmented ([`best_start`]), as for a `hard` share. A new instance has no
+/// UUID yet, so with pinned UUIDs only a pin on the GPU itself allows one.
+pub fn explicit_choice(
+    node: &Node,
+    gpu: &Gpu,
+    gu: &GpuUse,
+    geo: &MigGeometry,
+    pi: usize,
+    pinned: &[String],
+) -> Option<Choice> {
+    if gpu.mig_enabled
+        && let Some((_, slot)) = super::free_mig_instance(gpu, gu, geo, pi, pinned)
+    {
+        return Some(Choice::Mig {
+            slot,
+            create: false,
+            enable_mig_mode: false,
+        });
+    }
+    if !(pinned.is_empty() || pinned.contains(&gpu.uuid))
+        || !may_create(MigDynamic::of(node), gpu, gu)
+    {
+        return None;
+    }
+    let start = best_start(geo, Held::of(gu), pi)?;
+    let slot = slot_of(geo, pi, start);
+    let (create, enable_mig_mode) = mig_intent(gpu, &slot);
+    Some(Choice::Mig {
+        slot,
+        create,
+        enable_mig_mode,
+    })
+}
+
+/// What `gpu` can give `req`, a share asked at an isolation level or an explicit
+/// MIG profile ([`explicit_choice`]); `None` when it can give it nothing (or the
+/// request names another mechanism itself).
 ///
 /// - `hard`: a MIG instance (an existing one of the smallest covering size, else one
 ///   created in free MIG space where the node allows it, else a larger free one),
@@ -342,6 +385,11 @@ pub fn choose(
     spec: &GpuSpec,
     req: &Request,
 ) -> Option<Choice> {
+    if let GpuAsk::Mig { profile } = &req.gpu {
+        let geo = spec.mig.as_ref()?;
+        let (pi, _) = geo.profile(profile)?;
+        return explicit_choice(node, gpu, gu, geo, pi, &req.constraints.pinned_uuids);
+    }
     let GpuAsk::Shared {
         memory,
         cores_milli,
@@ -410,6 +458,8 @@ fn choice_rank(
                         let (a, b) = (&geo.profiles[pi], &geo.profiles[slot.profile as usize]);
                         (a.compute_slices, a.memory_slices) == (b.compute_slices, b.memory_slices)
                     }),
+                // An explicit profile takes only instances of that profile.
+                (_, GpuAsk::Mig { .. }) => true,
                 _ => false,
             };
             (if exact { 0 } else { 2 }, 0, 0)
@@ -435,7 +485,15 @@ fn choice_rank(
     }
 }
 
-/// For a one-GPU hard share: the usable GPUs whose choice ranks best
+/// Whether the GPUs (and nodes) that can take `req` are ranked by what they would
+/// do for it ([`choice_rank`]): a `hard` share, and an explicit MIG profile, which
+/// takes an instance that exists before one is created, and creates one on a GPU
+/// already in MIG mode before it switches an idle GPU.
+pub fn ranks_mig_choices(req: &Request) -> bool {
+    req.level == Some(IsolationLevel::Hard) || matches!(req.gpu, GpuAsk::Mig { .. })
+}
+
+/// For a one-GPU hard share or MIG profile: the usable GPUs whose choice ranks best
 /// ([`choice_rank`]), so that every policy picks among those only.
 pub(super) fn least_fragmenting(
     view: super::NodeView<'_>,
@@ -469,7 +527,7 @@ pub(super) fn least_fragmenting(
 /// cannot tell that one node would hand it a whole GPU where another has a free
 /// instance. 0 for every other request, so their scores are the policy's own.
 pub fn hard_rank_penalty(view: super::NodeView<'_>, req: &Request, fit: &super::Fit) -> f64 {
-    if fit.need != 1 || req.level != Some(IsolationLevel::Hard) {
+    if fit.need != 1 || !ranks_mig_choices(req) {
         return 0.0;
     }
     // After [`least_fragmenting`] every usable GPU has the node's best rank.

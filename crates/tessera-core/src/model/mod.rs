@@ -80,7 +80,8 @@ pub struct Gpu {
     #[serde(default)]
     pub mig_enabled: bool,
     /// The MIG instances that exist on the GPU (only when `mig_enabled`). Tessera
-    /// grants only these: it does not create or destroy instances.
+    /// grants these, and plans new ones only on nodes that allow dynamic MIG
+    /// (`tessera.io/mig-dynamic`), where the node agent creates them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_instances: Vec<MigInstance>,
 }

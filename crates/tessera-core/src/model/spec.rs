@@ -175,11 +175,54 @@ impl GpuSpec {
         }
     }
 
-    /// Whether `name` names this model (canonical name or alias, ASCII case-insensitive).
+    /// Whether `name` names this model (canonical name or alias), ASCII
+    /// case-insensitive and with spaces and `-` alike, so that GPU Feature
+    /// Discovery's `nvidia.com/gpu.product` value (the NVML product name with
+    /// spaces replaced by `-`: `NVIDIA-A100-SXM4-80GB`, `Tesla-T4`) names the
+    /// same model as the NVML name (`NVIDIA A100-SXM4-80GB`, `Tesla T4`).
     pub fn answers_to(&self, name: &str) -> bool {
-        self.name.eq_ignore_ascii_case(name)
-            || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
+        std::iter::once(&self.name)
+            .chain(&self.aliases)
+            .any(|a| same_spelling(a, name))
     }
+}
+
+/// Two model names compared ASCII case-insensitively, a space equal to `-`.
+fn same_spelling(a: &str, b: &str) -> bool {
+    let norm = |c: u8| {
+        if c == b' ' {
+            b'-'
+        } else {
+            c.to_ascii_lowercase()
+        }
+    };
+    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| norm(x) == norm(y))
+}
+
+/// A GFD product value without the suffixes GFD adds to the product name: `-SHARED`
+/// (the GPU is shared by time slicing or MPS, NVIDIA device plugin's
+/// `renameByDefault: false`) and `-MIG-<profile>` (the "single" MIG strategy,
+/// `NVIDIA-A100-SXM4-40GB-MIG-1g.5gb`). `None` when it carries neither.
+fn without_gfd_suffix(name: &str) -> Option<&str> {
+    let upper = name.to_ascii_uppercase();
+    let mut end = name.len();
+    if upper.ends_with("-SHARED") {
+        end -= "-SHARED".len();
+    }
+    if let Some(at) = upper[..end].rfind("-MIG-") {
+        end = at;
+    }
+    (end < name.len() && end > 0).then(|| &name[..end])
+}
+
+/// MiB of a MIG profile's memory from the `NNgb` in its name read as decimal GB,
+/// rounded down to 256 MiB. NVIDIA's names round the instance's memory, and an
+/// instance holds at least this (e.g. `1g.10gb` of the H100: 9,984 MiB per
+/// `nvidia-smi mig -lgip`, this gives 9,472), so a planned instance never
+/// promises more than the driver gives; NVML reports the exact size once it exists.
+/// Used where no published `-lgip` output was at hand.
+const fn gb_name_mib(gb: u64) -> u64 {
+    gb * 1_000_000_000 / (1 << 20) / 256 * 256
 }
 
 /// The GA100/GH100 7-compute/8-memory-slice geometry with per-profile memory.
@@ -349,6 +392,122 @@ pub fn builtin_specs() -> Vec<GpuSpec> {
             mig: Some(a30_geometry()),
             ..GpuSpec::plain("A30", &["NVIDIA A30", "A30-24GB"], 24_576, 56, Ampere)
         },
+        // Newer models, appended so that no older model's id moves.
+        //
+        // Sources. Total memory: what `nvidia-smi` prints as the GPU's total (NVML's
+        // framebuffer total) in published outputs: H100 NVL 95,830 MiB, B200
+        // 183,359 MiB, GB200 189,471 MiB, H20 97,871 MiB, L40S 46,068 MiB. MIG
+        // profile names, slices, instance counts and placements: NVIDIA's MIG User
+        // Guide, "Supported MIG Profiles" (B200 table) and "Supported GPUs" (B200
+        // 180GB, GB200 186GB, H100-PCIE 94GB, H20 96GB: all GH100/GB100 with 7
+        // instances, the same 7-compute/8-memory-slice table as the H100), with the
+        // names the GPU Operator's mig-parted configuration and `nvidia-smi -L`
+        // outputs show (H100 NVL `1g.12gb`, `3g.47gb`; H20 `1g.12gb`, `1g.24gb`,
+        // `3g.48gb`, `7g.96gb`; GB200 `1g.23gb`, `1g.47gb`, `3g.93gb`, `7g.186gb`).
+        // Profile memory: [`gb_name_mib`] (no published `-lgip` output at hand).
+        // SM counts: NVIDIA's product briefs (H100 NVL 132, L40S 142); B200 148 and
+        // H20 78 from published device-query outputs; GB200 148 is NOT confirmed
+        // (assumed equal to the B200: same GB100 die and the same 18 SMs per MIG
+        // slice); the node agent reads the real count from NVML.
+        GpuSpec {
+            mig: Some(ga100_like(
+                [
+                    "1g.12gb",
+                    "1g.12gb+me",
+                    "1g.24gb",
+                    "2g.24gb",
+                    "3g.47gb",
+                    "4g.47gb",
+                    "7g.94gb",
+                ],
+                [
+                    gb_name_mib(12),
+                    gb_name_mib(24),
+                    gb_name_mib(47),
+                    gb_name_mib(94),
+                ],
+            )),
+            ..GpuSpec::plain(
+                "H100-NVL",
+                &["NVIDIA H100 NVL", "H100-NVL-94GB", "H100 NVL"],
+                95_830,
+                132,
+                Hopper,
+            )
+        },
+        GpuSpec {
+            mig: Some(ga100_like(
+                [
+                    "1g.23gb",
+                    "1g.23gb+me",
+                    "1g.45gb",
+                    "2g.45gb",
+                    "3g.90gb",
+                    "4g.90gb",
+                    "7g.180gb",
+                ],
+                [
+                    gb_name_mib(23),
+                    gb_name_mib(45),
+                    gb_name_mib(90),
+                    gb_name_mib(180),
+                ],
+            )),
+            ..GpuSpec::plain(
+                "B200",
+                &["NVIDIA B200", "B200-180GB"],
+                183_359,
+                148,
+                Blackwell,
+            )
+        },
+        GpuSpec {
+            mig: Some(ga100_like(
+                [
+                    "1g.23gb",
+                    "1g.23gb+me",
+                    "1g.47gb",
+                    "2g.47gb",
+                    "3g.93gb",
+                    "4g.93gb",
+                    "7g.186gb",
+                ],
+                [
+                    gb_name_mib(23),
+                    gb_name_mib(47),
+                    gb_name_mib(93),
+                    gb_name_mib(186),
+                ],
+            )),
+            ..GpuSpec::plain(
+                "GB200",
+                &["NVIDIA GB200", "GB200-186GB"],
+                189_471,
+                148,
+                Blackwell,
+            )
+        },
+        GpuSpec::plain("L40S", &["NVIDIA L40S"], 46_068, 142, Ada),
+        GpuSpec {
+            mig: Some(ga100_like(
+                [
+                    "1g.12gb",
+                    "1g.12gb+me",
+                    "1g.24gb",
+                    "2g.24gb",
+                    "3g.48gb",
+                    "4g.48gb",
+                    "7g.96gb",
+                ],
+                [
+                    gb_name_mib(12),
+                    gb_name_mib(24),
+                    gb_name_mib(48),
+                    gb_name_mib(96),
+                ],
+            )),
+            ..GpuSpec::plain("H20", &["NVIDIA H20", "H20-96GB"], 97_871, 78, Hopper)
+        },
     ]
 }
 
@@ -388,13 +547,18 @@ impl Default for Catalog {
 }
 
 impl Catalog {
-    /// Finds a model by canonical name or alias.
+    /// Finds a model by canonical name or alias, written with spaces or `-` (so
+    /// GFD's `nvidia.com/gpu.product` values resolve: `NVIDIA-H100-80GB-HBM3`,
+    /// and with GFD's `-SHARED` or `-MIG-<profile>` suffix too).
     pub fn find(&self, name: &str) -> Option<ModelId> {
         let name = name.trim();
-        self.specs
-            .iter()
-            .position(|s| s.answers_to(name))
-            .map(|i| ModelId(i as u8))
+        let by = |name: &str| {
+            self.specs
+                .iter()
+                .position(|s| s.answers_to(name))
+                .map(|i| ModelId(i as u8))
+        };
+        by(name).or_else(|| without_gfd_suffix(name).and_then(by))
     }
 
     /// Finds a model from an NVML product name such as `NVIDIA A100-SXM4-80GB`, falling
@@ -403,13 +567,15 @@ impl Catalog {
         if let Some(id) = self.find(product) {
             return Some(id);
         }
+        // The family is a whole word of the product name: `L4` is not in
+        // `NVIDIA L40S`, nor `B200` in `NVIDIA GB200`.
         let upper = product.to_ascii_uppercase();
+        let words: Vec<&str> = upper.split([' ', '-']).collect();
         let family_of = |spec: &GpuSpec| {
             spec.name
                 .split('-')
                 .next()
-                .map(|f| upper.contains(f))
-                .unwrap_or(false)
+                .is_some_and(|f| words.iter().any(|w| w.eq_ignore_ascii_case(f)))
         };
         // Closest memory size within the family (e.g. A100 40 vs 80 GB).
         self.specs
@@ -492,6 +658,12 @@ mod tests {
             "A10",
             "G2",
             "G3",
+            "A30",
+            "H100-NVL",
+            "B200",
+            "GB200",
+            "L40S",
+            "H20",
         ] {
             assert!(
                 c.find(name).is_some(),
@@ -500,10 +672,99 @@ mod tests {
         }
     }
 
+    /// GPU Feature Discovery labels nodes `nvidia.com/gpu.product` with the NVML
+    /// name, spaces replaced by `-` (and `-SHARED` / `-MIG-<profile>` appended for
+    /// shared GPUs and the single MIG strategy): each names the model NVML's does.
+    #[test]
+    fn gfd_product_labels_name_the_same_models_as_nvml() {
+        let c = Catalog::default();
+        let id = |n: &str| c.find(n).map(|m| c.spec(m).name.as_str());
+        for (gfd, model) in [
+            ("NVIDIA-A100-SXM4-80GB", "A100-80GB"),
+            ("NVIDIA-A100-80GB-PCIe", "A100-80GB"),
+            ("NVIDIA-H100-80GB-HBM3", "H100-80GB"),
+            ("NVIDIA-H100-NVL", "H100-NVL"),
+            ("NVIDIA-H200", "H200-141GB"),
+            ("NVIDIA-H200-NVL", "H200-141GB"),
+            ("NVIDIA-B200", "B200"),
+            ("NVIDIA-GB200", "GB200"),
+            ("NVIDIA-L40S", "L40S"),
+            ("NVIDIA-L4", "L4"),
+            ("NVIDIA-H20", "H20"),
+            ("Tesla-T4", "T4"),
+            ("Tesla-V100-SXM2-16GB", "V100-16GB"),
+            ("nvidia-a100-sxm4-80gb", "A100-80GB"),
+            ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "A100-40GB"),
+            ("Tesla-T4-SHARED", "T4"),
+            ("NVIDIA-H100-80GB-HBM3-MIG-3g.40gb-SHARED", "H100-80GB"),
+        ] {
+            assert_eq!(id(gfd), Some(model), "{gfd}");
+        }
+        // The NVML spellings still resolve, and a suffix alone names nothing.
+        assert_eq!(id("NVIDIA A100-SXM4-80GB"), Some("A100-80GB"));
+        assert_eq!(id("NVIDIA H100 NVL"), Some("H100-NVL"));
+        assert_eq!(id("-MIG-1g.5gb"), None);
+        assert_eq!(id("NVIDIA-RTX-9999"), None);
+    }
+
+    /// The product fallback matches a family as a whole word: an L40S is not an
+    /// L4 and a GB200 is not a B200, whatever their memory.
+    #[test]
+    fn product_family_is_a_whole_word() {
+        let c = Catalog::default();
+        let name = |p: &str, mib| c.find_product(p, mib).map(|m| c.spec(m).name.clone());
+        // Not aliases: only the family and the memory say which model.
+        assert_eq!(name("NVIDIA L40S-X", 46_068).as_deref(), Some("L40S"));
+        assert_eq!(name("NVIDIA L4-X", 23_034).as_deref(), Some("L4"));
+        assert_eq!(name("NVIDIA GB200 X", 189_471).as_deref(), Some("GB200"));
+        assert_eq!(name("NVIDIA B200 X", 183_359).as_deref(), Some("B200"));
+        // 94 GB is nearer the H100 NVL's 95,830 MiB than the 80 GB part's.
+        assert_eq!(
+            name("NVIDIA H100 NVL X", 95_000).as_deref(),
+            Some("H100-NVL")
+        );
+    }
+
+    /// The models added for current hardware: memory, architecture and MIG tables
+    /// as documented in [`builtin_specs`].
+    #[test]
+    fn current_models_are_in_the_catalog() {
+        let c = Catalog::default();
+        let spec = |n: &str| c.spec(c.find(n).unwrap()).clone();
+        let b200 = spec("B200");
+        assert_eq!(
+            (b200.memory_mib, b200.architecture),
+            (183_359, Architecture::Blackwell)
+        );
+        assert_eq!(spec("L40S").architecture, Architecture::Ada);
+        assert!(spec("L40S").mig.is_none());
+        assert_eq!(spec("H20").memory_mib, 97_871);
+        // 23 GB read as decimal: 23e9 / 2^20 = 21,934.2 MiB, down to 256: 21,760.
+        let geo = b200.mig.unwrap();
+        assert_eq!(geo.profile("1g.23gb").unwrap().1.memory_mib, 21_760);
+        assert_eq!(geo.profile("7g.180gb").unwrap().1.memory_slices, 8);
+        // 1g.12gb is the H100 NVL's and the H20's; 7g.186gb only the GB200's.
+        assert_eq!(c.models_with_profile("1g.12gb").0.count_ones(), 2);
+        let gb200 = c.find("GB200").unwrap();
+        assert!(c.models_with_profile("7g.186gb").contains(gb200));
+        assert_eq!(c.models_with_profile("7g.186gb").0.count_ones(), 1);
+        // No model id before them moved: the A30 is still the 13th.
+        assert_eq!(c.find("A30"), Some(ModelId(12)));
+    }
+
     #[test]
     fn mig_tables_follow_the_7_by_8_geometry() {
         let c = Catalog::default();
-        for name in ["A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"] {
+        for name in [
+            "A100-40GB",
+            "A100-80GB",
+            "H100-80GB",
+            "H200-141GB",
+            "H100-NVL",
+            "B200",
+            "GB200",
+            "H20",
+        ] {
             let spec = c.spec(c.find(name).unwrap());
             let mig = spec.mig.as_ref().unwrap();
             assert_eq!((mig.compute_slices, mig.memory_slices), (7, 8));

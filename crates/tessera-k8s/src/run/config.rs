@@ -268,6 +268,7 @@ impl RawConfig {
                         // Always known, so the webhook checks every pod we will place;
                         // set on pods only when asked.
                         scheduler_name: Some(scheduler_name.clone()),
+                        served_scheduler_names: self.serve_scheduler_names.clone(),
                         set_scheduler_name: self.webhook_set_scheduler_name.unwrap_or(false),
                         allocation_writers: self.allocation_writers,
                         catalog: Default::default(),

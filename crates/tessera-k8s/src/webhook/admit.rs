@@ -1,10 +1,11 @@
 //! The verdicts: [`validate`] (allow or deny) and [`mutate`] (our schedulerName).
 //!
 //! Which pods are Tessera's to judge: those that [`claims_tessera`] and those
-//! that already carry our schedulerName. Everything else — CPU pods, plain
-//! stock GPU pods for the stock device plugin, other schedulers' pods — is
-//! allowed unchanged, except that nobody but the scheduler touches the
-//! allocation annotation on any pod.
+//! that already carry a schedulerName Tessera serves (ours or one of
+//! `--serve-scheduler-name`). Everything else — CPU pods, plain stock GPU pods
+//! for the stock device plugin, other schedulers' pods — is allowed unchanged,
+//! except that on any pod nobody but the scheduler touches the allocation
+//! annotation, and no `cdi.k8s.io/*` annotation may name a GPU device.
 
 use std::collections::BTreeSet;
 
@@ -87,11 +88,52 @@ fn uses_default_scheduler(pod: &Pod) -> bool {
     )
 }
 
+/// Whether Tessera places the pod by its `schedulerName`: ours, or one of the
+/// names it also serves (`--serve-scheduler-name`), whose pods the extender
+/// judges and binds just the same.
 fn scheduled_by_us(config: &WebhookConfig, pod: &Pod) -> bool {
-    config
-        .scheduler_name
-        .as_deref()
-        .is_some_and(|ours| convert::scheduler_name(pod) == ours)
+    let name = convert::scheduler_name(pod);
+    config.scheduler_name.as_deref() == Some(name)
+        || config.served_scheduler_names.iter().any(|n| n == name)
+}
+
+/// Prefix of the pod annotations that containerd and CRI-O (with CDI enabled)
+/// read as CDI device requests: `cdi.k8s.io/<any>: vendor.com/class=name,…`.
+pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+
+/// CDI vendors whose devices are GPUs that only Tessera's grant may hand out:
+/// NVIDIA's (`nvidia.com/gpu`, and subdomains such as `k8s.gpu.nvidia.com`,
+/// `management.nvidia.com`) and Tessera's own.
+const GPU_CDI_VENDORS: [&str; 2] = ["nvidia.com", "tessera.io"];
+
+/// Whether a fully-qualified CDI device name (`vendor/class=name`) is of a GPU
+/// vendor of [`GPU_CDI_VENDORS`]. A name without `=` is judged by what it has:
+/// the runtime may not parse it, but nothing is lost by refusing it.
+fn is_gpu_cdi_device(device: &str) -> bool {
+    let kind = device.split_once('=').map_or(device, |(k, _)| k).trim();
+    let vendor = kind
+        .split_once('/')
+        .map_or(kind, |(v, _)| v)
+        .to_ascii_lowercase();
+    GPU_CDI_VENDORS
+        .iter()
+        .any(|v| vendor == *v || vendor.ends_with(&format!(".{v}")))
+}
+
+/// The pod's CDI annotations that ask for a GPU device, as one line each:
+/// `annotation cdi.k8s.io/x names nvidia.com/gpu=all`. The node agent hands a
+/// container its devices through the kubelet (the device plugin's answer), never
+/// through the pod's own annotations, so no pod needs one of these.
+fn gpu_cdi_requests(pod: &Pod) -> Vec<String> {
+    convert::annotations(pod)
+        .filter(|(k, _)| k.starts_with(CDI_ANNOTATION_PREFIX))
+        .flat_map(|(k, v)| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|d| is_gpu_cdi_device(d))
+                .map(move |d| format!("annotation {k} names {d}"))
+        })
+        .collect()
 }
 
 fn allocation_of(pod: &Pod) -> Option<&str> {
@@ -155,6 +197,24 @@ pub fn validate(config: &WebhookConfig, req: &AdmissionRequest) -> AdmissionResp
             uid,
             format!(
                 "Tessera: {who} may not {verb} the {ANNOTATION} annotation of pod {key}; only the Tessera scheduler writes it (it records the GPUs the pod holds)"
+            ),
+        );
+    }
+
+    // Every pod, not only those Tessera places: the runtime honours the annotation
+    // whoever scheduled the pod, so a CPU pod of another scheduler on a GPU node
+    // would reach every GPU. On UPDATE only what the update adds, as below.
+    let old_cdi = old.as_ref().map(gpu_cdi_requests).unwrap_or_default();
+    let new_cdi: Vec<String> = gpu_cdi_requests(&pod)
+        .into_iter()
+        .filter(|r| !old_cdi.contains(r))
+        .collect();
+    if !new_cdi.is_empty() {
+        return AdmissionResponse::deny(
+            uid,
+            format!(
+                "Tessera: pod {key} may not ask the container runtime for GPUs in a CDI annotation (the node agent hands over the GPUs Tessera grants): {}",
+                new_cdi.join("; ")
             ),
         );
     }

@@ -9,8 +9,13 @@
 //!     GPU out again;
 //!   * a pod Tessera places whose GPU request does not parse is denied with the
 //!     parser's message;
-//!   * a pod Tessera places may not choose its own devices ([`device_access`]:
-//!     `NVIDIA_VISIBLE_DEVICES`, `CUDA_MPS_*`, … in `env` or through `envFrom`).
+//!   * no pod may ask the container runtime for NVIDIA or Tessera devices in a
+//!     `cdi.k8s.io/*` annotation (with CDI on, `nvidia.com/gpu=all` there reaches
+//!     every GPU of the node, whoever scheduled the pod);
+//!   * a pod Tessera places — it claims Tessera, or carries a `schedulerName`
+//!     Tessera serves, `--serve-scheduler-name` included — may not choose its own
+//!     devices ([`device_access`]: `NVIDIA_VISIBLE_DEVICES`, `CUDA_MPS_*`, … in
+//!     `env` or through `envFrom`).
 //! * `/mutate` (pod CREATE, standalone mode): pods that claim Tessera — a
 //!   `tessera.io/*` resource, or a stock `nvidia.com/*` GPU resource with a
 //!   Tessera request annotation or the label `tessera.io/schedule: "true"` —
@@ -48,6 +53,9 @@ pub use tls::{serve, serve_on, tls_config};
 pub struct WebhookConfig {
     /// Pods that carry this `schedulerName` are Tessera's to check.
     pub scheduler_name: Option<String>,
+    /// More `schedulerName`s whose pods Tessera places (`--serve-scheduler-name`):
+    /// checked like [`WebhookConfig::scheduler_name`]'s, never set on a pod.
+    pub served_scheduler_names: Vec<String>,
     /// Whether `/mutate` sets `scheduler_name` on pods that claim Tessera and
     /// use the default scheduler.
     pub set_scheduler_name: bool,

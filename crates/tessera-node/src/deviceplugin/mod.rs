@@ -23,6 +23,11 @@
 //!   Tessera's nodes. Answered from the decision like the others, for whole
 //!   (exclusive) GPUs only. The kubelet uses one plugin per resource name (the
 //!   last to register), so this must not be on where NVIDIA's plugin also runs.
+//! - `nvidia.com/mig-<profile>` (with `nvidia.com/gpu`, by the same switch): the
+//!   names the GPU Operator's "mixed" MIG strategy gives instances, with the same
+//!   devices as `tessera.io/mig-<profile>`, so `nvidia.com/mig-1g.10gb` pods run on
+//!   Tessera's MIG GPUs (the request parser reads both names as one MIG request).
+//!   Like `nvidia.com/gpu`, never beside NVIDIA's plugin on one node.
 //!
 //! Each resource has its own socket `tessera-<name>.sock` in the device-plugins
 //! directory, and re-registers when the kubelet's socket is recreated
@@ -88,6 +93,9 @@ pub enum Resource {
     Mig { profile: String },
     /// `nvidia.com/gpu`: whole GPUs, one device each.
     NvidiaGpu,
+    /// `nvidia.com/mig-<profile>`: the devices of [`Resource::Mig`] under the
+    /// stock plugin's "mixed" strategy name.
+    NvidiaMig { profile: String },
 }
 
 impl Resource {
@@ -101,6 +109,11 @@ impl Resource {
                 profile.replace('+', ".")
             ),
             Resource::NvidiaGpu => tessera_core::request::RES_NVIDIA_GPU.to_string(),
+            Resource::NvidiaMig { profile } => format!(
+                "{}{}",
+                tessera_core::request::RES_NVIDIA_MIG_PREFIX,
+                profile.replace('+', ".")
+            ),
         }
     }
 
@@ -118,7 +131,8 @@ impl Resource {
         }
     }
 
-    /// The resources a node with these GPUs offers; `nvidia_gpu` adds `nvidia.com/gpu`.
+    /// The resources a node with these GPUs offers; `nvidia_gpu` adds the stock
+    /// names `nvidia.com/gpu` and `nvidia.com/mig-<profile>`.
     pub fn for_node(view: &NodeView, slots: u32, nvidia_gpu: bool) -> Vec<Resource> {
         let mut out = Vec::new();
         if view.gpus.iter().any(|g| !g.mig_enabled) {
@@ -134,11 +148,16 @@ impl Resource {
             .collect();
         profiles.sort();
         profiles.dedup();
-        out.extend(
-            profiles
-                .into_iter()
-                .map(|profile| Resource::Mig { profile }),
-        );
+        out.extend(profiles.iter().map(|profile| Resource::Mig {
+            profile: profile.clone(),
+        }));
+        if nvidia_gpu {
+            out.extend(
+                profiles
+                    .into_iter()
+                    .map(|profile| Resource::NvidiaMig { profile }),
+            );
+        }
         out
     }
 
@@ -169,7 +188,7 @@ impl Resource {
                         });
                     }
                 }
-                Resource::Mig { profile } => {
+                Resource::Mig { profile } | Resource::NvidiaMig { profile } => {
                     for m in gpu.mig_instances.iter().filter(|m| &m.profile == profile) {
                         out.push(pb::Device {
                             id: m.uuid.clone(),
@@ -271,6 +290,22 @@ gpus:
         let whole = with_nvidia[1].devices(&view);
         let ids: Vec<&str> = whole.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids, ["GPU-a"]);
+        // nvidia.com/mig-<profile> (the mixed strategy's names) with the same
+        // devices as tessera.io/mig-<profile>, by the same switch.
+        let stock_mig: Vec<String> = with_nvidia[4..].iter().map(Resource::name).collect();
+        assert_eq!(
+            stock_mig,
+            ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-1g.10gb.me"]
+        );
+        assert_eq!(
+            with_nvidia[4].socket_name(),
+            "tessera-nvidia-mig-1g.10gb.sock"
+        );
+        assert_eq!(with_nvidia[4].devices(&view), res[1].devices(&view));
+        assert!(
+            !names.iter().any(|n| n.starts_with("nvidia.com/")),
+            "off: no stock names at all"
+        );
         let devs = res[0].devices(&view);
         assert_eq!(
             devs.len(),

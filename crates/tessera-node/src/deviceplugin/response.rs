@@ -81,7 +81,7 @@ fn mig_instance(
         }
         inst
     };
-    if let Resource::Mig { profile } = resource
+    if let Resource::Mig { profile } | Resource::NvidiaMig { profile } = resource
         && profile != &grant.profile
     {
         return Err(AllocateError::WrongResource {
@@ -103,7 +103,7 @@ pub fn container_response(
     handover: &Handover,
 ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
     let fits = match resource {
-        Resource::Mig { .. } => alloc.isolation == Isolation::Mig,
+        Resource::Mig { .. } | Resource::NvidiaMig { .. } => alloc.isolation == Isolation::Mig,
         // A share asked at an isolation level (`hard`, `any`) takes `tessera.io/gpu`
         // tokens and may be given a MIG instance: the decision then names one for
         // every GPU it grants.
@@ -280,6 +280,32 @@ mod tests {
         );
         let e = answer(&whole, &mig).unwrap_err();
         assert!(matches!(e, AllocateError::WrongResource { .. }));
+    }
+
+    /// `nvidia.com/mig-3g.40gb` (the mixed strategy's name) is answered like
+    /// `tessera.io/mig-3g.40gb`: the decision's instance, and only for a MIG
+    /// decision of that profile.
+    #[test]
+    fn stock_mig_names_are_answered_like_tessera_ones() {
+        let mut m = g(4, "GPU-4", 40_192, 428);
+        m.mig = Some(MigGrant {
+            profile: "3g.40gb".into(),
+            start: 4,
+            size: 4,
+            uuid: String::new(),
+            create: false,
+            enable_mig_mode: false,
+        });
+        let stock = |profile: &str| Resource::NvidiaMig {
+            profile: profile.into(),
+        };
+        let r = answer(&alloc(Isolation::Mig, vec![m.clone()]), &stock("3g.40gb")).unwrap();
+        assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-x");
+        let e = answer(&alloc(Isolation::Mig, vec![m]), &stock("1g.10gb")).unwrap_err();
+        assert!(matches!(e, AllocateError::WrongResource { .. }), "{e}");
+        let whole = alloc(Isolation::Exclusive, vec![g(0, "GPU-0", 0, 1000)]);
+        let e = answer(&whole, &stock("3g.40gb")).unwrap_err();
+        assert!(matches!(e, AllocateError::WrongResource { .. }), "{e}");
     }
 
     #[test]

@@ -127,7 +127,8 @@ pub struct NodeAgentArgs {
     /// comma-separated list (envvar can be overridden by the pod's own environment).
     #[arg(long, default_value = "volume-mounts", value_name = "LIST", value_parser = parse_device_list)]
     device_list_strategy: DeviceList,
-    /// Do not serve nvidia.com/gpu (serve it only where NVIDIA's device plugin does not run).
+    /// Do not serve nvidia.com/gpu nor nvidia.com/mig-<profile> (serve them only where
+    /// NVIDIA's device plugin does not run).
     #[arg(long)]
     no_nvidia_gpu_resource: bool,
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::explain::Reason;
 use crate::fit::{NodeView, check, grants};
 use crate::ledger::{AllocId, Ledger};
 use crate::model::{Catalog, Cluster, Node, NodeId, file::mig_instances};
@@ -491,4 +492,100 @@ fn nodes_rank_by_isolation_tier_before_the_policy() {
             "{policy}"
         );
     }
+}
+
+/// A pod that names a profile itself (`tessera.io/mig-3g.40gb`) on a node that
+/// allows dynamic MIG gets an instance planned like a hard share's: at a valid
+/// placement, in free MIG space, never over a held one; an instance that exists
+/// comes first. Without the label the old reason stands: none exists.
+#[test]
+fn explicit_profile_plans_an_instance_where_mig_is_dynamic() {
+    let mig = |profile: &str| Request {
+        gpu: GpuAsk::Mig {
+            profile: profile.into(),
+        },
+        isolation: Isolation::Mig,
+        ..Request::default()
+    };
+    let g = geo("H100-80GB");
+    let p3 = pi(&g, "3g.40gb");
+    let reason = |c: &Cluster, l: &Ledger, req: &Request| {
+        check(
+            NodeView {
+                node: c.node(NodeId(0)),
+                used: l.node(NodeId(0)),
+                catalog: &c.catalog,
+            },
+            req,
+        )
+        .err()
+    };
+
+    // Not dynamic: GPU 0 in MIG mode with a 1g only: no 3g exists, none is planned.
+    let c = node_cluster(None, &["1g.10gb"]);
+    let l = Ledger::new(&c);
+    assert_eq!(
+        reason(&c, &l, &mig("3g.40gb")),
+        Some(Reason::NoMigInstance {
+            profile: "3g.40gb".into()
+        })
+    );
+
+    // `instances`: the same GPU gets a 3g in its free slices 4..7 (a 3g may start
+    // at 0 or 4; the 1g holds slice 0), created by the node agent.
+    let c = node_cluster(Some("instances"), &["1g.10gb"]);
+    let mut l = Ledger::new(&c);
+    let p = place(&c, &l, &mig("3g.40gb")).unwrap();
+    let slot = p.grants[0].mig.unwrap();
+    assert_eq!(
+        (p.grants[0].gpu, slot.profile, slot.start, slot.size),
+        (0, p3, 4, 4)
+    );
+    assert!(valid_by_table(&g, &[(pi(&g, "1g.10gb"), 0), (p3, 4)]));
+    assert_eq!(mig_intent(&c.nodes()[0].gpus[0], &slot), (true, false));
+    // 40,448 MiB and 3 of 7 compute slices, as for an existing 3g.
+    assert_eq!(
+        (p.grants[0].memory_mib, p.grants[0].cores_milli),
+        (40_448, 428)
+    );
+    l.apply(&c, &p).unwrap();
+    // The second 3g would need slices 0..3, where the free 1g lies: the plan takes
+    // slices nobody holds only, so it is planned at 0 and the agent replaces the 1g.
+    let p2 = place(&c, &l, &mig("3g.40gb")).unwrap();
+    let s2 = p2.grants[0].mig.unwrap();
+    assert_eq!((s2.start, s2.mask() & slot.mask()), (0, 0));
+    l.apply(&c, &p2).unwrap();
+    // A third has no room left (both planned 3g are held), and no 3g exists yet.
+    assert_eq!(
+        reason(&c, &l, &mig("3g.40gb")),
+        Some(Reason::NoMigInstance {
+            profile: "3g.40gb".into()
+        })
+    );
+    // `instances` never switches the plain GPU 1 into MIG mode.
+    assert!(p2.grants.iter().all(|g| g.gpu == 0));
+
+    // An instance that exists is taken before one is created: a free 3g at 4.
+    let c = node_cluster(Some("instances"), &["3g.40gb"]);
+    let l = Ledger::new(&c);
+    let p = place(&c, &l, &mig("3g.40gb")).unwrap();
+    let s = p.grants[0].mig.unwrap();
+    assert_eq!(mig_intent(&c.nodes()[0].gpus[0], &s), (false, false));
+
+    // `mode`: with no GPU in MIG mode, an idle GPU is switched and given the 3g.
+    let c = node_cluster(Some("mode"), &[]);
+    let l = Ledger::new(&c);
+    let p = place(&c, &l, &mig("3g.40gb")).unwrap();
+    let s = p.grants[0].mig.unwrap();
+    assert_eq!(mig_intent(&c.nodes()[0].gpus[0], &s), (true, true));
+    assert!(g.profiles[s.profile as usize].starts.contains(&s.start));
+
+    // A pin on an instance UUID cannot be met by a new instance; a pin on the GPU can.
+    let c = node_cluster(Some("instances"), &["1g.10gb"]);
+    let l = Ledger::new(&c);
+    let mut pinned = mig("3g.40gb");
+    pinned.constraints.pinned_uuids = vec!["MIG-elsewhere".into()];
+    assert!(place(&c, &l, &pinned).is_none());
+    pinned.constraints.pinned_uuids = vec!["GPU-0".into()];
+    assert_eq!(place(&c, &l, &pinned).unwrap().grants[0].gpu, 0);
 }

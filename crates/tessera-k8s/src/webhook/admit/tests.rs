@@ -35,6 +35,7 @@ fn request(op: &str, object: Value, old: Option<Value>, user: &str) -> Admission
 fn config() -> WebhookConfig {
     WebhookConfig {
         scheduler_name: None,
+        served_scheduler_names: Vec::new(),
         set_scheduler_name: false,
         allocation_writers: vec![SA.into()],
         catalog: Catalog::default(),
@@ -473,4 +474,120 @@ fn pods_under_our_name_are_checked_even_when_names_are_not_set() {
     pod["metadata"]["labels"] = json!({"tessera.io/schedule": "true"});
     let r = mutate(&checking, &request("CREATE", pod, None, "alice"), false);
     assert!(r.allowed && r.patch.is_none(), "{r:?}");
+}
+
+/// Issue 28 item 6: a pod of a schedulerName Tessera also serves
+/// (`--serve-scheduler-name default-scheduler`) is placed by Tessera and checked
+/// like one under `tessera`; before, only `scheduler_name` was looked at and such
+/// a pod could set `NVIDIA_VISIBLE_DEVICES` and pass.
+#[test]
+fn pods_of_served_scheduler_names_are_checked() {
+    let c = WebhookConfig {
+        scheduler_name: Some("tessera".into()),
+        served_scheduler_names: vec!["default-scheduler".into(), "gpu-batch".into()],
+        ..config()
+    };
+    let stock = with(
+        pod(json!({"nvidia.com/gpu": "1"}), json!({})),
+        "/spec/containers/0/env",
+        json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+    );
+    for name in ["default-scheduler", "gpu-batch"] {
+        let served = with(stock.clone(), "/spec/schedulerName", json!(name));
+        let r = validate(&c, &request("CREATE", served, None, "alice"));
+        assert!(
+            !r.allowed && message(&r).contains("NVIDIA_VISIBLE_DEVICES"),
+            "{name}: {r:?}"
+        );
+    }
+    // A malformed request under a served name gets the parser's message.
+    let bad = with(
+        pod(json!({"nvidia.com/gpu": "two"}), json!({})),
+        "/spec/schedulerName",
+        json!("gpu-batch"),
+    );
+    let r = validate(&c, &request("CREATE", bad, None, "alice"));
+    assert!(message(&r).contains("invalid GPU request"), "{r:?}");
+    // A scheduler Tessera does not serve is still left alone.
+    let other = with(stock, "/spec/schedulerName", json!("volcano"));
+    assert!(validate(&c, &request("CREATE", other, None, "alice")).allowed);
+}
+
+/// Issue 28 item 6: with CDI on in the runtime, `cdi.k8s.io/*: nvidia.com/gpu=all`
+/// on a pod reaches every GPU of its node. Refused on every pod (whoever
+/// schedules it), naming the annotation; other vendors' CDI devices pass.
+#[test]
+fn cdi_annotations_naming_gpus_are_refused_on_every_pod() {
+    let c = standalone();
+    let cpu = || pod(json!({"cpu": "1"}), json!({}));
+    for (key, value) in [
+        ("cdi.k8s.io/x", "nvidia.com/gpu=all"),
+        (
+            "cdi.k8s.io/gpus",
+            "vendor.example/net=eth1, nvidia.com/gpu=GPU-0",
+        ),
+        ("cdi.k8s.io/mig", "nvidia.com/mig=MIG-1"),
+        ("cdi.k8s.io/claim", "k8s.gpu.nvidia.com/claim=abc"),
+        ("cdi.k8s.io/mgmt", "management.nvidia.com/gpu=all"),
+        ("cdi.k8s.io/t", "tessera.io/gpu=0"),
+        ("cdi.k8s.io/upper", "NVIDIA.COM/gpu=all"),
+    ] {
+        for p in [
+            with(cpu(), "/metadata/annotations", json!({key: value})),
+            with(
+                with(cpu(), "/metadata/annotations", json!({key: value})),
+                "/spec/schedulerName",
+                json!("volcano"),
+            ),
+            pod(json!({"tessera.io/gpu": "1"}), json!({key: value})),
+        ] {
+            let r = validate(&c, &request("CREATE", p, None, "alice"));
+            assert!(!r.allowed, "{key}: {value}: {r:?}");
+            assert!(
+                message(&r).contains(&format!("annotation {key} names")),
+                "{r:?}"
+            );
+        }
+    }
+    // Other vendors' devices, and look-alike vendors, are not GPUs of ours.
+    for value in [
+        "vendor.example/net=eth1",
+        "notnvidia.com/gpu=all",
+        "intel.com/gpu=0",
+    ] {
+        let p = with(
+            cpu(),
+            "/metadata/annotations",
+            json!({"cdi.k8s.io/x": value}),
+        );
+        let r = validate(&c, &request("CREATE", p, None, "alice"));
+        assert!(r.allowed, "{value}: {r:?}");
+    }
+    // Outside the prefix the value means nothing to the runtime.
+    let p = with(
+        cpu(),
+        "/metadata/annotations",
+        json!({"note": "nvidia.com/gpu=all"}),
+    );
+    assert!(validate(&c, &request("CREATE", p, None, "alice")).allowed);
+    // On UPDATE only what the update adds: a pod admitted before the rule can
+    // still be relabelled, but not given a new one.
+    let old = with(
+        cpu(),
+        "/metadata/annotations",
+        json!({"cdi.k8s.io/x": "nvidia.com/gpu=0"}),
+    );
+    let relabelled = with(old.clone(), "/metadata/labels", json!({"team": "a"}));
+    let r = validate(
+        &c,
+        &request("UPDATE", relabelled, Some(old.clone()), "alice"),
+    );
+    assert!(r.allowed, "{r:?}");
+    let widened = with(
+        old.clone(),
+        "/metadata/annotations",
+        json!({"cdi.k8s.io/x": "nvidia.com/gpu=all"}),
+    );
+    let r = validate(&c, &request("UPDATE", widened, Some(old), "alice"));
+    assert!(message(&r).contains("names nvidia.com/gpu=all"), "{r:?}");
 }
