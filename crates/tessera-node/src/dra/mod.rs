@@ -17,6 +17,8 @@
 //! - [`server`]: binds both sockets and serves them until shutdown. The
 //!   kubelet's plugin-watcher client may send a request with no `:authority`
 //!   at all; the server routes on the path alone and accepts it (tested).
+//! - [`prepare`]: reads each claim's allocation and writes a CDI spec for
+//!   exactly its `gpu.tessera.io` devices on this node; unprepare removes it.
 //! - [`slice`]: the node's `ResourceSlice`s (`resource.k8s.io/v1`), a pure
 //!   function of the GPU inventory.
 //!
@@ -24,6 +26,7 @@
 //! node is moved from one to the other as a whole (docs/kubernetes.md, "Dynamic
 //! Resource Allocation").
 
+pub mod prepare;
 pub mod proto;
 pub mod registration;
 pub mod server;

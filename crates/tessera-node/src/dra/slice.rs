@@ -243,11 +243,13 @@ fn profile_label(profile: &str) -> String {
         .collect()
 }
 
-fn gpu_device_name(gpu: &GpuInfo) -> String {
+/// `gpu-<index>`: a whole GPU.
+pub fn gpu_device_name(gpu: &GpuInfo) -> String {
     format!("gpu-{}", gpu.index)
 }
 
-fn mig_device_name(gpu: &GpuInfo, profile: &str, place: &str) -> String {
+/// `gpu-<index>-mig-<profile>-<start>`: a MIG instance or placement.
+pub fn mig_device_name(gpu: &GpuInfo, profile: &str, place: &str) -> String {
     format!("gpu-{}-mig-{}-{place}", gpu.index, profile_label(profile))
 }
 
