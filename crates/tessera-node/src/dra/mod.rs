@@ -19,6 +19,9 @@
 //!   at all; the server routes on the path alone and accepts it (tested).
 //! - [`prepare`]: reads each claim's allocation and writes a CDI spec for
 //!   exactly its `gpu.tessera.io` devices on this node; unprepare removes it.
+//! - [`apiserver`]: reads claims and publishes the slices (server-side apply)
+//!   in the first `resource.k8s.io` version the server serves (v1, v1beta2,
+//!   v1beta1).
 //! - [`slice`]: the node's `ResourceSlice`s (`resource.k8s.io/v1`), a pure
 //!   function of the GPU inventory.
 //!
@@ -26,6 +29,7 @@
 //! node is moved from one to the other as a whole (docs/kubernetes.md, "Dynamic
 //! Resource Allocation").
 
+pub mod apiserver;
 pub mod prepare;
 pub mod proto;
 pub mod registration;
