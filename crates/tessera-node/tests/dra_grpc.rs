@@ -482,3 +482,77 @@ async fn path_like_authority_is_refused_by_the_http2_layer() {
     let _ = r.stop.send(());
     r.task.await.unwrap();
 }
+
+/// `run_driver` (what `node-agent --dra` runs) serves both sockets from the
+/// backend's GPUs; without an API server every claim fails with that reason.
+#[tokio::test]
+async fn the_driver_serves_its_sockets_and_says_why_it_cannot_prepare() {
+    use tessera_node::dra::driver::{DriverConfig, run_driver};
+    let dir = tempfile::tempdir().unwrap();
+    let config = DriverConfig {
+        node_name: "node-a".into(),
+        sockets: DraConfig {
+            registry_dir: dir.path().join("reg"),
+            plugin_dir: dir.path().join("plugins/gpu.tessera.io"),
+        },
+        cdi_dir: dir.path().join("cdi"),
+        options: Default::default(),
+        health_interval: Duration::from_secs(3600),
+    };
+    let fake = tessera_node::backend::fake::Fake::from_yaml(
+        "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n",
+        "t",
+    )
+    .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let c = config.clone();
+    let task = tokio::spawn(async move {
+        run_driver(c, Arc::new(fake), None, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    for _ in 0..300 {
+        if config.sockets.registration_socket().exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let body = raw_unary(
+        &config.sockets.registration_socket(),
+        "/pluginregistration.Registration/GetInfo",
+        None,
+        &reg::InfoRequest {}.encode_to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        reg::PluginInfo::decode(body.as_slice()).unwrap().name,
+        "gpu.tessera.io"
+    );
+    let body = raw_unary(
+        &config.sockets.dra_socket(),
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        None,
+        &v1::NodePrepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: "ml".into(),
+                uid: "u-1".into(),
+                name: "c".into(),
+            }],
+        }
+        .encode_to_vec(),
+    )
+    .await
+    .unwrap();
+    let resp = v1::NodePrepareResourcesResponse::decode(body.as_slice()).unwrap();
+    assert!(
+        resp.claims["u-1"]
+            .error
+            .contains("without a Kubernetes API server"),
+        "{resp:?}"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+    assert!(!config.sockets.registration_socket().exists());
+}

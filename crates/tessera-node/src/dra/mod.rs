@@ -25,11 +25,14 @@
 //! - [`slice`]: the node's `ResourceSlice`s (`resource.k8s.io/v1`), a pure
 //!   function of the GPU inventory.
 //!
+//! - [`driver`]: all of it as one task, what `tessera node-agent --dra` runs.
+//!
 //! The device plugin and the DRA driver must not hand out the same GPUs: a
 //! node is moved from one to the other as a whole (docs/kubernetes.md, "Dynamic
 //! Resource Allocation").
 
 pub mod apiserver;
+pub mod driver;
 pub mod prepare;
 pub mod proto;
 pub mod registration;
