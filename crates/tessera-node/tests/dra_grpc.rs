@@ -461,8 +461,10 @@ async fn dra_v1beta1_and_registration_over_tonic_with_localhost() {
     r.task.await.unwrap();
 }
 
-/// What a path-like `:authority` does (grpc-go's passthrough target for a bare
-/// socket path): recorded so a change in the HTTP/2 stack shows up here.
+/// What a path-like `:authority` does (what grpc-go sends for a bare socket
+/// path unless the caller sets `WithAuthority("localhost")`, as kubernetes PR
+/// 112597 did for the kubelet's clients): h2 resets the stream. Recorded so a
+/// change in the HTTP/2 stack (hyperium/h2 PR 487) shows up here.
 #[tokio::test]
 async fn path_like_authority_is_refused_by_the_http2_layer() {
     let r = start().await;
@@ -479,6 +481,16 @@ async fn path_like_authority_is_refused_by_the_http2_layer() {
         res.is_err(),
         "a path as :authority is not a valid authority: {res:?}"
     );
+    // Nor grpc-go's percent-encoded form of it (`%` is not allowed in a host).
+    let encoded = path_like.replace('/', "%2F");
+    let res = raw_unary(
+        &socket,
+        "/pluginregistration.Registration/GetInfo",
+        Some(&encoded),
+        &[],
+    )
+    .await;
+    assert!(res.is_err(), "{encoded}: {res:?}");
     let _ = r.stop.send(());
     r.task.await.unwrap();
 }
