@@ -163,7 +163,8 @@ async fn prepare_writes_a_cdi_spec_for_exactly_the_claimed_devices() {
         json!([
             "NVIDIA_VISIBLE_DEVICES=void",
             "TESSERA_ISOLATION=exclusive",
-            "TESSERA_GPU_MEMORY_MIB=81920,81920"
+            // The whole GPU's memory, then the 3g.40gb instance's.
+            "TESSERA_GPU_MEMORY_MIB=81920,40192"
         ])
     );
 

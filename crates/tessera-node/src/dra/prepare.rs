@@ -241,7 +241,17 @@ impl Preparer {
                     r.device, target.gpu_uuid
                 ));
             }
-            let gpu_memory = view.gpu(&target.gpu_uuid).map_or(0, |g| g.memory_mib);
+            // The memory of what the container gets: the MIG instance's, or the GPU's.
+            let gpu_memory = view
+                .gpu(&target.gpu_uuid)
+                .map_or(0, |g| match &target.mig_uuid {
+                    Some(m) => g
+                        .mig_instances
+                        .iter()
+                        .find(|i| &i.uuid == m)
+                        .map_or(0, |i| i.memory_mib),
+                    None => g.memory_mib,
+                });
             if r.share_id.is_some() {
                 shared = true;
                 let mem = match r.consumed_capacity.get("memory") {
