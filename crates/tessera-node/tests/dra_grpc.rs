@@ -510,6 +510,8 @@ async fn the_driver_serves_its_sockets_and_says_why_it_cannot_prepare() {
         cdi_dir: dir.path().join("cdi"),
         options: Default::default(),
         health_interval: Duration::from_secs(3600),
+        xid_policy: Default::default(),
+        quiet_period: Duration::from_secs(3600),
     };
     let fake = tessera_node::backend::fake::Fake::from_yaml(
         "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n",
@@ -567,4 +569,44 @@ async fn the_driver_serves_its_sockets_and_says_why_it_cannot_prepare() {
     let _ = stop.send(());
     task.await.unwrap().unwrap();
     assert!(!config.sockets.registration_socket().exists());
+}
+
+/// A fatal XID withdraws the GPU in the driver's view (the device plugin's
+/// rules), so its device is tainted in the slices and refused at prepare.
+#[tokio::test]
+async fn an_xid_taints_the_gpu_through_the_health_watch() {
+    use tessera_node::dra::driver::watch_health;
+    use tessera_node::dra::slice::{DriverVersions, SliceOptions, resource_slices};
+    let fake = tessera_node::backend::fake::Fake::from_yaml(
+        "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n  - { uuid: GPU-1, product: NVIDIA A100-SXM4-80GB }\n",
+        "t",
+    )
+    .unwrap();
+    let (mut view, _guard) = watch_health(
+        Arc::new(fake.clone()),
+        Default::default(),
+        Duration::from_secs(3600),
+        Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    assert!(view.borrow().is_healthy("GPU-1"));
+    fake.inject_xid("GPU-1", 79);
+    tokio::time::timeout(Duration::from_secs(10), view.changed())
+        .await
+        .expect("the XID reaches the view")
+        .unwrap();
+    let now = view.borrow().clone();
+    assert!(now.is_healthy("GPU-0"));
+    assert!(!now.is_healthy("GPU-1"));
+    let options = SliceOptions {
+        device_taints: true,
+        ..Default::default()
+    };
+    let slices = resource_slices("node-a", &now, &DriverVersions::default(), 1, options);
+    let devices = &slices[0].spec.devices;
+    assert!(devices[0].taints.is_empty());
+    assert_eq!(devices[1].taints.len(), 1);
+    assert_eq!(devices[1].taints[0].key, "gpu.tessera.io/xid");
+    assert_eq!(devices[1].taints[0].value.as_deref(), Some("79"));
 }

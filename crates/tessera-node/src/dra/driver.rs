@@ -3,16 +3,17 @@
 //! runs).
 //!
 //! It runs *instead of* the device plugin on a node, never beside it: the two
-//! paths would hand out the same GPUs. Health here is the backend's own probe
-//! (`GpuBackend::read`) on every `health_interval`, turned into device taints
-//! (or the device left out, see [`SliceOptions::device_taints`]); the XID
-//! tracking, metrics and `GpuNode` inventory of the device-plugin agent
+//! paths would hand out the same GPUs. Health is the device plugin's rules
+//! ([`HealthTracker`]: fatal XIDs hold a GPU down for the quiet period, the
+//! backend's probe on every `health_interval`), turned into device taints (or
+//! the device left out, see [`SliceOptions::device_taints`]) and refused at
+//! prepare. The metrics and `GpuNode` inventory of the device-plugin agent
 //! ([`crate::run`]) are not part of this mode yet.
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -22,9 +23,9 @@ use super::prepare::{ClaimSource, Preparer, ResourceClaim};
 use super::registration::RegistrationState;
 use super::server::{DraServerError, serve};
 use super::slice::{DriverVersions, SliceOptions, resource_slices};
-use crate::backend::{BackendError, GpuBackend, Probe};
+use crate::backend::{BackendError, GpuBackend, Probe, XidEvent};
 use crate::deviceplugin::NodeView;
-use crate::health::GpuHealth;
+use crate::health::{HealthTracker, XidPolicy};
 
 /// How long a failed publish waits before the next try.
 const PUBLISH_RETRY: Duration = Duration::from_secs(10);
@@ -38,6 +39,9 @@ pub struct DriverConfig {
     pub cdi_dir: PathBuf,
     pub options: SliceOptions,
     pub health_interval: Duration,
+    pub xid_policy: XidPolicy,
+    /// How long a GPU stays withdrawn after its last fatal XID.
+    pub quiet_period: Duration,
 }
 
 /// Failures that stop the driver.
@@ -61,24 +65,104 @@ impl ClaimSource for NoApiServer {
     }
 }
 
-/// The node as the backend sees it now: GPUs, and the health its probe reports.
-fn look(backend: &dyn GpuBackend) -> Result<NodeView, BackendError> {
-    let gpus = backend.discover()?;
-    let health = gpus
-        .iter()
-        .map(|g| {
-            let h = match backend.read(&g.uuid).map(|r| r.probe) {
-                Ok(Probe::Failing(reason)) => GpuHealth::Unhealthy { reason, xid: None },
-                Ok(Probe::Ok | Probe::Recovered) => GpuHealth::Healthy,
-                Err(e) => GpuHealth::Unhealthy {
-                    reason: e.to_string(),
-                    xid: None,
-                },
-            };
-            (g.uuid.clone(), h)
-        })
-        .collect();
-    Ok(NodeView { gpus, health })
+/// The node's GPUs and their health, kept current: XID events (a blocking
+/// thread waits on the backend) and the backend's probe every `interval` go
+/// through a [`HealthTracker`], as on the device-plugin path. The task ends when
+/// every receiver is gone; dropping the returned guard stops the XID thread.
+pub async fn watch_health(
+    backend: Arc<dyn GpuBackend>,
+    policy: XidPolicy,
+    quiet_period: Duration,
+    interval: Duration,
+) -> Result<(watch::Receiver<NodeView>, HealthGuard), BackendError> {
+    let b = backend.clone();
+    let gpus = tokio::task::spawn_blocking(move || b.discover())
+        .await
+        .map_err(|e| BackendError::Nvml {
+            call: "discover",
+            gpu: "*".into(),
+            message: e.to_string(),
+        })??;
+    let mut tracker = HealthTracker::new(gpus.iter().map(|g| g.uuid.clone()), policy, quiet_period);
+    let (view_tx, view) = watch::channel(NodeView {
+        gpus,
+        health: tracker.all(),
+    });
+    let halt = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (xid_tx, mut xid_rx) = tokio::sync::mpsc::unbounded_channel::<XidEvent>();
+    {
+        let b = backend.clone();
+        let halt = halt.clone();
+        std::thread::Builder::new()
+            .name("dra-xid-events".into())
+            .spawn(move || {
+                while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                    match b.wait_xid_events(Duration::from_millis(500)) {
+                        Ok(events) => {
+                            for e in events {
+                                if xid_tx.send(e).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "XID event wait failed");
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                }
+            })
+            .map_err(|e| BackendError::Nvml {
+                call: "spawn xid thread",
+                gpu: "*".into(),
+                message: e.to_string(),
+            })?;
+    }
+    let task = tokio::spawn(async move {
+        loop {
+            let mut changes = Vec::new();
+            tokio::select! {
+                _ = view_tx.closed() => return,
+                Some(ev) = xid_rx.recv() => {
+                    tracing::warn!(gpu = %ev.uuid, xid = ev.xid, "XID event");
+                    changes.extend(tracker.on_xid(&ev, Instant::now()));
+                }
+                _ = tokio::time::sleep(interval) => {
+                    let uuids: Vec<String> =
+                        view_tx.borrow().gpus.iter().map(|g| g.uuid.clone()).collect();
+                    for uuid in uuids {
+                        let b = backend.clone();
+                        let u = uuid.clone();
+                        let probe = match tokio::task::spawn_blocking(move || b.read(&u)).await {
+                            Ok(Ok(r)) => r.probe,
+                            Ok(Err(e)) => Probe::Failing(e.to_string()),
+                            Err(e) => Probe::Failing(e.to_string()),
+                        };
+                        changes.extend(tracker.on_probe(&uuid, &probe, Instant::now()));
+                    }
+                    changes.extend(tracker.tick(Instant::now()));
+                }
+            }
+            if !changes.is_empty() {
+                view_tx.send_modify(|v| v.health = tracker.all());
+            }
+        }
+    });
+    Ok((view, HealthGuard { halt, task }))
+}
+
+/// Stops [`watch_health`]'s thread and task when dropped.
+#[derive(Debug)]
+pub struct HealthGuard {
+    halt: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HealthGuard {
+    fn drop(&mut self) {
+        self.halt.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.abort();
+    }
 }
 
 /// Runs the driver until `shutdown` resolves.
@@ -88,43 +172,18 @@ pub async fn run_driver(
     client: Option<kube::Client>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
-    let b = backend.clone();
-    let first = tokio::task::spawn_blocking(move || look(b.as_ref()))
-        .await
-        .unwrap_or_else(|e| {
-            Err(BackendError::Nvml {
-                call: "discover",
-                gpu: String::new(),
-                message: e.to_string(),
-            })
-        })?;
-    tracing::info!(gpus = first.gpus.len(), "DRA driver: GPUs found");
+    let (view, _health) = watch_health(
+        backend.clone(),
+        config.xid_policy.clone(),
+        config.quiet_period,
+        config.health_interval,
+    )
+    .await?;
+    tracing::info!(gpus = view.borrow().gpus.len(), "DRA driver: GPUs found");
     let versions = DriverVersions {
         driver: backend.driver_version(),
         cuda: backend.cuda_version(),
     };
-    let (view_tx, view) = watch::channel(first);
-
-    // Health and inventory: look again on every interval.
-    let b = backend.clone();
-    let interval = config.health_interval;
-    let prober = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(interval).await;
-            let b = b.clone();
-            match tokio::task::spawn_blocking(move || look(b.as_ref())).await {
-                Ok(Ok(now)) => {
-                    view_tx.send_if_modified(|v| {
-                        let changed = *v != now;
-                        *v = now;
-                        changed
-                    });
-                }
-                Ok(Err(e)) => tracing::warn!(error = %e, "DRA driver: cannot read the GPUs"),
-                Err(e) => tracing::warn!(error = %e, "DRA driver: probe task failed"),
-            }
-        }
-    });
 
     // Slices: published at start and on every change of the view.
     let publisher = client.clone().map(|c| {
@@ -177,7 +236,6 @@ pub async fn run_driver(
     ));
     let (state, _) = watch::channel(RegistrationState::Pending);
     let result = serve(&config.sockets, preparer, state, shutdown).await;
-    prober.abort();
     if let Some(p) = publisher {
         p.abort();
     }

@@ -545,6 +545,13 @@ async fn run_dra(
             }
         }
     };
+    let mut xid_policy = XidPolicy::default();
+    if let Some(extra) = &args.xid_ignore {
+        xid_policy.ignored.extend(extra);
+    }
+    if let Some(fatal) = &args.xid_fatal {
+        xid_policy.always_fatal.extend(fatal);
+    }
     let config = DriverConfig {
         node_name,
         sockets: DraConfig {
@@ -554,6 +561,8 @@ async fn run_dra(
         cdi_dir: args.cdi_dir.clone(),
         options: args.dra_features,
         health_interval: args.health_interval,
+        xid_policy,
+        quiet_period: args.quiet_period,
     };
     match run_driver(config, backend, client, signalled()).await {
         Ok(()) => Ok(ExitCode::SUCCESS),
