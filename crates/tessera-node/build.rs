@@ -1,5 +1,7 @@
 //! Compiles the kubelet gRPC APIs under `proto/` with protox (pure Rust, no
-//! `protoc` needed) and generates tonic clients and servers for both.
+//! `protoc` needed) and generates tonic clients and servers for all of them:
+//! the device plugin, PodResources, the plugin-watcher registration and the DRA
+//! driver service (v1 and v1beta1).
 
 use std::path::PathBuf;
 
@@ -8,6 +10,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         root.join("deviceplugin/v1beta1/api.proto"),
         root.join("podresources/v1/api.proto"),
+        root.join("pluginregistration/v1/api.proto"),
+        root.join("dra/v1/api.proto"),
+        root.join("dra/v1beta1/api.proto"),
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());

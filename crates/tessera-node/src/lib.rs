@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod deviceplugin;
+pub mod dra;
 pub mod health;
 pub mod inventory;
 pub mod metrics;

@@ -14,6 +14,9 @@ use tessera_node::backend::{GpuBackend, HostProc, ProcReader, Unavailable};
 use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods, PodSource};
 use tessera_node::deviceplugin::handover::DeviceList;
 use tessera_node::deviceplugin::registration::PluginConfig;
+use tessera_node::dra::DraConfig;
+use tessera_node::dra::driver::{DriverConfig, run_driver};
+use tessera_node::dra::slice::SliceOptions;
 use tessera_node::health::XidPolicy;
 use tessera_node::inventory::Inventory;
 use tessera_node::metrics::{KubeletPodResources, PodResourcesSource};
@@ -131,6 +134,46 @@ pub struct NodeAgentArgs {
     /// NVIDIA's device plugin does not run).
     #[arg(long)]
     no_nvidia_gpu_resource: bool,
+    /// Serve the GPUs through Dynamic Resource Allocation (driver gpu.tessera.io)
+    /// instead of the device plugin: ResourceSlices, NodePrepareResources, CDI specs.
+    /// Off by default; a node runs one or the other (docs/kubernetes.md, DRA).
+    #[arg(long)]
+    dra: bool,
+    /// With --dra: the kubelet's plugin-watcher directory.
+    #[arg(long, default_value = tessera_node::dra::REGISTRY_DIR, value_name = "DIR")]
+    dra_registry_dir: PathBuf,
+    /// With --dra: the driver's socket directory (holds dra.sock).
+    #[arg(
+        long,
+        default_value = "/var/lib/kubelet/plugins/gpu.tessera.io",
+        value_name = "DIR"
+    )]
+    dra_plugin_dir: PathBuf,
+    /// With --dra: where the per-claim CDI specs are written.
+    #[arg(long, default_value = "/var/run/cdi", value_name = "DIR")]
+    cdi_dir: PathBuf,
+    /// With --dra: API features the cluster has on, comma-separated:
+    /// consumable-capacity (DRAConsumableCapacity), partitionable-mig
+    /// (DRAPartitionableDevices), device-taints (DRADeviceTaints).
+    #[arg(long, default_value = "", value_name = "LIST", value_parser = parse_dra_features)]
+    dra_features: SliceOptions,
+}
+
+fn parse_dra_features(s: &str) -> Result<SliceOptions, String> {
+    let mut o = SliceOptions::default();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "consumable-capacity" => o.consumable_capacity = true,
+            "partitionable-mig" => o.partitionable_mig = true,
+            "device-taints" => o.device_taints = true,
+            _ => {
+                return Err(format!(
+                    "{part:?} is not one of consumable-capacity, partitionable-mig, device-taints"
+                ));
+            }
+        }
+    }
+    Ok(o)
 }
 
 fn parse_device_list(s: &str) -> Result<DeviceList, String> {
@@ -343,6 +386,10 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         }
     }
 
+    if args.dra {
+        return rt.block_on(run_dra(args, backend, node_name));
+    }
+
     let key_file = args.allocation_key_file.clone().or_else(|| {
         std::env::var_os("TESSERA_ALLOCATION_KEY_FILE")
             .filter(|s| !s.is_empty())
@@ -461,9 +508,105 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Resolves on SIGINT or SIGTERM.
+async fn signalled() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}
+
+/// `--dra`: the DRA driver instead of the device plugin.
+async fn run_dra(
+    args: NodeAgentArgs,
+    backend: Arc<dyn GpuBackend>,
+    node_name: String,
+) -> anyhow::Result<ExitCode> {
+    let client = if args.no_kube {
+        eprintln!(
+            "tessera node-agent --dra --no-kube: no ResourceSlices are published and no claim can be prepared"
+        );
+        None
+    } else {
+        match tessera_node::run::kube_client().await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!(
+                    "error: cannot reach the Kubernetes API ({e}); use --no-kube to run without it"
+                );
+                return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+            }
+        }
+    };
+    let mut xid_policy = XidPolicy::default();
+    if let Some(extra) = &args.xid_ignore {
+        xid_policy.ignored.extend(extra);
+    }
+    if let Some(fatal) = &args.xid_fatal {
+        xid_policy.always_fatal.extend(fatal);
+    }
+    let config = DriverConfig {
+        node_name,
+        sockets: DraConfig {
+            registry_dir: args.dra_registry_dir.clone(),
+            plugin_dir: args.dra_plugin_dir.clone(),
+        },
+        cdi_dir: args.cdi_dir.clone(),
+        options: args.dra_features,
+        health_interval: args.health_interval,
+        xid_policy,
+        quiet_period: args.quiet_period,
+    };
+    match run_driver(config, backend, client, signalled()).await {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dra_is_off_by_default_and_its_features_parse() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["node-agent"]).unwrap();
+        assert!(!cli.args.dra);
+        assert_eq!(cli.args.dra_features, SliceOptions::default());
+        assert_eq!(
+            cli.args.dra_registry_dir,
+            PathBuf::from("/var/lib/kubelet/plugins_registry")
+        );
+        let cli = Cli::try_parse_from([
+            "node-agent",
+            "--dra",
+            "--dra-features",
+            "device-taints,consumable-capacity",
+        ])
+        .unwrap();
+        assert!(cli.args.dra);
+        assert_eq!(
+            cli.args.dra_features,
+            SliceOptions {
+                consumable_capacity: true,
+                partitionable_mig: false,
+                device_taints: true
+            }
+        );
+        let e = Cli::try_parse_from(["node-agent", "--dra-features", "taints"]).unwrap_err();
+        assert!(e.to_string().contains("\"taints\" is not one of"), "{e}");
+    }
 
     #[test]
     fn durations_and_xid_lists() {

@@ -1,0 +1,243 @@
+//! The DRA driver as one task: discovery, a health probe, slice publishing
+//! and the two gRPC sockets, until shutdown (what `tessera node-agent --dra`
+//! runs).
+//!
+//! It runs *instead of* the device plugin on a node, never beside it: the two
+//! paths would hand out the same GPUs. Health is the device plugin's rules
+//! ([`HealthTracker`]: fatal XIDs hold a GPU down for the quiet period, the
+//! backend's probe on every `health_interval`), turned into device taints (or
+//! the device left out, see [`SliceOptions::device_taints`]) and refused at
+//! prepare. The metrics and `GpuNode` inventory of the device-plugin agent
+//! ([`crate::run`]) are not part of this mode yet.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::DraConfig;
+use super::apiserver::{KubeClaims, SlicePublisher};
+use super::prepare::{ClaimSource, Preparer, ResourceClaim};
+use super::registration::RegistrationState;
+use super::server::{DraServerError, serve};
+use super::slice::{DriverVersions, SliceOptions, resource_slices};
+use crate::backend::{BackendError, GpuBackend, Probe, XidEvent};
+use crate::deviceplugin::NodeView;
+use crate::health::{HealthTracker, XidPolicy};
+
+/// How long a failed publish waits before the next try.
+const PUBLISH_RETRY: Duration = Duration::from_secs(10);
+
+/// The driver's settings (validated by the binary).
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub node_name: String,
+    pub sockets: DraConfig,
+    /// Where the per-claim CDI specs are written (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    pub options: SliceOptions,
+    pub health_interval: Duration,
+    pub xid_policy: XidPolicy,
+    /// How long a GPU stays withdrawn after its last fatal XID.
+    pub quiet_period: Duration,
+}
+
+/// Failures that stop the driver.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Server(#[from] DraServerError),
+}
+
+/// Without an API server no claim can be read: every prepare says so.
+struct NoApiServer;
+
+#[tonic::async_trait]
+impl ClaimSource for NoApiServer {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        Err(format!(
+            "cannot read resourceclaim {namespace}/{name}: the agent runs without a Kubernetes API server"
+        ))
+    }
+}
+
+/// The node's GPUs and their health, kept current: XID events (a blocking
+/// thread waits on the backend) and the backend's probe every `interval` go
+/// through a [`HealthTracker`], as on the device-plugin path. The task ends when
+/// every receiver is gone; dropping the returned guard stops the XID thread.
+pub async fn watch_health(
+    backend: Arc<dyn GpuBackend>,
+    policy: XidPolicy,
+    quiet_period: Duration,
+    interval: Duration,
+) -> Result<(watch::Receiver<NodeView>, HealthGuard), BackendError> {
+    let b = backend.clone();
+    let gpus = tokio::task::spawn_blocking(move || b.discover())
+        .await
+        .map_err(|e| BackendError::Nvml {
+            call: "discover",
+            gpu: "*".into(),
+            message: e.to_string(),
+        })??;
+    let mut tracker = HealthTracker::new(gpus.iter().map(|g| g.uuid.clone()), policy, quiet_period);
+    let (view_tx, view) = watch::channel(NodeView {
+        gpus,
+        health: tracker.all(),
+    });
+    let halt = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (xid_tx, mut xid_rx) = tokio::sync::mpsc::unbounded_channel::<XidEvent>();
+    {
+        let b = backend.clone();
+        let halt = halt.clone();
+        std::thread::Builder::new()
+            .name("dra-xid-events".into())
+            .spawn(move || {
+                while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                    match b.wait_xid_events(Duration::from_millis(500)) {
+                        Ok(events) => {
+                            for e in events {
+                                if xid_tx.send(e).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "XID event wait failed");
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                }
+            })
+            .map_err(|e| BackendError::Nvml {
+                call: "spawn xid thread",
+                gpu: "*".into(),
+                message: e.to_string(),
+            })?;
+    }
+    let task = tokio::spawn(async move {
+        loop {
+            let mut changes = Vec::new();
+            tokio::select! {
+                _ = view_tx.closed() => return,
+                Some(ev) = xid_rx.recv() => {
+                    tracing::warn!(gpu = %ev.uuid, xid = ev.xid, "XID event");
+                    changes.extend(tracker.on_xid(&ev, Instant::now()));
+                }
+                _ = tokio::time::sleep(interval) => {
+                    let uuids: Vec<String> =
+                        view_tx.borrow().gpus.iter().map(|g| g.uuid.clone()).collect();
+                    for uuid in uuids {
+                        let b = backend.clone();
+                        let u = uuid.clone();
+                        let probe = match tokio::task::spawn_blocking(move || b.read(&u)).await {
+                            Ok(Ok(r)) => r.probe,
+                            Ok(Err(e)) => Probe::Failing(e.to_string()),
+                            Err(e) => Probe::Failing(e.to_string()),
+                        };
+                        changes.extend(tracker.on_probe(&uuid, &probe, Instant::now()));
+                    }
+                    changes.extend(tracker.tick(Instant::now()));
+                }
+            }
+            if !changes.is_empty() {
+                view_tx.send_modify(|v| v.health = tracker.all());
+            }
+        }
+    });
+    Ok((view, HealthGuard { halt, task }))
+}
+
+/// Stops [`watch_health`]'s thread and task when dropped.
+#[derive(Debug)]
+pub struct HealthGuard {
+    halt: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HealthGuard {
+    fn drop(&mut self) {
+        self.halt.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.abort();
+    }
+}
+
+/// Runs the driver until `shutdown` resolves.
+pub async fn run_driver(
+    config: DriverConfig,
+    backend: Arc<dyn GpuBackend>,
+    client: Option<kube::Client>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DriverError> {
+    let (view, _health) = watch_health(
+        backend.clone(),
+        config.xid_policy.clone(),
+        config.quiet_period,
+        config.health_interval,
+    )
+    .await?;
+    tracing::info!(gpus = view.borrow().gpus.len(), "DRA driver: GPUs found");
+    let versions = DriverVersions {
+        driver: backend.driver_version(),
+        cuda: backend.cuda_version(),
+    };
+
+    // Slices: published at start and on every change of the view.
+    let publisher = client.clone().map(|c| {
+        let mut view = view.clone();
+        let node = config.node_name.clone();
+        let options = config.options;
+        tokio::spawn(async move {
+            let mut publisher = SlicePublisher::new(c, node.clone());
+            // Generations must grow across restarts of the agent: start from the clock.
+            let mut generation = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| i64::try_from(d.as_secs()).unwrap_or(1));
+            loop {
+                let slices = resource_slices(
+                    &node,
+                    &view.borrow_and_update(),
+                    &versions,
+                    generation,
+                    options,
+                );
+                let published = publisher.publish(&slices).await;
+                // Every attempt gets a new generation: a half-applied pool is never
+                // completed with other contents under the same number.
+                generation += 1;
+                match published {
+                    Ok(()) => {
+                        tracing::info!(slices = slices.len(), generation = generation - 1, version = ?publisher.version(), "ResourceSlices published");
+                        if view.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot publish ResourceSlices; retrying");
+                        tokio::time::sleep(PUBLISH_RETRY).await;
+                    }
+                }
+            }
+        })
+    });
+
+    let source: Arc<dyn ClaimSource> = match client {
+        Some(c) => Arc::new(KubeClaims::new(c)),
+        None => Arc::new(NoApiServer),
+    };
+    let preparer = Arc::new(Preparer::new(
+        source,
+        view,
+        config.node_name.clone(),
+        config.cdi_dir.clone(),
+    ));
+    let (state, _) = watch::channel(RegistrationState::Pending);
+    let result = serve(&config.sockets, preparer, state, shutdown).await;
+    if let Some(p) = publisher {
+        p.abort();
+    }
+    Ok(result?)
+}

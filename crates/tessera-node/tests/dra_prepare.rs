@@ -1,0 +1,296 @@
+//! `NodePrepareResources` / `NodeUnprepareResources` with the real preparer:
+//! the claim is read through a fake API (claim JSON in the shape of
+//! protocols.md §3.5, `status.allocation.devices.results`), and the CDI spec
+//! written for exactly the devices of driver `gpu.tessera.io` on this node.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tessera_node::backend::GpuBackend;
+use tessera_node::backend::fake::Fake;
+use tessera_node::deviceplugin::NodeView;
+use tessera_node::dra::prepare::{ClaimSource, Preparer, ResourceClaim, quantity_mib};
+use tessera_node::dra::service::{ClaimPreparer, ClaimRef};
+use tessera_node::health::GpuHealth;
+use tokio::sync::watch;
+
+const NODE: &str = "node-a";
+const UID: &str = "0f4c8c53-1b2a-4c1e-9d7a-2a1f0e3b4c5d";
+
+/// Claims by `namespace/name`, as the API server would return them.
+#[derive(Default)]
+struct FakeClaims(Mutex<BTreeMap<String, Value>>);
+
+#[tonic::async_trait]
+impl ClaimSource for FakeClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        let v = self
+            .0
+            .lock()
+            .unwrap()
+            .get(&format!("{namespace}/{name}"))
+            .cloned()
+            .ok_or_else(|| format!("resourceclaims {name:?} not found"))?;
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+}
+
+fn claim(uid: &str, results: Value) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "train", "namespace": "ml", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "1234"}]
+        }
+    })
+}
+
+struct Setup {
+    claims: Arc<FakeClaims>,
+    preparer: Preparer,
+    view: watch::Sender<NodeView>,
+    dir: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let fake = Fake::from_yaml(
+        r#"
+gpus:
+  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }
+  - { uuid: GPU-1, product: NVIDIA A100-SXM4-80GB }
+  - uuid: GPU-2
+    product: NVIDIA A100-SXM4-80GB
+    mig: { enabled: true, instances: [ { uuid: MIG-a, profile: 3g.40gb, start: 4 } ] }
+"#,
+        "t",
+    )
+    .unwrap();
+    let (view, rx) = watch::channel(NodeView {
+        gpus: fake.discover().unwrap(),
+        health: BTreeMap::new(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Arc::new(FakeClaims::default());
+    let preparer = Preparer::new(claims.clone(), rx, NODE.into(), dir.path().join("cdi"));
+    Setup {
+        claims,
+        preparer,
+        view,
+        dir,
+    }
+}
+
+fn put(s: &Setup, c: Value) {
+    s.claims.0.lock().unwrap().insert("ml/train".into(), c);
+}
+
+fn kubelet_claim(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "ml".into(),
+        name: "train".into(),
+        uid: uid.into(),
+    }
+}
+
+fn spec_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir.join("cdi"))
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn prepare_writes_a_cdi_spec_for_exactly_the_claimed_devices() {
+    let s = setup();
+    put(
+        &s,
+        claim(
+            UID,
+            json!([
+                {"request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": "gpu-1"},
+                {"request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": "gpu-2-mig-3g40gb-4"},
+                // Another driver's device in the same claim is not ours to prepare.
+                {"request": "nic", "driver": "net.example.com", "pool": NODE, "device": "eth1"}
+            ]),
+        ),
+    );
+    let answer = s.preparer.prepare(&kubelet_claim(UID)).await.unwrap();
+    let ids: Vec<Vec<String>> = answer.iter().map(|d| d.cdi_device_ids.clone()).collect();
+    assert_eq!(
+        ids,
+        [
+            vec![
+                format!("gpu.tessera.io/claim={UID}-gpu-1"),
+                "nvidia.com/gpu=GPU-1".to_string()
+            ],
+            vec![
+                format!("gpu.tessera.io/claim={UID}-gpu-2-mig-3g40gb-4"),
+                "nvidia.com/gpu=MIG-a".to_string()
+            ],
+        ]
+    );
+    assert_eq!(answer[0].request_names, ["gpu"]);
+    assert_eq!(answer[0].pool_name, NODE);
+    assert_eq!(answer[1].device_name, "gpu-2-mig-3g40gb-4");
+    let file = format!("gpu.tessera.io-claim_{UID}.json");
+    assert_eq!(spec_files(s.dir.path()), std::slice::from_ref(&file));
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(s.dir.path().join("cdi").join(&file)).unwrap())
+            .unwrap();
+    assert_eq!(spec["cdiVersion"], "0.6.0");
+    assert_eq!(spec["kind"], "gpu.tessera.io/claim");
+    let names: Vec<&str> = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [format!("{UID}-gpu-1"), format!("{UID}-gpu-2-mig-3g40gb-4")]
+    );
+    assert_eq!(
+        spec["containerEdits"]["env"],
+        json!([
+            "NVIDIA_VISIBLE_DEVICES=void",
+            "TESSERA_ISOLATION=exclusive",
+            // The whole GPU's memory, then the 3g.40gb instance's.
+            "TESSERA_GPU_MEMORY_MIB=81920,40192"
+        ])
+    );
+
+    // Idempotent: the same answer and the same file again.
+    let before = std::fs::read(s.dir.path().join("cdi").join(&file)).unwrap();
+    assert_eq!(
+        s.preparer.prepare(&kubelet_claim(UID)).await.unwrap(),
+        answer
+    );
+    assert_eq!(
+        std::fs::read(s.dir.path().join("cdi").join(&file)).unwrap(),
+        before
+    );
+    // Unprepare removes it, and again is no error.
+    s.preparer.unprepare(&kubelet_claim(UID)).await.unwrap();
+    assert!(spec_files(s.dir.path()).is_empty());
+    s.preparer.unprepare(&kubelet_claim(UID)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_share_gets_its_limits_from_the_consumed_capacity() {
+    let s = setup();
+    put(
+        &s,
+        claim(
+            UID,
+            json!([{
+                "request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": "gpu-0",
+                "shareID": "7d4c1e2f-0000-4000-8000-000000000001",
+                "consumedCapacity": {"memory": "20Gi", "compute": "250"}
+            }]),
+        ),
+    );
+    let answer = s.preparer.prepare(&kubelet_claim(UID)).await.unwrap();
+    assert_eq!(
+        answer[0].share_id.as_deref(),
+        Some("7d4c1e2f-0000-4000-8000-000000000001")
+    );
+    let spec: Value = serde_json::from_slice(
+        &std::fs::read(
+            s.dir
+                .path()
+                .join("cdi")
+                .join(format!("gpu.tessera.io-claim_{UID}.json")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        spec["containerEdits"]["env"],
+        json!([
+            "NVIDIA_VISIBLE_DEVICES=void",
+            "TESSERA_ISOLATION=mps",
+            // 250 per-mille → 25 %; 20Gi = 20480 MiB on the client's device 0.
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
+            "TESSERA_GPU_MEMORY_MIB=20480"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn claims_that_cannot_be_prepared_say_why_and_write_nothing() {
+    let s = setup();
+    let ours = |device: &str, pool: &str| json!([{"request": "gpu", "driver": "gpu.tessera.io", "pool": pool, "device": device}]);
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (claim("other-uid", ours("gpu-0", NODE)), UID, "recreated"),
+        (
+            json!({"metadata": {"name": "train", "namespace": "ml", "uid": UID}}),
+            UID,
+            "is not allocated",
+        ),
+        (claim(UID, ours("gpu-0", "node-b")), UID, "not this node's"),
+        (claim(UID, ours("gpu-9", NODE)), UID, "no device \"gpu-9\""),
+        // GPU-2 is in MIG mode: it is not a whole-GPU device.
+        (claim(UID, ours("gpu-2", NODE)), UID, "no device \"gpu-2\""),
+        (
+            claim(UID, ours("gpu-0", NODE)),
+            "../../etc/x",
+            "not a Kubernetes UID",
+        ),
+        (
+            claim(
+                UID,
+                json!([{"request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": "gpu-0",
+                         "shareID": "s", "consumedCapacity": {"compute": "2000"}}]),
+            ),
+            UID,
+            "per-mille",
+        ),
+    ];
+    for (c, uid, why) in cases {
+        put(&s, c);
+        let err = s.preparer.prepare(&kubelet_claim(uid)).await.unwrap_err();
+        assert!(err.contains(why), "{err:?} should say {why:?}");
+        assert!(
+            spec_files(s.dir.path()).is_empty(),
+            "{why}: nothing written"
+        );
+    }
+    // An unhealthy GPU is not prepared.
+    s.view.send_modify(|v| {
+        v.health.insert(
+            "GPU-0".into(),
+            GpuHealth::Unhealthy {
+                reason: "XID 79".into(),
+                xid: Some(79),
+            },
+        );
+    });
+    put(&s, claim(UID, ours("gpu-0", NODE)));
+    let err = s.preparer.prepare(&kubelet_claim(UID)).await.unwrap_err();
+    assert!(err.contains("unhealthy"), "{err}");
+    assert!(spec_files(s.dir.path()).is_empty());
+    // A claim the API does not have.
+    s.claims.0.lock().unwrap().clear();
+    let err = s.preparer.prepare(&kubelet_claim(UID)).await.unwrap_err();
+    assert!(err.contains("not found"), "{err}");
+}
+
+#[test]
+fn quantities_in_mib() {
+    assert_eq!(quantity_mib("20Gi"), Some(20480));
+    assert_eq!(quantity_mib("512Mi"), Some(512));
+    assert_eq!(quantity_mib("1073741824"), Some(1024));
+    assert_eq!(quantity_mib("1G"), Some(954), "10^9 bytes, rounded up");
+    assert_eq!(quantity_mib("1.5Gi"), None);
+    assert_eq!(quantity_mib("10Xi"), None);
+}
