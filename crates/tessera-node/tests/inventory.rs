@@ -189,12 +189,14 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         mig_grace: Duration::from_millis(300),
         mig_state: None,
         mps_binary: "nvidia-cuda-mps-control".into(),
+        allocate_state: None,
     };
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),
         pods: Arc::new(NoPods("test".into())),
         pod_resources: None,
+        kubelet: None,
         inventory: Some(Inventory::new(client, "node-a".into())),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
