@@ -423,7 +423,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         } else {
             match tessera_node::run::kube_client().await {
                 Ok(c) => (
-                    Arc::new(KubePods::new(c.clone())),
+                    Arc::new(KubePods::watch(c.clone(), &node_name)),
                     Some(Inventory::new(c, node_name.clone())),
                 ),
                 Err(e) => {
