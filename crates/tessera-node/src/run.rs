@@ -19,9 +19,16 @@ use crate::inventory::{Inventory, gpu_node_spec, gpu_node_status, node_labels};
 use crate::metrics::{Collector, PodResourcesSource, XidStats};
 use crate::migplan::MigPlanner;
 use crate::mps::{MpsDaemonConfig, MpsDaemons, held_sets};
+use crate::podresources::{KubeletPods, report};
 
 /// How often the `GpuNode` status (free memory) is refreshed without a health change.
 const STATUS_REFRESH: Duration = Duration::from_secs(60);
+/// How often the kubelet's PodResources API is read for the `GpuNode` status
+/// (also shortly after each `Allocate`); the status is written when it changes.
+const POD_RESOURCES_REFRESH: Duration = Duration::from_secs(10);
+/// How long after an `Allocate` answer the kubelet is asked again: it records
+/// the devices once it has the answer.
+const AFTER_ALLOCATE: Duration = Duration::from_millis(300);
 
 /// The agent's settings (validated by the binary).
 #[derive(Debug, Clone)]
@@ -56,6 +63,9 @@ pub struct AgentConfig {
     /// The MPS control binary the agent starts per GPU set when
     /// [`MpsConfig::per_gpu_daemons`] is on.
     pub mps_binary: std::path::PathBuf,
+    /// Where `Allocate` keeps the answers it gave, so an agent restart does not
+    /// make an answered pod look unanswered (`None`: memory only).
+    pub allocate_state: Option<std::path::PathBuf>,
 }
 
 /// The agent's collaborators.
@@ -64,6 +74,9 @@ pub struct AgentDeps {
     pub procs: Arc<dyn ProcReader>,
     pub pods: Arc<dyn PodSource>,
     pub pod_resources: Option<Arc<dyn PodResourcesSource>>,
+    /// The kubelet's PodResources API for `Allocate` and the `GpuNode` status's
+    /// `podResources` (`None`: not asked; the status then has none).
+    pub kubelet: Option<Arc<dyn KubeletPods>>,
     /// `None` when there is no API server (fake mode without a cluster).
     pub inventory: Option<Inventory>,
 }
@@ -75,6 +88,8 @@ pub enum RunError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Plugin(#[from] crate::deviceplugin::registration::RegistrationError),
+    #[error(transparent)]
+    State(#[from] crate::deviceplugin::allocate::StateError),
     #[error("cannot listen for metrics on {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -186,6 +201,9 @@ pub async fn run(
             ..MpsDaemonConfig::default()
         }))
     });
+    // What the kubelet says each pod holds, for the status: written by the
+    // PodResources task below, published by the health loop when it changes.
+    let (report_tx, mut report_rx) = watch::channel(None::<tessera_api::PodResourcesReport>);
     // Health loop.
     let health_task = {
         let backend = backend.clone();
@@ -202,8 +220,10 @@ pub async fn run(
             let mut last_mps: Vec<tessera_api::MpsDaemonState> = Vec::new();
             loop {
                 let mut changes = Vec::new();
+                let mut report_changed = false;
                 tokio::select! {
                     _ = &mut stop => break,
+                    Ok(()) = report_rx.changed() => report_changed = true,
                     Some(ev) = xid_rx.recv() => {
                         let info = crate::health::xid_info(ev.xid);
                         tracing::warn!(gpu = %ev.uuid, xid = ev.xid, meaning = info.map(|i| i.name).unwrap_or("unlisted"), "XID event");
@@ -232,7 +252,7 @@ pub async fn run(
                     }
                 }
                 let status_due = last_status.elapsed() >= STATUS_REFRESH;
-                if changes.is_empty() && !status_due {
+                if changes.is_empty() && !status_due && !report_changed {
                     continue;
                 }
                 for c in &changes {
@@ -265,6 +285,7 @@ pub async fn run(
                             .collect();
                     }
                     status.mps_daemons = last_mps.clone();
+                    status.pod_resources = report_rx.borrow_and_update().clone();
                     if let Err(e) = inv.publish_status(&status).await {
                         tracing::warn!(error = %e, "inventory status not published");
                     }
@@ -389,9 +410,56 @@ pub async fn run(
         },
     )
     .with_mig(planner);
-    let allocator = Arc::new(match &mps_daemons {
+    let allocator = match &mps_daemons {
         Some(d) => allocator.with_mps(d.clone()),
         None => allocator,
+    };
+    let allocator = match &deps.kubelet {
+        Some(k) => allocator.with_kubelet(k.clone()),
+        None => allocator,
+    };
+    let allocator = Arc::new(match config.allocate_state.clone() {
+        Some(path) => allocator.with_state(path)?,
+        None => allocator,
+    });
+    let report_task = deps.kubelet.clone().map(|kubelet| {
+        let mut answered = allocator.answered();
+        let pods = deps.pods.clone();
+        let view = view_rx.clone();
+        let (node, key) = (config.node_name.clone(), config.allocation_key.clone());
+        let stop = stopped();
+        tokio::spawn(async move {
+            let mut stop = std::pin::pin!(stop);
+            loop {
+                match kubelet.list().await {
+                    Ok(devices) => {
+                        // Tessera's own slots resolve through the decisions; without
+                        // a pod list they resolve to "any GPU" (gpuUuids empty).
+                        let pods = pods.pods_on_node(&node).await.unwrap_or_default();
+                        let now = jiff::Timestamp::now().to_string();
+                        let new = report(&devices, &pods, &view.borrow(), &key, &node, now);
+                        // The time alone changing is published with the next
+                        // periodic status, not as a write of its own.
+                        report_tx.send_if_modified(|cur| {
+                            let changed =
+                                cur.as_ref().map(|c| &c.containers) != Some(&new.containers);
+                            *cur = Some(new);
+                            changed
+                        });
+                    }
+                    // The last report stays, with its time: a reader can see its age.
+                    Err(e) => tracing::warn!(error = %e, "podResources not refreshed"),
+                }
+                tokio::select! {
+                    _ = &mut stop => break,
+                    _ = tokio::time::sleep(POD_RESOURCES_REFRESH) => {}
+                    changed = answered.changed() => {
+                        if changed.is_err() { break }
+                        tokio::time::sleep(AFTER_ALLOCATE).await;
+                    }
+                }
+            }
+        })
     });
     let (slots, nvidia_gpu) = (config.slots, config.nvidia_gpu);
     let resources = Resource::for_node(&view_rx.borrow(), slots, nvidia_gpu);
@@ -412,6 +480,9 @@ pub async fn run(
     halt.store(true, Ordering::Relaxed);
     let _ = health_task.await;
     let _ = reap_task.await;
+    if let Some(t) = report_task {
+        let _ = t.await;
+    }
     if let Some(d) = mps_daemons {
         let _ = tokio::task::spawn_blocking(move || d.shutdown()).await;
     }

@@ -119,7 +119,12 @@ async fn each_container_gets_its_own_gpus() {
     agent.pods.set(vec![p, older]);
     let mut gpu = dial(&dir.path().join("tessera-gpu.sock")).await.unwrap();
     let mut seen = Vec::new();
-    for _ in 0..4 {
+    for call in 0..4 {
+        // The kubelet admits the older pod first, then `multi`.
+        match call {
+            0 => agent.admitting("single", &[]),
+            _ => agent.admitting("multi", &["single"]),
+        }
         let r = allocate(&mut gpu, &[&format!("{GPU1}::0")]).await.unwrap();
         seen.push(mounted_devices(&r).join(","));
     }
@@ -183,8 +188,10 @@ async fn nvidia_gpu_is_answered_from_the_decision() {
         ),
     ]);
     // The kubelet picked GPU0; the decision says GPU1.
+    agent.admitting("nv", &[]);
     let r = allocate(&mut nv, &[GPU0]).await.unwrap();
     assert_eq!(mounted_devices(&r), [GPU1]);
+    agent.admitting("nv-share", &["nv"]);
     let e = allocate(&mut nv, &[GPU0]).await.unwrap_err();
     assert!(
         e.message().contains("ml/nv-share")
@@ -374,7 +381,8 @@ async fn allocate_answers_from_the_scheduler_decision() {
     );
     assert!(!r.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
 
-    // An MPS share.
+    // An MPS share (the PodResources API tells it from the other 1-GPU pods).
+    agent.admitting("shared", &["whole"]);
     let r = allocate(&mut gpu, &[&format!("{GPU0}::2")]).await.unwrap();
     assert_eq!(mounted_devices(&r), [GPU1]);
     assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
@@ -395,12 +403,14 @@ async fn allocate_answers_from_the_scheduler_decision() {
     );
 
     // A MIG instance, found by profile and placement.
+    agent.admitting("mig", &["whole", "shared"]);
     let r = allocate(&mut migc, &["MIG-11111111-1111-1111-1111-111111111111"])
         .await
         .unwrap();
     assert_eq!(mounted_devices(&r), [MIG2]);
 
     // Refusals, each naming its reason.
+    agent.admitting("forged", &["whole", "shared", "mig"]);
     let e = allocate(&mut gpu, &[&format!("{GPU0}::0")])
         .await
         .unwrap_err();
@@ -410,6 +420,7 @@ async fn allocate_answers_from_the_scheduler_decision() {
         "{}",
         e.message()
     );
+    agent.admitting("foreign", &["whole", "shared", "mig", "forged"]);
     let e = allocate(&mut gpu, &[&format!("{GPU0}::0")])
         .await
         .unwrap_err();
@@ -420,6 +431,7 @@ async fn allocate_answers_from_the_scheduler_decision() {
         "{}",
         e.message()
     );
+    agent.admitting("copy", &["whole", "shared", "mig", "forged", "foreign"]);
     let e = allocate(&mut gpu, &[&format!("{GPU0}::0")])
         .await
         .unwrap_err();
@@ -427,6 +439,10 @@ async fn allocate_answers_from_the_scheduler_decision() {
         e.message().contains("ml/copy") && e.message().contains("another pod"),
         "{}",
         e.message()
+    );
+    agent.admitting(
+        "none",
+        &["whole", "shared", "mig", "forged", "foreign", "copy"],
     );
     let e = allocate(&mut gpu, &[&format!("{GPU0}::0")])
         .await

@@ -1,5 +1,7 @@
 //! The inventory's requests, checked against a mock API server (tower-test).
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use http::{Request, Response};
@@ -189,12 +191,14 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         mig_grace: Duration::from_millis(300),
         mig_state: None,
         mps_binary: "nvidia-cuda-mps-control".into(),
+        allocate_state: None,
     };
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),
         pods: Arc::new(NoPods("test".into())),
         pod_resources: None,
+        kubelet: None,
         inventory: Some(Inventory::new(client, "node-a".into())),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -227,6 +231,142 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
     fake.recover("GPU-b").unwrap();
     let st = status_where(&|s| s["health"] == "Healthy").await;
     assert_eq!(st["healthyGpus"], 2);
+    let _ = stop.send(());
+    tokio::time::timeout(wait, agent)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// The kubelet's PodResources API (a fake gRPC server on a real unix socket)
+/// says which devices each container holds, whatever plugin served them; the
+/// agent's GpuNode status carries them with the GPUs behind the device IDs, so
+/// the scheduler counts GPUs held by pods it did not place (issue 27 item 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_carries_pod_resources_from_the_kubelet() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods};
+    use tessera_node::deviceplugin::registration::PluginConfig;
+    use tessera_node::health::XidPolicy;
+    use tessera_node::podresources::PodResourcesClient;
+    use tessera_node::proto::podresources as prpb;
+    use tessera_node::run::{AgentConfig, AgentDeps};
+
+    let fake = Fake::from_yaml(GPUS, "t").unwrap();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "default");
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<(String, serde_json::Value)>();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path().to_string();
+            let body = body_json(req).await;
+            let mut reply = body.clone();
+            reply["metadata"]["name"] = "node-a".into();
+            send.send_response(Response::new(Body::from(
+                serde_json::to_vec(&reply).unwrap(),
+            )));
+            let _ = seen_tx.send((path, body));
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = common::FakePodResources::default();
+    let device = |resource: &str, ids: &[&str]| prpb::ContainerDevices {
+        resource_name: resource.into(),
+        device_ids: ids.iter().map(|s| s.to_string()).collect(),
+        topology: None,
+    };
+    let container = |name: &str, devices| prpb::ContainerResources {
+        name: name.into(),
+        devices,
+        ..Default::default()
+    };
+    kubelet.set(vec![
+        // A pod NVIDIA's plugin served before Tessera managed the node, with a
+        // time-slicing replica; one on a MIG instance; one holding no GPU.
+        prpb::PodResources {
+            name: "legacy".into(),
+            namespace: "ml".into(),
+            containers: vec![
+                container("main", vec![device("nvidia.com/gpu", &["GPU-a::3"])]),
+                container("side", vec![device("example.com/nic", &["eth1"])]),
+            ],
+            ..Default::default()
+        },
+        prpb::PodResources {
+            name: "mig".into(),
+            namespace: "ml".into(),
+            containers: vec![container(
+                "main",
+                vec![device("nvidia.com/mig-3g.40gb", &["MIG-1"])],
+            )],
+            ..Default::default()
+        },
+        prpb::PodResources {
+            name: "web".into(),
+            namespace: "ml".into(),
+            containers: vec![container("main", vec![])],
+            ..Default::default()
+        },
+    ]);
+    let socket = common::start_pod_resources(dir.path(), kubelet.clone());
+    let config = AgentConfig {
+        node_name: "node-a".into(),
+        plugin: PluginConfig {
+            dir: dir.path().to_path_buf(),
+            poll: Duration::from_millis(100),
+        },
+        slots: 2,
+        metrics_addr: None,
+        xid_policy: XidPolicy::default(),
+        quiet_period: Duration::from_secs(3600),
+        health_interval: Duration::from_millis(50),
+        allocation_key: b"k".to_vec(),
+        mps: MpsConfig::default(),
+        device_list: Default::default(),
+        nvidia_gpu: true,
+        node_labels: false,
+        mig_grace: Duration::from_millis(300),
+        mig_state: None,
+        mps_binary: "nvidia-cuda-mps-control".into(),
+        allocate_state: None,
+    };
+    let deps = AgentDeps {
+        backend: Arc::new(fake.clone()),
+        procs: Arc::new(fake.proc_reader()),
+        pods: Arc::new(NoPods("test".into())),
+        pod_resources: None,
+        kubelet: Some(Arc::new(PodResourcesClient { socket })),
+        inventory: Some(Inventory::new(client, "node-a".into())),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(tessera_node::run::run(config, deps, async {
+        let _ = stopped.await;
+    }));
+    let wait = Duration::from_secs(20);
+    let status = loop {
+        let (path, body) = tokio::time::timeout(wait, seen.recv())
+            .await
+            .expect("a status with podResources within the wait bound")
+            .unwrap();
+        if path.ends_with("/status") && body["status"].get("podResources").is_some() {
+            break body["status"]["podResources"].clone();
+        }
+    };
+    assert!(
+        status["observedAt"].as_str().unwrap().ends_with('Z'),
+        "{status}"
+    );
+    assert_eq!(
+        status["containers"],
+        serde_json::json!([
+            {"namespace": "ml", "pod": "legacy", "container": "main", "resource": "nvidia.com/gpu",
+             "deviceIds": ["GPU-a::3"], "gpuUuids": ["GPU-a"]},
+            {"namespace": "ml", "pod": "mig", "container": "main", "resource": "nvidia.com/mig-3g.40gb",
+             "deviceIds": ["MIG-1"], "gpuUuids": ["GPU-b"]},
+        ])
+    );
     let _ = stop.send(());
     tokio::time::timeout(wait, agent)
         .await

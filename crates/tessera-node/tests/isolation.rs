@@ -64,16 +64,19 @@ async fn hard_share_gets_its_mig_instance_and_soft_shares_their_mps_limits() {
     let mut gpu = dial(&dir.path().join("tessera-gpu.sock")).await.unwrap();
 
     // The kubelet picked a GPU 0 token; the decision says the MIG instance.
+    agent.admitting("hard", &[]);
     let r = allocate(&mut gpu, &[&format!("{GPU0}::0")]).await.unwrap();
     assert_eq!(mounted_devices(&r), [MIG2]);
     assert_eq!(r.envs["TESSERA_ISOLATION"], "mig");
     assert!(!r.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
 
+    agent.admitting("small", &["hard"]);
     let r = allocate(&mut gpu, &[&format!("{GPU0}::1")]).await.unwrap();
     assert_eq!(mounted_devices(&r), [GPU0]);
     assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "20");
     assert_eq!(r.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=16384M");
 
+    agent.admitting("large", &["hard", "small"]);
     let r = allocate(&mut gpu, &[&format!("{GPU0}::2")]).await.unwrap();
     assert_eq!(mounted_devices(&r), [GPU0]);
     assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "60");
@@ -127,6 +130,7 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
     assert!(first.iter().any(|id| id.starts_with(GPU1)), "{first:?}");
 
     // Allocate creates the instance and answers with it.
+    agent.admitting("hard", &[]);
     let r = allocate(&mut gpu, &[&format!("{GPU0}::0")]).await.unwrap();
     let gpus = agent.fake.discover().unwrap();
     assert!(gpus[1].mig_enabled);
@@ -175,6 +179,7 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
     );
 
     // An invalid placement: refused with the driver's reason, nothing changes.
+    agent.admitting("bad", &["hard"]);
     let e = allocate(&mut gpu, &[&format!("{GPU0}::1")])
         .await
         .unwrap_err();

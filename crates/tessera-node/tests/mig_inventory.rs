@@ -66,12 +66,14 @@ async fn gpunode_shows_the_layout_the_agent_made() {
         mig_grace: Duration::from_millis(200),
         mig_state: None,
         mps_binary: "nvidia-cuda-mps-control".into(),
+        allocate_state: None,
     };
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),
         pods: Arc::new(pods.clone()),
         pod_resources: None,
+        kubelet: None,
         inventory: Some(Inventory::new(client, NODE.into())),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1,21 +1,36 @@
 //! `Allocate`: from the scheduler's decision to one container's devices.
 //!
 //! The kubelet's `Allocate` call does not say which pod or container it is
-//! admitting. It admits pods one at a time, oldest first, and within a pod calls
-//! once per container that asks the resource: init containers (sidecars
-//! included) in spec order, then app containers ([`containers::kubelet_order`]).
-//! So the agent keeps, per pod and resource, how many calls it has answered:
-//! the next call belongs to the next asking container of the pod being
-//! admitted, or else of the oldest pending pod whose next asking container asks
-//! that many devices. It then checks the pod's decision with
-//! [`Allocation::decode_verified`]: a decision that is missing, not signed by
-//! the scheduler, copied from another pod or meant for another node is refused
-//! with an error naming the reason (the kubelet then fails the pod's admission
-//! with that message), and hands the container only its own GPUs
-//! ([`Allocation::gpus_of`]).
+//! admitting, only the device IDs it picked. It admits pods one at a time, and
+//! within a pod calls once per container that asks the resource: init
+//! containers (sidecars included) in spec order, then app containers
+//! ([`containers::kubelet_order`]). So the call belongs to the next asking
+//! container of the one pod that is pending and that the kubelet has reached
+//! but not finished. The agent tells which that is from what the kubelet and
+//! the agent itself have said, never from age:
+//!
+//! - the kubelet's PodResources API ([`crate::podresources`]) lists the pods
+//!   the kubelet knows (it adds a pod before admitting it, so a pod it has not
+//!   reached is not a candidate) and the containers already holding devices
+//!   (those are answered, whatever the agent remembers);
+//! - the answers the agent gave, with the device IDs the kubelet passed, are
+//!   kept in a state file ([`Allocator::with_state`]), so an agent restart
+//!   does not make an answered pod look unanswered;
+//! - when more than one pod could still be asking, or the kubelet knows a pod
+//!   the agent cannot read yet, the call is refused with an error naming the
+//!   pods (the kubelet shows it on the pod it was admitting): a wrong guess
+//!   would hand one pod another pod's GPUs.
+//!
+//! It then checks the pod's decision with [`Allocation::decode_verified`]: a
+//! decision that is missing, not signed by the scheduler, copied from another
+//! pod or meant for another node is refused with an error naming the reason
+//! (the kubelet then fails the pod's admission with that message), and hands
+//! the container only its own GPUs ([`Allocation::gpus_of`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tessera_core::allocation::{ANNOTATION, Allocation, AllocationError};
@@ -27,7 +42,12 @@ use super::Resource;
 use super::handover::DeviceList;
 use super::response::{container_response, find_gpu};
 use crate::deviceplugin::NodeView;
+use crate::podresources::{KubeletPod, KubeletPods};
 use crate::proto::deviceplugin as pb;
+
+/// How long `Allocate` waits for the pod source to show a pod the kubelet
+/// already knows (the watch lags the kubelet's own by a moment).
+pub const STORE_WAIT: Duration = Duration::from_secs(2);
 
 /// A pod as the device plugin needs to see it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -240,6 +260,16 @@ pub enum AllocateError {
     MigCreate { pod: String, message: String },
     #[error("pod {pod}: its MPS share has no MPS control daemon to enforce it: {message}")]
     MpsDaemon { pod: String, message: String },
+    #[error(
+        "cannot tell which pod this call is for: {pods} on node {node} could each be the one asking {count} {resource}; refusing rather than handing one pod another pod's GPUs (recreate the pod)"
+    )]
+    Ambiguous {
+        node: String,
+        count: usize,
+        resource: String,
+        /// The pods that could be asking, `namespace/name`, comma-separated.
+        pods: String,
+    },
     #[error(transparent)]
     Pods(#[from] PodSourceError),
 }
@@ -264,6 +294,13 @@ pub struct Allocator {
     pods: Arc<dyn PodSource>,
     pub handover: Handover,
     state: Mutex<Answered>,
+    /// Where the answers are kept across restarts (none: memory only).
+    state_path: Option<PathBuf>,
+    /// The kubelet's PodResources API (none: every pending pod is a candidate).
+    kubelet: Option<Arc<dyn KubeletPods>>,
+    store_wait: Duration,
+    /// Counts answered calls, so the PodResources report is read again after one.
+    answered_tx: tokio::sync::watch::Sender<u64>,
     /// Creates the MIG instances decisions plan (none: planned instances are refused
     /// as missing).
     mig: Option<Arc<crate::migplan::MigPlanner>>,
@@ -272,14 +309,82 @@ pub struct Allocator {
     mps: Option<Arc<crate::mps::MpsDaemons>>,
 }
 
-/// What has been answered so far.
-#[derive(Debug, Default)]
+/// One call the agent answered for a known pod, as kept in the state file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Answer {
+    pub pod_uid: String,
+    /// `namespace/name`.
+    pub pod: String,
+    pub resource: String,
+    pub container: String,
+    /// The device IDs the kubelet passed (and records in its PodResources API).
+    #[serde(default)]
+    pub device_ids: Vec<String>,
+    /// Refused: the kubelet fails the pod's admission, so no further call
+    /// belongs to it even while the API still shows it pending.
+    #[serde(default)]
+    pub refused: bool,
+}
+
+/// What has been answered so far (the state file's content).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Answered {
-    /// (pod UID, resource) → calls answered (accepted or refused).
-    calls: BTreeMap<(String, String), usize>,
-    /// Pods with a refused call: the kubelet fails their admission, so no further
-    /// call belongs to them even while the API still shows them pending.
-    refused: BTreeSet<String>,
+    #[serde(default)]
+    answers: Vec<Answer>,
+}
+
+impl Answered {
+    /// Calls answered (accepted or refused) for `uid`'s `resource`.
+    fn calls(&self, uid: &str, resource: &str) -> usize {
+        self.answers
+            .iter()
+            .filter(|a| a.pod_uid == uid && a.resource == resource)
+            .count()
+    }
+
+    fn refused(&self, uid: &str) -> bool {
+        self.answers.iter().any(|a| a.pod_uid == uid && a.refused)
+    }
+}
+
+/// Failure to read or write the answers' state file.
+#[derive(Debug, thiserror::Error)]
+#[error("allocate state file {path}: {source}")]
+pub struct StateError {
+    pub path: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn load_state(path: &std::path::Path) -> Result<Answered, StateError> {
+    let err = |source| StateError {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Answered::default()),
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// Writes the whole file next to `path` and renames it over, so a crash leaves
+/// the old or the new record, never half of one.
+fn save_state(path: &std::path::Path, state: &Answered) -> Result<(), StateError> {
+    let err = |source| StateError {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let bytes = serde_json::to_vec_pretty(state)
+        .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
 }
 
 impl std::fmt::Debug for Allocator {
@@ -298,8 +403,63 @@ impl Allocator {
             pods,
             handover,
             state: Mutex::new(Answered::default()),
+            state_path: None,
+            kubelet: None,
+            store_wait: STORE_WAIT,
+            answered_tx: tokio::sync::watch::channel(0).0,
             mig: None,
             mps: None,
+        }
+    }
+
+    /// Keeps the answers in `path` and starts from the ones already there, so a
+    /// pod answered before an agent restart is still answered after it. An
+    /// unreadable file is an error: starting blank could hand a later pod an
+    /// earlier pod's GPUs.
+    pub fn with_state(mut self, path: PathBuf) -> Result<Self, StateError> {
+        self.state = Mutex::new(load_state(&path)?);
+        self.state_path = Some(path);
+        Ok(self)
+    }
+
+    /// Asks the kubelet's PodResources API which pods it knows and which of
+    /// their containers hold devices before answering.
+    pub fn with_kubelet(mut self, kubelet: Arc<dyn KubeletPods>) -> Self {
+        self.kubelet = Some(kubelet);
+        self
+    }
+
+    /// How long to wait for the pod source to show pods the kubelet knows.
+    pub fn with_store_wait(mut self, wait: Duration) -> Self {
+        self.store_wait = wait;
+        self
+    }
+
+    /// Changes after every answered call (accepted or refused).
+    pub fn answered(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.answered_tx.subscribe()
+    }
+
+    /// What the kubelet says, or `None` without a PodResources API or when it
+    /// cannot be read (then every pending pod is a candidate).
+    async fn kubelet_pods(&self) -> Option<Vec<KubeletPod>> {
+        let kubelet = self.kubelet.as_ref()?;
+        match kubelet.list().await {
+            Ok(pods) => Some(pods),
+            Err(e) => {
+                tracing::warn!(error = %e, "Allocate: PodResources unavailable; every pending pod is a candidate");
+                None
+            }
+        }
+    }
+
+    /// Saves the answers (a failure is logged: the PodResources API still tells
+    /// admitted pods apart after a restart).
+    fn save(&self, state: &Answered) {
+        if let Some(path) = &self.state_path
+            && let Err(e) = save_state(path, state)
+        {
+            tracing::error!(error = %e, "Allocate: answers not saved");
         }
     }
 
@@ -381,31 +541,61 @@ impl Allocator {
     ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
         let resource_name = resource.name();
         let count = request.devices_ids.len();
-        let pods = self.pods.pods_on_node(&self.node).await?;
+        let mut pods = self.pods.pods_on_node(&self.node).await?;
+        let kubelet = self.kubelet_pods().await;
+        if let Some(k) = &kubelet {
+            // The kubelet knows a pod before the watch delivers it: wait a
+            // moment for the pods it knows and the agent cannot read yet.
+            let deadline = tokio::time::Instant::now() + self.store_wait;
+            while unknown(k, &pods).next().is_some() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                pods = self.pods.pods_on_node(&self.node).await?;
+            }
+        }
         let picked = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            // Forget pods that are gone, so the maps do not grow for ever.
+            // Forget pods that are gone, so the record does not grow for ever.
+            let before = state.answers.len();
             state
-                .calls
-                .retain(|(uid, _), _| pods.iter().any(|p| &p.uid == uid));
-            state
-                .refused
-                .retain(|uid| pods.iter().any(|p| &p.uid == uid));
-            let picked = pick(&pods, &resource_name, count, &state);
-            if let Some((pod, _)) = &picked {
-                *state
-                    .calls
-                    .entry((pod.uid.clone(), resource_name.clone()))
-                    .or_default() += 1;
+                .answers
+                .retain(|a| pods.iter().any(|p| p.uid == a.pod_uid));
+            if state.answers.len() != before {
+                self.save(&state);
+            }
+            let picked = pick(&pods, kubelet.as_deref(), &resource_name, count, &state);
+            if let Pick::Pod(pod, container) = &picked {
+                state.answers.push(Answer {
+                    pod_uid: pod.uid.clone(),
+                    pod: pod.key(),
+                    resource: resource_name.clone(),
+                    container: container.clone(),
+                    device_ids: request.devices_ids.clone(),
+                    refused: false,
+                });
             }
             picked
         };
-        let Some((pod, container)) = picked else {
-            return Err(AllocateError::NoPod {
-                node: self.node.clone(),
-                count,
-                resource: resource_name,
-            });
+        let (pod, container) = match picked {
+            Pick::Pod(pod, container) => (pod, container),
+            Pick::NoPod => {
+                self.answered_tx.send_modify(|n| *n += 1);
+                return Err(AllocateError::NoPod {
+                    node: self.node.clone(),
+                    count,
+                    resource: resource_name,
+                });
+            }
+            Pick::Ambiguous(pods) => {
+                self.answered_tx.send_modify(|n| *n += 1);
+                let e = AllocateError::Ambiguous {
+                    node: self.node.clone(),
+                    count,
+                    resource: resource_name,
+                    pods: pods.join(", "),
+                };
+                tracing::warn!(error = %e, "allocate refused");
+                return Err(e);
+            }
         };
         let result = match self.with_planned(&pod, view).await {
             Ok(v) => match self.decide(&pod, &container, resource, count, &v) {
@@ -419,14 +609,19 @@ impl Allocator {
                 tracing::info!(pod = %pod.key(), container = %container, resource = %resource_name, envs = ?r.envs, cdi = ?r.cdi_devices, "allocated")
             }
             Err(e) => {
-                self.state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .refused
-                    .insert(pod.uid.clone());
+                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(a) = state.answers.iter_mut().rev().find(|a| {
+                    a.pod_uid == pod.uid && a.resource == resource_name && a.container == container
+                }) {
+                    a.refused = true;
+                }
                 tracing::warn!(pod = %pod.key(), container = %container, resource = %resource_name, error = %e, "allocate refused")
             }
         }
+        // Saved before the kubelet hears the answer: after a restart the agent
+        // must know this call was answered.
+        self.save(&self.state.lock().unwrap_or_else(|p| p.into_inner()));
+        self.answered_tx.send_modify(|n| *n += 1);
         result
     }
 
@@ -511,43 +706,87 @@ impl Allocator {
     }
 }
 
+/// Which pod a call is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pick {
+    /// The pod and the container the call belongs to.
+    Pod(PodInfo, String),
+    /// No pod could be asking.
+    NoPod,
+    /// More than one could (`namespace/name`, sorted).
+    Ambiguous(Vec<String>),
+}
+
+/// The pods the kubelet knows that the pod source does not show and that
+/// hold no device: one of them may be the pod being admitted.
+fn unknown<'a>(
+    kubelet: &'a [KubeletPod],
+    pods: &'a [PodInfo],
+) -> impl Iterator<Item = &'a KubeletPod> {
+    kubelet.iter().filter(|k| {
+        !k.holds_devices()
+            && !pods
+                .iter()
+                .any(|p| p.namespace == k.namespace && p.name == k.name)
+    })
+}
+
 /// The pod and container the next call for `count` devices of `resource`
-/// belongs to: the next asking container of a pod already being admitted, else
-/// of the oldest pending pod whose next asking container asks `count`.
+/// belongs to: the next asking container of the one pod that is pending, not
+/// refused, known to the kubelet (when `kubelet` says which pods it knows) and
+/// not yet through its asking containers, whose next one asks `count`. A pod
+/// part-way through its containers is the one being admitted. Any other tie,
+/// or a pod the kubelet knows and the source does not show, is ambiguous.
 fn pick(
     pods: &[PodInfo],
+    kubelet: Option<&[KubeletPod]>,
     resource: &str,
     count: usize,
     state: &Answered,
-) -> Option<(PodInfo, String)> {
-    pods.iter()
+) -> Pick {
+    let candidates: Vec<(&PodInfo, &str, bool)> = pods
+        .iter()
         .filter(|p| p.phase.is_empty() || p.phase == "Pending")
-        .filter(|p| !state.refused.contains(&p.uid))
+        .filter(|p| !state.refused(&p.uid))
         .filter_map(|p| {
-            let done = state
-                .calls
-                .get(&(p.uid.clone(), resource.to_string()))
-                .copied()
-                .unwrap_or(0);
+            // The kubelet's word on which containers hold devices counts as
+            // answered, whatever the agent remembers.
+            let held = match kubelet {
+                Some(k) => k
+                    .iter()
+                    .find(|k| k.namespace == p.namespace && k.name == p.name)?
+                    .holders(resource)
+                    .count(),
+                None => 0,
+            };
+            let done = state.calls(&p.uid, resource).max(held);
             let askers = containers::askers(&p.containers, resource);
             let (name, asked) = askers.get(done)?;
-            (*asked == count as u64).then(|| (p, name.to_string(), done > 0))
+            (*asked == count as u64).then_some((p, *name, done > 0))
         })
-        .min_by(|(a, _, a_started), (b, _, b_started)| {
-            b_started.cmp(a_started).then_with(|| {
-                (a.created_unix, &a.namespace, &a.name).cmp(&(
-                    b.created_unix,
-                    &b.namespace,
-                    &b.name,
-                ))
-            })
-        })
-        .map(|(p, name, _)| (p.clone(), name))
+        .collect();
+    let started: Vec<_> = candidates.iter().filter(|c| c.2).collect();
+    if let [(p, name, _)] = started[..] {
+        return Pick::Pod((*p).clone(), name.to_string());
+    }
+    let mut names: Vec<String> = candidates.iter().map(|c| c.0.key()).collect();
+    if let Some(k) = kubelet {
+        names.extend(unknown(k, pods).map(|k| format!("{} (not yet seen by the agent)", k.key())));
+    }
+    match (&candidates[..], names.len()) {
+        ([], _) => Pick::NoPod,
+        ([(p, name, _)], 1) => Pick::Pod((*p).clone(), name.to_string()),
+        _ => {
+            names.sort();
+            Pick::Ambiguous(names)
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::podresources::KubeletContainer;
 
     fn pod(uid: &str, created: i64, phase: &str, containers: Vec<Container>) -> PodInfo {
         PodInfo {
@@ -565,27 +804,57 @@ mod tests {
         Container::new(name, kind, &[("tessera.io/gpu", n)])
     }
 
-    fn picked(pods: &[PodInfo], count: usize, state: &Answered) -> Option<(String, String)> {
-        pick(pods, "tessera.io/gpu", count, state).map(|(p, c)| (p.uid, c))
+    fn one(uid: &str, created: i64, n: &str, phase: &str) -> PodInfo {
+        pod(
+            uid,
+            created,
+            phase,
+            vec![asking("c", ContainerKind::App, n)],
+        )
     }
 
-    fn answer(state: &mut Answered, uid: &str) {
-        *state
-            .calls
-            .entry((uid.into(), "tessera.io/gpu".into()))
-            .or_default() += 1;
+    fn picked(
+        pods: &[PodInfo],
+        kubelet: Option<&[KubeletPod]>,
+        count: usize,
+        state: &Answered,
+    ) -> Result<(String, String), Vec<String>> {
+        match pick(pods, kubelet, "tessera.io/gpu", count, state) {
+            Pick::Pod(p, c) => Ok((p.uid, c)),
+            Pick::NoPod => Err(Vec::new()),
+            Pick::Ambiguous(names) => Err(names),
+        }
+    }
+
+    fn answer(state: &mut Answered, uid: &str, refused: bool) {
+        state.answers.push(Answer {
+            pod_uid: uid.into(),
+            pod: format!("ns/{uid}"),
+            resource: "tessera.io/gpu".into(),
+            container: "c".into(),
+            device_ids: vec!["GPU-0::0".into()],
+            refused,
+        });
+    }
+
+    /// A pod as the kubelet's PodResources List shows it; `holding`: the
+    /// containers that already hold `tessera.io/gpu` devices.
+    fn kubelet_pod(name: &str, holding: &[&str]) -> KubeletPod {
+        KubeletPod {
+            namespace: "ns".into(),
+            name: name.into(),
+            containers: holding
+                .iter()
+                .map(|c| KubeletContainer {
+                    name: c.to_string(),
+                    devices: vec![("tessera.io/gpu".into(), vec!["GPU-0::1".into()])],
+                })
+                .collect(),
+        }
     }
 
     #[test]
-    fn pick_takes_the_oldest_unanswered_asker() {
-        let one = |uid: &str, created: i64, n: &str, phase: &str| {
-            pod(
-                uid,
-                created,
-                phase,
-                vec![asking("c", ContainerKind::App, n)],
-            )
-        };
+    fn pick_refuses_to_guess_between_pending_pods() {
         let pods = vec![
             one("new", 20, "1", "Pending"),
             one("old", 10, "1", "Pending"),
@@ -593,14 +862,64 @@ mod tests {
             one("two", 5, "2", "Pending"),
         ];
         let mut state = Answered::default();
-        assert_eq!(picked(&pods, 1, &state).unwrap().0, "old");
-        answer(&mut state, "old");
-        assert_eq!(picked(&pods, 1, &state).unwrap().0, "new");
-        assert_eq!(picked(&pods, 2, &state).unwrap().0, "two");
-        assert!(picked(&pods, 3, &state).is_none());
+        // Both could be the pod being admitted: the oldest is not taken on trust
+        // (it may have been rejected by the kubelet without a call).
+        assert_eq!(
+            picked(&pods, None, 1, &state),
+            Err(vec!["ns/new".to_string(), "ns/old".to_string()])
+        );
+        assert_eq!(
+            picked(&pods, None, 2, &state),
+            Ok(("two".into(), "c".into()))
+        );
+        assert_eq!(picked(&pods, None, 3, &state), Err(vec![]));
+        answer(&mut state, "old", false);
+        assert_eq!(
+            picked(&pods, None, 1, &state),
+            Ok(("new".into(), "c".into()))
+        );
         // A refused pod is out: the kubelet failed its admission.
-        state.refused.insert("new".into());
-        assert!(picked(&pods, 1, &state).is_none());
+        let mut state = Answered::default();
+        answer(&mut state, "new", true);
+        assert_eq!(
+            picked(&pods, None, 1, &state),
+            Ok(("old".into(), "c".into()))
+        );
+    }
+
+    #[test]
+    fn pick_takes_the_kubelets_word_on_which_pods_it_admits() {
+        let pods = vec![
+            one("admitted", 1, "1", "Pending"),
+            one("admitting", 2, "1", "Pending"),
+            one("not-reached", 3, "1", "Pending"),
+        ];
+        let state = Answered::default();
+        // The kubelet knows `admitted` (its container holds devices, though the
+        // agent remembers no answer: it restarted) and `admitting`; it has not
+        // reached `not-reached`.
+        let kubelet = vec![
+            kubelet_pod("admitted", &["c"]),
+            kubelet_pod("admitting", &[]),
+        ];
+        assert_eq!(
+            picked(&pods, Some(&kubelet), 1, &state),
+            Ok(("admitting".into(), "c".into()))
+        );
+        // A pod the kubelet knows that the agent cannot read (not yet in its
+        // watch, e.g. one created with spec.nodeName preset) may be the one:
+        // no guess.
+        let kubelet = vec![kubelet_pod("admitting", &[]), kubelet_pod("preset", &[])];
+        assert_eq!(
+            picked(&pods, Some(&kubelet), 1, &state),
+            Err(vec![
+                "ns/admitting".to_string(),
+                "ns/preset (not yet seen by the agent)".to_string()
+            ])
+        );
+        // Only the unknown one: no readable pod is asking.
+        let kubelet = vec![kubelet_pod("preset", &[])];
+        assert_eq!(picked(&pods, Some(&kubelet), 1, &state), Err(vec![]));
     }
 
     #[test]
@@ -618,28 +937,47 @@ mod tests {
                 asking("b", ContainerKind::App, "1"),
             ],
         );
-        let older = pod(
-            "older",
-            10,
-            "Pending",
-            vec![asking("c", ContainerKind::App, "1")],
-        );
-        let pods = vec![multi, older];
+        let pods = vec![multi];
         let mut state = Answered::default();
         // The kubelet starts on `multi` with its init container's 2 devices.
         assert_eq!(
-            picked(&pods, 2, &state),
-            Some(("multi".into(), "load".into()))
+            picked(&pods, None, 2, &state),
+            Ok(("multi".into(), "load".into()))
         );
-        answer(&mut state, "multi");
-        // The next 1-device calls finish `multi` before the older pod, in order.
+        answer(&mut state, "multi", false);
+        // An older pod arrives: `multi` is part-way through, so the kubelet is
+        // admitting it, and its next 1-device calls are its own, in order.
+        let mut pods = pods;
+        pods.push(one("older", 10, "1", "Pending"));
         for container in ["proxy", "a", "b"] {
             assert_eq!(
-                picked(&pods, 1, &state),
-                Some(("multi".into(), container.into()))
+                picked(&pods, None, 1, &state),
+                Ok(("multi".into(), container.into()))
             );
-            answer(&mut state, "multi");
+            answer(&mut state, "multi", false);
         }
-        assert_eq!(picked(&pods, 1, &state), Some(("older".into(), "c".into())));
+        assert_eq!(
+            picked(&pods, None, 1, &state),
+            Ok(("older".into(), "c".into()))
+        );
+    }
+
+    #[test]
+    fn answers_survive_in_the_state_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/allocate.json");
+        let mut state = Answered::default();
+        answer(&mut state, "a", false);
+        answer(&mut state, "b", true);
+        save_state(&path, &state).unwrap();
+        assert_eq!(load_state(&path).unwrap(), state);
+        // No file yet: nothing answered. A damaged file is an error, not a blank.
+        assert_eq!(
+            load_state(&dir.path().join("none.json")).unwrap(),
+            Answered::default()
+        );
+        std::fs::write(&path, b"{ not json").unwrap();
+        let e = load_state(&path).unwrap_err().to_string();
+        assert!(e.contains("allocate.json"), "{e}");
     }
 }

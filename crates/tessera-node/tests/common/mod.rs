@@ -15,9 +15,14 @@ use tessera_node::deviceplugin::allocate::{
 };
 use tessera_node::deviceplugin::registration::PluginConfig;
 use tessera_node::health::XidPolicy;
+use tessera_node::podresources::PodResourcesClient;
 use tessera_node::proto::deviceplugin as pb;
 use tessera_node::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use tessera_node::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
+use tessera_node::proto::podresources as prpb;
+use tessera_node::proto::podresources::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
 use tessera_node::run::{AgentConfig, AgentDeps};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
@@ -130,6 +135,8 @@ pub async fn next_register(k: &mut Kubelet) -> pb::RegisterRequest {
 pub struct Agent {
     pub fake: Fake,
     pub pods: StaticPods,
+    /// The kubelet's PodResources API the agent reads (`Unavailable` until set).
+    pub kubelet: FakePodResources,
     pub stop: oneshot::Sender<()>,
     pub task: tokio::task::JoinHandle<()>,
 }
@@ -151,6 +158,8 @@ pub fn start_agent_tweaked(
 ) -> Agent {
     let fake = Fake::from_yaml(GPUS, "test").unwrap();
     let pods = StaticPods::default();
+    let kubelet = FakePodResources::default();
+    let socket = start_pod_resources(dir, kubelet.clone());
     let config = AgentConfig {
         node_name: NODE.into(),
         plugin: PluginConfig {
@@ -170,6 +179,7 @@ pub fn start_agent_tweaked(
         mig_grace: Duration::from_millis(300),
         mig_state: None,
         mps_binary: "nvidia-cuda-mps-control".into(),
+        allocate_state: None,
     };
     let mut config = config;
     tweak(&mut config);
@@ -178,6 +188,7 @@ pub fn start_agent_tweaked(
         procs: Arc::new(fake.proc_reader()),
         pods: Arc::new(pods.clone()),
         pod_resources: None,
+        kubelet: Some(Arc::new(PodResourcesClient { socket })),
         inventory: None,
     };
     let (stop, stopped) = oneshot::channel::<()>();
@@ -191,6 +202,7 @@ pub fn start_agent_tweaked(
     Agent {
         fake,
         pods,
+        kubelet,
         stop,
         task,
     }
@@ -298,4 +310,148 @@ pub fn mounted_devices(r: &pb::ContainerAllocateResponse) -> Vec<&str> {
                 .strip_prefix("/var/run/nvidia-container-devices/")
         })
         .collect()
+}
+
+/// The kubelet's PodResources API (`v1`) over a real unix socket. Until a list
+/// is set it answers `Unavailable`, as a kubelet whose API cannot be read:
+/// the agent then treats every pending pod as a candidate.
+#[derive(Debug, Clone, Default)]
+pub struct FakePodResources {
+    pub pods: Arc<std::sync::Mutex<Option<Vec<prpb::PodResources>>>>,
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakePodResources {
+    async fn list(
+        &self,
+        _request: Request<prpb::ListPodResourcesRequest>,
+    ) -> Result<Response<prpb::ListPodResourcesResponse>, Status> {
+        match self.pods.lock().unwrap().clone() {
+            Some(pod_resources) => Ok(Response::new(prpb::ListPodResourcesResponse {
+                pod_resources,
+            })),
+            None => Err(Status::unavailable("pod resources not served")),
+        }
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _request: Request<prpb::AllocatableResourcesRequest>,
+    ) -> Result<Response<prpb::AllocatableResourcesResponse>, Status> {
+        Ok(Response::new(prpb::AllocatableResourcesResponse::default()))
+    }
+
+    async fn get(
+        &self,
+        request: Request<prpb::GetPodResourcesRequest>,
+    ) -> Result<Response<prpb::GetPodResourcesResponse>, Status> {
+        let req = request.into_inner();
+        let found = self
+            .pods
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .find(|p| p.name == req.pod_name && p.namespace == req.pod_namespace)
+            .cloned();
+        // The kubelet's answer for a pod it does not know.
+        found
+            .map(|p| {
+                Response::new(prpb::GetPodResourcesResponse {
+                    pod_resources: Some(p),
+                })
+            })
+            .ok_or_else(|| {
+                Status::unknown(format!(
+                    "pod {} in namespace {} not found",
+                    req.pod_name, req.pod_namespace
+                ))
+            })
+    }
+}
+
+impl FakePodResources {
+    pub fn set(&self, pods: Vec<prpb::PodResources>) {
+        *self.pods.lock().unwrap() = Some(pods);
+    }
+
+    /// The kubelet reaches `pod`: the pods it reached before now hold a device
+    /// in each container that asks a GPU resource, and `pod` is listed with none.
+    pub fn admitting(&self, pod: &PodInfo, before: &[PodInfo]) {
+        let mut list: Vec<prpb::PodResources> = before.iter().map(admitted).collect();
+        list.push(prpb::PodResources {
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            containers: pod
+                .containers
+                .iter()
+                .map(|c| prpb::ContainerResources {
+                    name: c.name.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        });
+        self.set(list);
+    }
+}
+
+/// `pod` as the kubelet lists it once admitted: one device per GPU resource
+/// each container asks.
+pub fn admitted(pod: &PodInfo) -> prpb::PodResources {
+    prpb::PodResources {
+        name: pod.name.clone(),
+        namespace: pod.namespace.clone(),
+        containers: pod
+            .containers
+            .iter()
+            .map(|c| prpb::ContainerResources {
+                name: c.name.clone(),
+                devices: c
+                    .resources
+                    .keys()
+                    .filter(|r| r.starts_with("tessera.io/") || r.starts_with("nvidia.com/"))
+                    .map(|r| prpb::ContainerDevices {
+                        resource_name: r.clone(),
+                        device_ids: vec![format!("{}-{}", pod.name, c.name)],
+                        topology: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Serves `fake` on `<dir>/pod-resources/kubelet.sock`; returns the socket.
+pub fn start_pod_resources(dir: &Path, fake: FakePodResources) -> PathBuf {
+    let sub = dir.join("pod-resources");
+    std::fs::create_dir_all(&sub).unwrap();
+    let sock = sub.join("kubelet.sock");
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).unwrap();
+    tokio::spawn(async move {
+        let _ = Server::builder()
+            .add_service(PodResourcesListerServer::new(fake))
+            .serve_with_incoming(UnixListenerStream::new(listener))
+            .await;
+    });
+    sock
+}
+
+impl Agent {
+    /// The kubelet reaches the pod named `name` (in `self.pods`), having
+    /// admitted those named in `before`.
+    pub fn admitting(&self, name: &str, before: &[&str]) {
+        let pods = self.pods.0.lock().unwrap().clone();
+        let find = |n: &str| {
+            pods.iter()
+                .find(|p| p.name == n)
+                .cloned()
+                .unwrap_or_else(|| panic!("no pod {n} in the test's pods"))
+        };
+        let before: Vec<PodInfo> = before.iter().map(|n| find(n)).collect();
+        self.kubelet.admitting(&find(name), &before);
+    }
 }

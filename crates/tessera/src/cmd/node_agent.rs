@@ -20,6 +20,7 @@ use tessera_node::dra::slice::SliceOptions;
 use tessera_node::health::XidPolicy;
 use tessera_node::inventory::Inventory;
 use tessera_node::metrics::{KubeletPodResources, PodResourcesSource};
+use tessera_node::podresources::{KubeletPods, PodResourcesClient};
 use tessera_node::pods::KubePods;
 use tessera_node::run::{AgentConfig, AgentDeps};
 
@@ -117,6 +118,15 @@ pub struct NodeAgentArgs {
         value_name = "FILE|off"
     )]
     mig_state: String,
+    /// Where Allocate keeps the answers it gave, so that after an agent restart a
+    /// pod it answered is not taken for the next one ("off": memory only). On the
+    /// host's /run, like --mig-state: the kubelet re-admits everything after a reboot.
+    #[arg(
+        long,
+        default_value = "/run/tessera/state/allocate.json",
+        value_name = "FILE|off"
+    )]
+    allocate_state: String,
     /// Root of the host's /proc (to map GPU processes to pods).
     #[arg(long, default_value = "/proc", value_name = "DIR")]
     proc_root: PathBuf,
@@ -448,6 +458,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         node_labels: !args.no_node_labels,
         mig_grace: tessera_node::migplan::DEFAULT_GRACE,
         mig_state: (args.mig_state != "off").then(|| PathBuf::from(&args.mig_state)),
+        allocate_state: (args.allocate_state != "off").then(|| PathBuf::from(&args.allocate_state)),
     };
 
     rt.block_on(async move {
@@ -460,7 +471,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         } else {
             match tessera_node::run::kube_client().await {
                 Ok(c) => (
-                    Arc::new(KubePods::new(c.clone())),
+                    Arc::new(KubePods::watch(c.clone(), &node_name)),
                     Some(Inventory::new(c, node_name.clone())),
                 ),
                 Err(e) => {
@@ -477,11 +488,20 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
                     socket: args.pod_resources_socket.clone(),
                 }))
             };
+        // The same API tells Allocate which pods the kubelet knows and feeds the
+        // GpuNode status's podResources.
+        let kubelet: Option<Arc<dyn KubeletPods>> =
+            (args.pod_resources_socket.as_os_str() != "off").then(|| {
+                Arc::new(PodResourcesClient {
+                    socket: args.pod_resources_socket.clone(),
+                }) as Arc<dyn KubeletPods>
+            });
         let deps = AgentDeps {
             backend,
             procs,
             pods,
             pod_resources,
+            kubelet,
             inventory,
         };
         let shutdown = async {
