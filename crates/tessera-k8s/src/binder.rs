@@ -15,9 +15,11 @@
 //! - accepted: kept until the watch shows the pod bound (or deleted);
 //! - refused (a 4xx: 409, 404, 422, …): dropped at once;
 //! - unknown (a 5xx such as 504 Timeout, which the API server may send after
-//!   committing; timeout, connection lost, the caller went away mid-call): kept
-//!   until its deadline, because the write may still have landed; the watch
-//!   settles it either way (see `mirror::RESERVATION_TTL`).
+//!   committing; timeout, connection lost, the caller went away mid-call): kept,
+//!   because the write may still have landed. The watch settles it, or at its
+//!   deadline (see `mirror::RESERVATION_TTL`) the pod is read back and the
+//!   server's answer wins: bound, it is taken up with the grant it carries; not
+//!   bound, its GPUs are free again. A failed read keeps it for the next try.
 //!
 //! Fencing: leadership is checked right before the write, and leadership is a
 //! deadline (see [`crate::leader`]), so a replica that stopped renewing its Lease
@@ -186,6 +188,8 @@ impl Binder {
         if !self.leader.is_leader() {
             return Err(BindError::NotLeader);
         }
+        // Reservations of earlier binds with unknown outcomes, past their deadline.
+        self.settle_expired().await;
         let key = format!("{namespace}/{name}");
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let known = {
@@ -260,8 +264,17 @@ impl Binder {
             Some(_) => return Err(BindError::NotLeader),
         };
         pending.armed = false;
+        self.mirror.lock().mark_sent(&found);
         let call = self.post_binding(&api, pod, node, annotation.as_deref());
         let outcome = tokio::time::timeout(budget, call).await;
+        let unknown = match &outcome {
+            Ok(Ok(())) => false,
+            Ok(Err(kube::Error::Api(s))) => s.code >= 500,
+            _ => true,
+        };
+        if unknown {
+            self.settle_later();
+        }
         match outcome {
             Ok(Ok(())) => {
                 self.mirror.lock().mark_accepted(&found);
@@ -327,6 +340,44 @@ impl Binder {
                 secs: budget.as_secs(),
             }),
         }
+    }
+
+    /// Reads back the pods of reservations past their deadline whose Binding had
+    /// an unknown outcome and settles each with the server's answer (see the
+    /// module docs). A pod that cannot be read stays reserved for the next try.
+    pub async fn settle_expired(&self) {
+        let due = self.mirror.lock().due_for_reread();
+        for (uid, namespace, name) in due {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+            match api.get_opt(&name).await {
+                Ok(read) => self.mirror.lock().settle(&uid, read),
+                Err(e) => tracing::warn!(
+                    pod = %format!("{namespace}/{name}"),
+                    error = %e,
+                    "could not read back a pod whose bind had an unknown outcome; its GPUs stay reserved"
+                ),
+            }
+        }
+    }
+
+    /// After a bind with an unknown outcome: settles it at its deadline, unless
+    /// the watch did first (retrying a failed read a few times; later binds
+    /// retry too).
+    fn settle_later(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let binder = self.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(crate::mirror::RESERVATION_TTL).await;
+            for _ in 0..10 {
+                binder.settle_expired().await;
+                if binder.mirror.lock().due_for_reread().is_empty() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
     }
 
     /// POSTs the Binding with the allocation annotation and the pod's UID and
