@@ -122,7 +122,8 @@ struct Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.mirror.lock().unreserve(self.uid);
+            // Unless an earlier Binding of the same reservation is still unsettled.
+            self.mirror.lock().unreserve_unsent(self.uid);
         }
     }
 }
@@ -267,14 +268,6 @@ impl Binder {
         self.mirror.lock().mark_sent(&found);
         let call = self.post_binding(&api, pod, node, annotation.as_deref());
         let outcome = tokio::time::timeout(budget, call).await;
-        let unknown = match &outcome {
-            Ok(Ok(())) => false,
-            Ok(Err(kube::Error::Api(s))) => s.code >= 500,
-            _ => true,
-        };
-        if unknown {
-            self.settle_later();
-        }
         match outcome {
             Ok(Ok(())) => {
                 self.mirror.lock().mark_accepted(&found);
@@ -345,6 +338,8 @@ impl Binder {
     /// Reads back the pods of reservations past their deadline whose Binding had
     /// an unknown outcome and settles each with the server's answer (see the
     /// module docs). A pod that cannot be read stays reserved for the next try.
+    /// Called before every bind, and by the standalone loop on every pass (at
+    /// least every 10 s); with nothing due it reads nothing.
     pub async fn settle_expired(&self) {
         let due = self.mirror.lock().due_for_reread();
         for (uid, namespace, name) in due {
@@ -358,26 +353,6 @@ impl Binder {
                 ),
             }
         }
-    }
-
-    /// After a bind with an unknown outcome: settles it at its deadline, unless
-    /// the watch did first (retrying a failed read a few times; later binds
-    /// retry too).
-    fn settle_later(&self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let binder = self.clone();
-        runtime.spawn(async move {
-            tokio::time::sleep(crate::mirror::RESERVATION_TTL).await;
-            for _ in 0..10 {
-                binder.settle_expired().await;
-                if binder.mirror.lock().due_for_reread().is_empty() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_secs(5)).await;
-            }
-        });
     }
 
     /// POSTs the Binding with the allocation annotation and the pod's UID and

@@ -104,6 +104,9 @@ pub struct Mirror {
     /// Pods (`namespace/name`) the node agents' PodResources reports list, as
     /// of the last rebuild: one of them ending changes what is counted.
     reported: HashSet<String>,
+    /// Reservations past their deadline whose Binding had an unknown outcome:
+    /// held until the pod is read back (see [`reservations`]).
+    unsettled: HashSet<String>,
     /// Queues, namespaces' queue labels and quota usage (see [`queues`]).
     queues: queues::Queues,
     /// `PodGroup` specs by `namespace/name` (see [`groups`]).
@@ -140,6 +143,7 @@ impl Mirror {
             blocked: FxHashMap::default(),
             finished: HashMap::new(),
             reported: HashSet::new(),
+            unsettled: HashSet::new(),
             queues: Default::default(),
             groups: BTreeMap::new(),
             disruption: Default::default(),

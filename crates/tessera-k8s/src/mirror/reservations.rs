@@ -108,10 +108,16 @@ impl Mirror {
         let expired: Vec<String> = self
             .held
             .iter()
-            .filter(|(_, h)| !h.bound && !h.sent && h.expires.is_some_and(|t| t <= now))
+            .filter(|(_, h)| !h.bound && h.expires.is_some_and(|t| t <= now))
             .map(|(u, _)| u.clone())
             .collect();
         for u in expired {
+            if self.held[&u].sent {
+                if self.unsettled.insert(u.clone()) {
+                    tracing::warn!(pod = %self.held[&u].pod, "reservation past its deadline after a bind with an unknown outcome; the pod is read back before its GPUs are freed");
+                }
+                continue;
+            }
             tracing::warn!(pod = %self.held[&u].pod, "reservation expired without a confirmed bind; its GPUs are free again");
             self.release(&u);
         }
@@ -132,13 +138,18 @@ impl Mirror {
                 });
             }
             // Accepted by the API (not yet seen in the watch) counts as bound: a retried bind is a no-op.
-            return Ok(if h.bound || h.expires.is_none() {
-                Reservation::AlreadyBound
-            } else {
-                Reservation::Write {
-                    annotation: h.annotation.clone(),
-                }
-            });
+            if h.bound || h.expires.is_none() {
+                return Ok(Reservation::AlreadyBound);
+            }
+            // The same Binding again: a fresh deadline, and no read settles the earlier one.
+            let annotation = h.annotation.clone();
+            let expires = Instant::now() + RESERVATION_TTL;
+            if let Some(h) = self.held.get_mut(&uid) {
+                h.expires = Some(expires);
+            }
+            self.unsettled.remove(&uid);
+            self.next_expiry = Some(self.next_expiry.map_or(expires, |t| t.min(expires)));
+            return Ok(Reservation::Write { annotation });
         }
         let asks = convert::pod_asks(pod, &self.cluster.catalog);
         let req = asks.request.map_err(|source| ReserveError::Request {
@@ -247,6 +258,14 @@ impl Mirror {
         }
     }
 
+    /// Drops a reservation whose Binding was never sent (its caller went away
+    /// first); one sent earlier with an unknown outcome stays until it is read back.
+    pub fn unreserve_unsent(&mut self, uid: &str) {
+        if self.held.get(uid).is_some_and(|h| !h.bound && !h.sent) {
+            self.release(uid);
+        }
+    }
+
     /// The Binding is about to be sent: from now on its outcome may be unknown,
     /// and the reservation is freed at its deadline only once the pod is read
     /// back without it.
@@ -261,14 +280,17 @@ impl Mirror {
     /// Reservations past their deadline whose Binding was sent with an unknown
     /// outcome, as `(uid, namespace, name)`: the caller reads each pod back and
     /// hands the answer to [`Mirror::settle`].
-    pub fn due_for_reread(&self) -> Vec<(String, String, String)> {
-        let now = Instant::now();
+    pub fn due_for_reread(&mut self) -> Vec<(String, String, String)> {
+        self.expire_reservations();
+        let held = &self.held;
+        // Settled meanwhile by the watch (bound, accepted or gone): nothing to read.
+        self.unsettled
+            .retain(|u| held.get(u).is_some_and(|h| !h.bound && h.expires.is_some()));
         let mut due: Vec<(String, String, String)> = self
-            .held
+            .unsettled
             .iter()
-            .filter(|(_, h)| !h.bound && h.sent && h.expires.is_some_and(|t| t <= now))
-            .filter_map(|(u, h)| {
-                let (ns, name) = h.pod.split_once('/')?;
+            .filter_map(|u| {
+                let (ns, name) = held[u].pod.split_once('/')?;
                 Some((u.clone(), ns.to_string(), name.to_string()))
             })
             .collect();
@@ -281,6 +303,11 @@ impl Mirror {
     /// carries; not bound (or gone, or replaced) 30 s after our Binding, the
     /// Binding did not land and the GPUs are free again.
     pub fn settle(&mut self, uid: &str, read: Option<Pod>) {
+        // Only a reservation still waiting for a read: one the watch settled,
+        // or whose bind is being retried (a fresh deadline), is left alone.
+        if !self.unsettled.remove(uid) {
+            return;
+        }
         let Some(h) = self.held.get(uid) else { return };
         if h.bound || h.expires.is_none() {
             return;
