@@ -939,3 +939,33 @@ fn a_relist_does_not_learn_finished_pods_again() {
     }
     assert_eq!(live.lock().learned().0, once);
 }
+
+/// A GPU in MIG mode held through another plugin (NVIDIA's `nvidia.com/mig-*`)
+/// is held whole too: the device may be any of its instances.
+#[test]
+fn a_mig_gpu_held_through_another_plugin_takes_no_instance() {
+    let (nodes, inv) = cluster();
+    let live = mirror("bestfit", nodes, inv.clone(), vec![]);
+    let mig = pod("ml", "m", "uid-m", &[("tessera.io/mig-3g.40gb", "1")]);
+    let fits = |m: &tessera_k8s::mirror::SharedMirror| {
+        let mut m = m.lock();
+        let out = m.filter(&mig, &["a100-2"]).expect("request parses");
+        out.reason("a100-2").map(str::to_string)
+    };
+    assert_eq!(fits(&live), None, "its 3g.40gb instance is free");
+    live.lock().upsert_inventory(reported(
+        inv[1].clone(),
+        &[("other", "x", "nvidia.com/mig-1g.10gb", &["GPU-a100-2-1"])],
+    ));
+    assert!(fits(&live).is_some());
+    // Every memory slice of the MIG GPU is taken.
+    assert_eq!(
+        live.lock().usage()["a100-2"].gpus[1].mig_memory_slices,
+        0xff
+    );
+    assert!(
+        live.lock().problems().is_empty(),
+        "{:?}",
+        live.lock().problems()
+    );
+}

@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use tessera_core::NodeId;
-use tessera_core::placement::{GpuGrant, Placement};
+use tessera_core::placement::{GpuGrant, MigSlot, Placement};
+use tessera_core::{Cluster, NodeId, fit};
 
 use super::{Block, Mirror};
 
@@ -94,13 +94,20 @@ impl Mirror {
             );
         }
         for (id, pos, pod, uuid) in whole {
-            let gpu = &self.cluster.node(id).gpus[pos as usize];
-            // Held whole: no share, MIG slice or exclusive grant can go there. A GPU
-            // in MIG mode cannot be taken whole in the ledger: its node is blocked.
-            let memory_mib = self.cluster.catalog.spec(gpu.model).memory_mib;
+            let Some(grant) = held_whole(&self.cluster, id, pos) else {
+                blocks.push((
+                    id,
+                    Block::HeldTwice {
+                        pod,
+                        uuid,
+                        why: "in MIG mode, with no MIG profile spanning the whole GPU".into(),
+                    },
+                ));
+                continue;
+            };
             let p = Placement {
                 node: id,
-                grants: [GpuGrant::whole(pos, memory_mib)].into_iter().collect(),
+                grants: [grant].into_iter().collect(),
                 ..Placement::default()
             };
             if let Err(e) = self.ledger.apply_existing(&self.cluster, &p) {
@@ -140,4 +147,29 @@ impl Mirror {
             self.blocked.entry(id).or_insert(block);
         }
     }
+}
+
+/// A grant that holds GPU `pos` of node `id` whole: the whole GPU, or on a GPU in
+/// MIG mode (the device held may be any of its instances) the profile spanning
+/// every memory slice, so no instance is granted there or planned in free space.
+fn held_whole(cluster: &Cluster, id: NodeId, pos: u8) -> Option<GpuGrant> {
+    let gpu = &cluster.node(id).gpus[pos as usize];
+    let spec = cluster.catalog.spec(gpu.model);
+    if !gpu.mig_enabled {
+        return Some(GpuGrant::whole(pos, spec.memory_mib));
+    }
+    let geo = spec.mig.as_ref()?;
+    let all = u8::try_from((1u16 << geo.memory_slices.min(8)) - 1).ok()?;
+    let (pi, p) = geo
+        .profiles
+        .iter()
+        .enumerate()
+        .find(|(_, p)| geo.placement_mask(p, 0) == Some(all))?;
+    let slot = MigSlot {
+        profile: u8::try_from(pi).ok()?,
+        start: 0,
+        size: p.memory_slices,
+        compute: p.compute_slices,
+    };
+    Some(fit::mig_grant(pos, geo, p, slot))
 }
