@@ -78,7 +78,9 @@ fn a_new_mirror_rebuilds_the_same_ledger_from_pod_annotations() {
         assert_eq!(annotation.is_some(), *name != "cpu-only", "{name}");
         api_pods.push(as_bound(p, node, annotation));
     }
-    // A pod that wrote the annotation itself (no valid signature) holds no GPU.
+    // A pod that wrote the annotation itself (no valid signature) holds no GPU
+    // Tessera granted; bound, it blocks its node until the node agent reports
+    // what the kubelet gave it (see a_bound_pod_whose_grant_does_not_verify_blocks_its_node).
     let mut forged = pod("ml", "forged", "uid-forged", &[("tessera.io/gpu", "1")]);
     let fake = Allocation::decode_unverified(
         api_pods[0].metadata.annotations.as_ref().unwrap()[ANNOTATION].as_str(),
