@@ -269,7 +269,36 @@ impl Ledger {
         Ok(id)
     }
 
+    /// Applies a placement that was granted earlier (replayed from a bound pod's
+    /// grant): the same checks as [`Ledger::apply`] but the GPUs' health, since a
+    /// GPU that turned unhealthy under a running pod is still held by it. Only new
+    /// grants avoid unhealthy GPUs.
+    pub fn apply_existing(
+        &mut self,
+        cluster: &Cluster,
+        placement: &Placement,
+    ) -> Result<AllocId, LedgerError> {
+        let id = AllocId(self.next_id);
+        self.check_as(cluster, placement, false)?;
+        self.apply_checked(id, placement);
+        self.next_id += 1;
+        if self.open_checkpoints > 0 {
+            self.journal.push(JournalOp::Applied(id));
+        }
+        Ok(id)
+    }
+
     fn check(&self, cluster: &Cluster, p: &Placement) -> Result<(), LedgerError> {
+        self.check_as(cluster, p, true)
+    }
+
+    /// `new_grant`: the placement is being decided now, so its GPUs must be healthy.
+    fn check_as(
+        &self,
+        cluster: &Cluster,
+        p: &Placement,
+        new_grant: bool,
+    ) -> Result<(), LedgerError> {
         let idx = p.node.0 as usize;
         let (node, used) = match (cluster.nodes().get(idx), self.nodes.get(idx)) {
             (Some(n), Some(u)) => (n, u),
@@ -316,7 +345,7 @@ impl Ledger {
                     why,
                 })
             };
-            if gpu.health != Health::Healthy {
+            if new_grant && gpu.health != Health::Healthy {
                 return fail("unhealthy");
             }
             if gu.exclusive {
@@ -376,6 +405,11 @@ impl Ledger {
         p: &Placement,
     ) -> Result<(), LedgerError> {
         self.check(cluster, p)?;
+        self.apply_checked(id, p);
+        Ok(())
+    }
+
+    fn apply_checked(&mut self, id: AllocId, p: &Placement) {
         let node = &mut self.nodes[p.node.0 as usize];
         node.free_cpu_milli -= p.cpu_milli;
         node.free_memory_mib -= p.memory_mib;
@@ -397,7 +431,6 @@ impl Ledger {
         let node = &mut self.nodes[p.node.0 as usize];
         node.summary = GpuSummary::of(&node.gpus);
         self.log_change(p.node);
-        Ok(())
     }
 
     /// Releases an allocation and returns its placement.
@@ -482,7 +515,9 @@ impl Ledger {
                     self.release_quiet(id)?;
                 }
                 Some(JournalOp::Released(id, p)) => {
-                    self.apply_as(cluster, id, &p)?;
+                    // It was held before: its GPUs' health since then does not matter.
+                    self.check_as(cluster, &p, false)?;
+                    self.apply_checked(id, &p);
                 }
                 None => break,
             }
@@ -581,6 +616,34 @@ mod tests {
         l.release(b).unwrap();
         assert_eq!(l.node(NodeId(0)), Ledger::new(&c).node(NodeId(0)));
         assert_eq!(l.release(a), Err(LedgerError::UnknownAllocation(a)));
+    }
+
+    #[test]
+    fn a_grant_on_a_gpu_that_turned_unhealthy_is_still_held() {
+        let mut c = cluster();
+        let mut nodes = c.nodes().to_vec();
+        nodes[0].gpus[2].health = Health::Unhealthy;
+        c = Cluster::new(c.catalog.clone(), nodes).unwrap();
+        let mut l = Ledger::new(&c);
+        // A new grant avoids the GPU ...
+        assert!(matches!(
+            l.apply(&c, &share(0, 2, 1_000, 100)),
+            Err(LedgerError::Gpu {
+                why: "unhealthy",
+                ..
+            })
+        ));
+        // ... but a pod already running there still holds it, CPU and memory included.
+        let held = l.apply_existing(&c, &share(0, 2, 40_000, 600)).unwrap();
+        assert_eq!(l.node(NodeId(0)).gpus[2].free_cores_milli, 400);
+        assert_eq!(l.node(NodeId(0)).free_cpu_milli, 31_000);
+        // Undoing its release (a preemption's dry run) restores it despite the health.
+        let cp = l.checkpoint();
+        l.release(held).unwrap();
+        l.rollback(&c, cp).unwrap();
+        assert_eq!(l.node(NodeId(0)).gpus[2].free_cores_milli, 400);
+        // Over-commit is still refused.
+        assert!(l.apply_existing(&c, &share(0, 2, 1_000, 500)).is_err());
     }
 
     #[test]

@@ -15,9 +15,11 @@
 //! - accepted: kept until the watch shows the pod bound (or deleted);
 //! - refused (a 4xx: 409, 404, 422, …): dropped at once;
 //! - unknown (a 5xx such as 504 Timeout, which the API server may send after
-//!   committing; timeout, connection lost, the caller went away mid-call): kept
-//!   until its deadline, because the write may still have landed; the watch
-//!   settles it either way (see `mirror::RESERVATION_TTL`).
+//!   committing; timeout, connection lost, the caller went away mid-call): kept,
+//!   because the write may still have landed. The watch settles it, or at its
+//!   deadline (see `mirror::RESERVATION_TTL`) the pod is read back and the
+//!   server's answer wins: bound, it is taken up with the grant it carries; not
+//!   bound, its GPUs are free again. A failed read keeps it for the next try.
 //!
 //! Fencing: leadership is checked right before the write, and leadership is a
 //! deadline (see [`crate::leader`]), so a replica that stopped renewing its Lease
@@ -120,7 +122,8 @@ struct Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.mirror.lock().unreserve(self.uid);
+            // Unless an earlier Binding of the same reservation is still unsettled.
+            self.mirror.lock().unreserve_unsent(self.uid);
         }
     }
 }
@@ -186,6 +189,8 @@ impl Binder {
         if !self.leader.is_leader() {
             return Err(BindError::NotLeader);
         }
+        // Reservations of earlier binds with unknown outcomes, past their deadline.
+        self.settle_expired().await;
         let key = format!("{namespace}/{name}");
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let known = {
@@ -260,6 +265,7 @@ impl Binder {
             Some(_) => return Err(BindError::NotLeader),
         };
         pending.armed = false;
+        self.mirror.lock().mark_sent(&found);
         let call = self.post_binding(&api, pod, node, annotation.as_deref());
         let outcome = tokio::time::timeout(budget, call).await;
         match outcome {
@@ -326,6 +332,26 @@ impl Binder {
                 node: node.to_string(),
                 secs: budget.as_secs(),
             }),
+        }
+    }
+
+    /// Reads back the pods of reservations past their deadline whose Binding had
+    /// an unknown outcome and settles each with the server's answer (see the
+    /// module docs). A pod that cannot be read stays reserved for the next try.
+    /// Called before every bind, and by the standalone loop on every pass (at
+    /// least every 10 s); with nothing due it reads nothing.
+    pub async fn settle_expired(&self) {
+        let due = self.mirror.lock().due_for_reread();
+        for (uid, namespace, name) in due {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+            match api.get_opt(&name).await {
+                Ok(read) => self.mirror.lock().settle(&uid, read),
+                Err(e) => tracing::warn!(
+                    pod = %format!("{namespace}/{name}"),
+                    error = %e,
+                    "could not read back a pod whose bind had an unknown outcome; its GPUs stay reserved"
+                ),
+            }
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{Value, json};
 use tessera_core::allocation::{ANNOTATION, Allocation};
+use tessera_k8s::binder::Binder;
 use tessera_k8s::extender::router;
 
 const UID: &str = "5c821d97-cbf6-4af6-96e8-39693dca64a6";
@@ -371,7 +372,7 @@ async fn a_follower_does_not_bind() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_unanswered_bind_keeps_its_reservation_until_the_deadline_then_frees_it() {
+async fn an_unanswered_bind_keeps_its_reservation_until_the_pod_is_read_back_unbound() {
     let Some(body) = fixture("bind-request-ExtenderBindingArgs.json") else {
         return;
     };
@@ -380,20 +381,30 @@ async fn an_unanswered_bind_keeps_its_reservation_until_the_deadline_then_frees_
         http::Request<kube::client::Body>,
         http::Response<kube::client::Body>,
     >();
+    // Bindings get no answer; a read of the pod finds it still pending.
+    let pending = serde_json::to_vec(&pending_gpu_pod()).unwrap();
     let server = tokio::spawn(async move {
         let mut n = 0;
-        while let Some((_req, send)) = handle.next_request().await {
+        while let Some((req, send)) = handle.next_request().await {
             n += 1;
-            drop(send);
+            if req.method() == http::Method::GET {
+                send.send_response(
+                    http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(pending.clone()))
+                        .unwrap(),
+                );
+            } else {
+                drop(send);
+            }
         }
         n
     });
     let (nodes, inv) = fixture_cluster();
     let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
-    let app = router(state(
-        m.clone(),
-        Some(kube::Client::new(service, "default")),
-    ));
+    let client = kube::Client::new(service, "default");
+    let app = router(state(m.clone(), Some(client.clone())));
     let (_, v) = call(app, "/bind", body).await;
     assert!(!v["Error"].as_str().unwrap().is_empty(), "{v}");
     // Unknown outcome: the GPUs stay reserved (a second pod must not get them) …
@@ -401,12 +412,21 @@ async fn an_unanswered_bind_keeps_its_reservation_until_the_deadline_then_frees_
     tokio::time::advance(tessera_k8s::mirror::RESERVATION_TTL - Duration::from_secs(1)).await;
     m.lock().expire_reservations();
     assert_eq!(m.lock().ledger().allocation_count(), 1);
-    // … until the deadline, when a reservation the watch never confirmed is dropped.
+    // … past the deadline too: the Binding may have landed while the watch lags …
     tokio::time::advance(Duration::from_secs(2)).await;
     m.lock().expire_reservations();
+    assert_eq!(m.lock().ledger().allocation_count(), 1);
+    // … until the pod is read back: still unbound, the Binding did not land.
+    let binder = Binder::new(
+        client.clone(),
+        m.clone(),
+        tessera_k8s::leader::Leadership::always(),
+    );
+    binder.settle_expired().await;
     assert_eq!(m.lock().ledger().allocation_count(), 0);
-    drop(m);
-    assert_eq!(server.await.unwrap(), 1);
+    assert!(m.lock().held(UID).is_none());
+    drop((m, binder, client));
+    assert_eq!(server.await.unwrap(), 2, "the Binding, then one read");
 }
 
 /// Finding 14: a leader whose Lease is about to lapse (no renewal lately) must

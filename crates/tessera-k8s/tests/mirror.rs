@@ -78,7 +78,9 @@ fn a_new_mirror_rebuilds_the_same_ledger_from_pod_annotations() {
         assert_eq!(annotation.is_some(), *name != "cpu-only", "{name}");
         api_pods.push(as_bound(p, node, annotation));
     }
-    // A pod that wrote the annotation itself (no valid signature) holds no GPU.
+    // A pod that wrote the annotation itself (no valid signature) holds no GPU
+    // Tessera granted; bound, it blocks its node until the node agent reports
+    // what the kubelet gave it (see a_bound_pod_whose_grant_does_not_verify_blocks_its_node).
     let mut forged = pod("ml", "forged", "uid-forged", &[("tessera.io/gpu", "1")]);
     let fake = Allocation::decode_unverified(
         api_pods[0].metadata.annotations.as_ref().unwrap()[ANNOTATION].as_str(),
@@ -531,4 +533,441 @@ fn the_policy_follows_the_free_gpu_supply() {
     let after = mm.model_supply();
     assert_eq!(supply_of(&after, "A100-80GB"), 0, "{after:?}");
     assert_eq!(supply_of(&after, "H100-80GB"), 2_000, "{after:?}");
+}
+
+// ---- the scheduler's view of grants (issues 27 and 28) ------------------------------------
+
+/// The allocation the pod's annotation carries (as signed by the test key).
+fn grant_of(p: &Pod) -> Allocation {
+    let v = &p.metadata.annotations.as_ref().expect("annotations")[ANNOTATION];
+    Allocation::decode_verified(v, KEY, p.metadata.uid.as_deref().unwrap(), {
+        p.spec.as_ref().unwrap().node_name.as_deref().unwrap()
+    })
+    .expect("a valid grant")
+}
+
+/// Reserves `p` on `node` and returns it as the API server holds it once bound.
+fn reserve_bound(m: &tessera_k8s::mirror::SharedMirror, p: Pod, node: &str) -> Pod {
+    let r = m.lock().reserve(&p, node).expect("fits");
+    let Reservation::Write { annotation } = r else {
+        panic!("fresh pod")
+    };
+    let bound = as_bound(p, node, annotation);
+    m.lock().upsert_pod(bound.clone());
+    bound
+}
+
+/// Which GPUs of `node` the ledger holds whole, by UUID.
+fn whole_gpus(m: &tessera_k8s::mirror::SharedMirror, node: &str) -> Vec<String> {
+    let mut m = m.lock();
+    let usage = m.usage();
+    let id = m.cluster().node_id(node).expect("known node");
+    let gpus = m.cluster().node(id).gpus.clone();
+    usage[node]
+        .gpus
+        .iter()
+        .zip(&gpus)
+        .filter(|(u, _)| u.exclusive)
+        .map(|(_, g)| g.uuid.clone())
+        .collect()
+}
+
+/// Why the filter rejects `node` for a pod asking `gpus` whole GPUs (`None`: it passes).
+fn rejection(m: &tessera_k8s::mirror::SharedMirror, node: &str, gpus: &str) -> Option<String> {
+    let probe = pod("default", "probe", "uid-probe", &[("tessera.io/gpu", gpus)]);
+    let mut m = m.lock();
+    let out = m.filter(&probe, &[node]).expect("request parses");
+    out.reason(node).map(str::to_string)
+}
+
+/// Issue 28 item 2: NVML renumbers GPUs when one disappears; the grant stays on
+/// the GPU with its UUID, and a grant whose GPU is gone blocks the node.
+#[test]
+fn grants_are_replayed_on_the_gpu_with_their_uuid_after_renumbering() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 2);
+    let live = mirror("bestfit", nodes, vec![inv.clone()], vec![]);
+    let a = reserve_bound(
+        &live,
+        pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]),
+        "n",
+    );
+    let b = reserve_bound(
+        &live,
+        pod("ml", "b", "uid-b", &[("tessera.io/gpu", "1")]),
+        "n",
+    );
+    // The pod on index 1 stays; the other leaves and its GPU (index 0) falls off the bus.
+    let (stay, leave) = if grant_of(&a).gpus[0].index == 1 {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let kept = grant_of(&stay).gpus[0].uuid.clone();
+    live.lock()
+        .remove_pod(leave.metadata.uid.as_deref().unwrap());
+    let mut renumbered = inv.clone();
+    renumbered.spec.gpus.retain(|g| g.uuid == kept);
+    renumbered.spec.gpus[0].index = 0;
+    live.lock().upsert_inventory(renumbered.clone());
+    // Index 1 no longer exists; the GPU the pod holds is index 0 now, by its UUID.
+    assert_eq!(whole_gpus(&live, "n"), vec![kept.clone()]);
+    assert!(
+        live.lock().problems().is_empty(),
+        "{:?}",
+        live.lock().problems()
+    );
+    assert!(rejection(&live, "n", "1").is_some(), "its only GPU is held");
+    // A grant naming a GPU the node no longer lists blocks the node, saying which.
+    let mut other = renumbered;
+    other.spec.gpus[0].uuid = "GPU-replacement".into();
+    live.lock().upsert_inventory(other);
+    let why = rejection(&live, "n", "1").expect("blocked");
+    assert!(
+        why.contains(&kept) && why.contains("no longer lists"),
+        "{why}"
+    );
+}
+
+/// Issue 28 item 7: a GPU turning unhealthy under a running pod takes only that
+/// GPU out of new grants; the pod keeps holding it and its CPU and memory.
+#[test]
+fn a_gpu_turning_unhealthy_under_a_pod_leaves_the_other_gpus_schedulable() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 4);
+    let live = mirror("bestfit", nodes, vec![inv.clone()], vec![]);
+    let p = reserve_bound(
+        &live,
+        pod("ml", "a", "uid-a", &[("cpu", "4"), ("tessera.io/gpu", "1")]),
+        "n",
+    );
+    let granted = grant_of(&p).gpus[0].clone();
+    let mut sick = inv;
+    sick.status = Some(tessera_api::GpuNodeStatus {
+        gpus: vec![tessera_api::GpuCondition {
+            index: granted.index,
+            health: tessera_api::GpuHealth::Unhealthy,
+            reason: "XID 79".into(),
+        }],
+        ..Default::default()
+    });
+    live.lock().upsert_inventory(sick);
+    assert_eq!(whole_gpus(&live, "n"), vec![granted.uuid.clone()]);
+    // 64 cores - 4 held by the pod.
+    assert_eq!(live.lock().usage()["n"].free_cpu_milli, 60_000);
+    // The three healthy GPUs take new pods; all four never again.
+    assert_eq!(rejection(&live, "n", "3"), None);
+    assert!(rejection(&live, "n", "4").is_some());
+}
+
+/// A GpuNode for `node` whose status carries the kubelet's PodResources list.
+fn reported(
+    mut gn: tessera_api::GpuNode,
+    held: &[(&str, &str, &str, &[&str])],
+) -> tessera_api::GpuNode {
+    gn.status = Some(tessera_api::GpuNodeStatus {
+        pod_resources: Some(tessera_api::PodResourcesReport {
+            observed_at: "2026-12-03T08:00:00Z".into(),
+            containers: held
+                .iter()
+                .map(
+                    |(ns, pod, resource, uuids)| tessera_api::gpunode::ContainerDevices {
+                        namespace: ns.to_string(),
+                        pod: pod.to_string(),
+                        container: "c".into(),
+                        resource: resource.to_string(),
+                        device_ids: uuids.iter().map(|u| u.to_string()).collect(),
+                        gpu_uuids: uuids.iter().map(|u| u.to_string()).collect(),
+                    },
+                )
+                .collect(),
+        }),
+        ..Default::default()
+    });
+    gn
+}
+
+/// Issue 27 item 4: a pod holding GPUs through another device plugin blocks its
+/// node until the node agent reports which; then exactly those GPUs are held.
+#[test]
+fn gpus_held_through_another_plugin_are_counted_from_the_agents_report() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 4);
+    let mut old = as_bound(
+        pod("ml", "old", "uid-old", &[("nvidia.com/gpu", "1")]),
+        "n",
+        None,
+    );
+    let live = mirror(
+        "bestfit",
+        nodes.clone(),
+        vec![inv.clone()],
+        vec![old.clone()],
+    );
+    // No report yet: the node takes nothing new.
+    let why = rejection(&live, "n", "1").expect("blocked");
+    assert!(
+        why.contains("pod ml/old holds GPUs through another device plugin; waiting for the node agent to report which"),
+        "{why}"
+    );
+    // A report that does not list it yet changes nothing.
+    live.lock().upsert_inventory(reported(inv.clone(), &[]));
+    assert!(rejection(&live, "n", "1").is_some());
+    // Listed on GPU 2: that GPU is held whole, the other three are free.
+    live.lock().upsert_inventory(reported(
+        inv.clone(),
+        &[("ml", "old", "nvidia.com/gpu", &["GPU-n-2"])],
+    ));
+    assert_eq!(whole_gpus(&live, "n"), vec!["GPU-n-2".to_string()]);
+    assert_eq!(rejection(&live, "n", "3"), None);
+    assert!(rejection(&live, "n", "4").is_some());
+    // A pod we do not know as a GPU pod (a resource we do not parse) counts too:
+    // the report is the kubelet's truth.
+    live.lock().upsert_inventory(reported(
+        inv.clone(),
+        &[
+            ("ml", "old", "nvidia.com/gpu", &["GPU-n-2"]),
+            ("other", "x", "example.com/accelerator", &["GPU-n-0"]),
+        ],
+    ));
+    assert_eq!(
+        whole_gpus(&live, "n"),
+        vec!["GPU-n-0".to_string(), "GPU-n-2".to_string()]
+    );
+    // A device the agent could not place on a GPU blocks the node.
+    live.lock().upsert_inventory(reported(
+        inv.clone(),
+        &[("ml", "old", "nvidia.com/gpu", &[])],
+    ));
+    let mut gn = reported(inv.clone(), &[]);
+    gn.status
+        .as_mut()
+        .unwrap()
+        .pod_resources
+        .as_mut()
+        .unwrap()
+        .containers = vec![tessera_api::gpunode::ContainerDevices {
+        namespace: "ml".into(),
+        pod: "old".into(),
+        container: "c".into(),
+        resource: "nvidia.com/gpu".into(),
+        device_ids: vec!["GPU-n-2::1".into()],
+        gpu_uuids: vec![],
+    }];
+    live.lock().upsert_inventory(gn);
+    let why = rejection(&live, "n", "1").expect("blocked");
+    assert!(why.contains("could not place on a GPU"), "{why}");
+    // Once the pod has finished, what the report still lists for it counts nothing.
+    live.lock().upsert_inventory(reported(
+        inv.clone(),
+        &[("ml", "old", "nvidia.com/gpu", &["GPU-n-2"])],
+    ));
+    old.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        phase: Some("Succeeded".into()),
+        ..Default::default()
+    });
+    live.lock().upsert_pod(old);
+    assert!(whole_gpus(&live, "n").is_empty());
+    assert_eq!(rejection(&live, "n", "4"), None);
+}
+
+/// The report lists Tessera's own grants too: they are counted once, by the grant.
+#[test]
+fn a_granted_pod_in_the_report_is_not_counted_twice() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 2);
+    let live = mirror("bestfit", nodes, vec![inv.clone()], vec![]);
+    let p = reserve_bound(
+        &live,
+        pod(
+            "ml",
+            "share",
+            "uid-share",
+            &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "500")],
+        ),
+        "n",
+    );
+    let uuid = grant_of(&p).gpus[0].uuid.clone();
+    live.lock().upsert_inventory(reported(
+        inv,
+        &[("ml", "share", "tessera.io/gpu", &[uuid.as_str()])],
+    ));
+    // Half of one GPU is held, not the whole of it: both GPUs still take a whole one... only one.
+    assert!(whole_gpus(&live, "n").is_empty());
+    assert_eq!(rejection(&live, "n", "1"), None);
+    assert!(
+        live.lock().problems().is_empty(),
+        "{:?}",
+        live.lock().problems()
+    );
+}
+
+/// Issue 28 item 3: a bound GPU pod whose grant does not verify (signed with an
+/// old key) may hold GPUs: its node is blocked until the report says which.
+#[test]
+fn a_bound_pod_whose_grant_does_not_verify_blocks_its_node() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 2);
+    let p = pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]);
+    let old_key =
+        tessera_k8s::mirror::SharedMirror::new(tessera_k8s::mirror::Mirror::from_objects(
+            tessera_core::policy::by_name("bestfit", &Default::default()).unwrap(),
+            b"the-old-key".to_vec(),
+            nodes.clone(),
+            vec![inv.clone()],
+            vec![],
+        ));
+    let bound = reserve_bound(&old_key, p, "n");
+    let uuid =
+        Allocation::decode_unverified(&bound.metadata.annotations.as_ref().unwrap()[ANNOTATION])
+            .unwrap()
+            .gpus[0]
+            .uuid
+            .clone();
+    // Restarted with a new key: the grant does not verify.
+    let live = mirror("bestfit", nodes, vec![inv.clone()], vec![bound]);
+    let why = rejection(&live, "n", "1").expect("blocked");
+    assert!(
+        why.contains("pod ml/a holds GPUs under a grant that cannot be read"),
+        "{why}"
+    );
+    // Once the agent reports it, the GPU it holds is counted and the other one is free.
+    live.lock().upsert_inventory(reported(
+        inv,
+        &[("ml", "a", "tessera.io/gpu", &[uuid.as_str()])],
+    ));
+    assert_eq!(whole_gpus(&live, "n"), vec![uuid]);
+    assert_eq!(rejection(&live, "n", "1"), None);
+    assert!(rejection(&live, "n", "2").is_some());
+}
+
+/// Issue 28 item 4: the grant that landed on the server wins over the reservation's.
+#[test]
+fn the_grant_on_the_server_wins_over_the_reservation() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 2);
+    let live = mirror("bestfit", nodes, vec![inv], vec![]);
+    let p = pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]);
+    let Reservation::Write {
+        annotation: Some(ours),
+    } = live.lock().reserve(&p, "n").unwrap()
+    else {
+        panic!("a GPU grant")
+    };
+    // An earlier bind of ours (decided on the other GPU) is what landed.
+    let mut landed = Allocation::decode_unverified(&ours).unwrap();
+    let other = if landed.gpus[0].index == 0 { 1 } else { 0 };
+    landed.gpus[0].index = other;
+    landed.gpus[0].uuid = format!("GPU-n-{other}");
+    let bound = as_bound(p, "n", Some(landed.encode_signed(KEY)));
+    live.lock().upsert_pod(bound);
+    assert_eq!(whole_gpus(&live, "n"), vec![format!("GPU-n-{other}")]);
+}
+
+/// Issue 28 item 4: a reservation whose Binding was sent with an unknown outcome
+/// is not freed at its deadline; the pod read back decides.
+#[tokio::test(start_paused = true)]
+async fn an_unsettled_bind_is_read_back_before_its_gpus_are_freed() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 1);
+    let live = mirror("bestfit", nodes, vec![inv], vec![]);
+    let p = pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]);
+    let Reservation::Write { annotation } = live.lock().reserve(&p, "n").unwrap() else {
+        panic!("fresh")
+    };
+    live.lock().mark_sent("uid-a");
+    tokio::time::advance(tessera_k8s::mirror::RESERVATION_TTL * 2).await;
+    live.lock().expire_reservations();
+    // The watch has not shown it bound: still held, and due for a read.
+    assert_eq!(whole_gpus(&live, "n"), vec!["GPU-n-0".to_string()]);
+    let due = live.lock().due_for_reread();
+    assert_eq!(due, vec![("uid-a".into(), "ml".into(), "a".into())]);
+    // The server has it bound with our grant: kept, as bound.
+    live.lock()
+        .settle("uid-a", Some(as_bound(p.clone(), "n", annotation)));
+    assert!(live.lock().due_for_reread().is_empty());
+    assert!(live.lock().held("uid-a").is_some_and(|h| h.bound));
+    assert_eq!(whole_gpus(&live, "n"), vec!["GPU-n-0".to_string()]);
+
+    // Another whose Binding did not land: read back unbound, its GPU is free again.
+    live.lock().remove_pod("uid-a");
+    let q = pod("ml", "b", "uid-b", &[("tessera.io/gpu", "1")]);
+    live.lock().reserve(&q, "n").unwrap();
+    live.lock().mark_sent("uid-b");
+    tokio::time::advance(tessera_k8s::mirror::RESERVATION_TTL * 2).await;
+    live.lock().expire_reservations();
+    assert_eq!(whole_gpus(&live, "n").len(), 1);
+    live.lock().settle("uid-b", Some(q));
+    assert!(live.lock().held("uid-b").is_none());
+    assert!(whole_gpus(&live, "n").is_empty());
+}
+
+/// Issue 28 item 5: holding a pod that is held already is refused (it used to
+/// overwrite the hold and leak its ledger entry).
+#[test]
+fn holding_a_held_pod_again_is_refused_and_leaks_nothing() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 2);
+    let live = mirror("bestfit", nodes, vec![inv], vec![]);
+    let p = pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]);
+    let mut m = live.lock();
+    let catalog = m.cluster().catalog.clone();
+    let req = tessera_k8s::convert::pod_request(&p, &catalog).unwrap();
+    let host = tessera_k8s::hostfit::host_ask(&p).unwrap();
+    let (first, _) = m.decide(&req, &host, |_| Ok(())).unwrap();
+    m.hold(&p, first, req.clone(), host.clone()).unwrap();
+    let (second, _) = m.decide(&req, &host, |_| Ok(())).unwrap();
+    assert!(m.hold(&p, second, req, host).is_err());
+    assert_eq!(m.ledger().allocation_count(), 1);
+    m.unreserve("uid-a");
+    assert_eq!(m.ledger().allocation_count(), 0);
+}
+
+/// Issue 28 item 5: a relist does not learn finished pods again.
+#[test]
+fn a_relist_does_not_learn_finished_pods_again() {
+    let (nodes, inv) = cluster();
+    let live = mirror("tessera", nodes, inv, vec![]);
+    let mut done = pod("ml", "done", "uid-done", &[("tessera.io/gpu", "1")]);
+    done.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        phase: Some("Succeeded".into()),
+        ..Default::default()
+    });
+    let done = as_bound(done, "a100-1", None);
+    live.lock().replace_pods(vec![done.clone()]);
+    let once = live.lock().learned().0;
+    for _ in 0..3 {
+        live.lock().replace_pods(vec![done.clone()]);
+    }
+    assert_eq!(live.lock().learned().0, once);
+}
+
+/// A GPU in MIG mode held through another plugin (NVIDIA's `nvidia.com/mig-*`)
+/// is held whole too: the device may be any of its instances.
+#[test]
+fn a_mig_gpu_held_through_another_plugin_takes_no_instance() {
+    let (nodes, inv) = cluster();
+    let live = mirror("bestfit", nodes, inv.clone(), vec![]);
+    let mig = pod("ml", "m", "uid-m", &[("tessera.io/mig-3g.40gb", "1")]);
+    let fits = |m: &tessera_k8s::mirror::SharedMirror| {
+        let mut m = m.lock();
+        let out = m.filter(&mig, &["a100-2"]).expect("request parses");
+        out.reason("a100-2").map(str::to_string)
+    };
+    assert_eq!(fits(&live), None, "its 3g.40gb instance is free");
+    live.lock().upsert_inventory(reported(
+        inv[1].clone(),
+        &[("other", "x", "nvidia.com/mig-1g.10gb", &["GPU-a100-2-1"])],
+    ));
+    assert!(fits(&live).is_some());
+    // Every memory slice of the MIG GPU is taken.
+    assert_eq!(
+        live.lock().usage()["a100-2"].gpus[1].mig_memory_slices,
+        0xff
+    );
+    assert!(
+        live.lock().problems().is_empty(),
+        "{:?}",
+        live.lock().problems()
+    );
 }

@@ -27,6 +27,14 @@ pub enum ConvertError {
     Node { node: String, problem: String },
     #[error("allocation of pod {pod}: {problem}")]
     Allocation { pod: String, problem: String },
+    /// The grant names a GPU (by UUID) the node's inventory does not list: it
+    /// disappeared, or the annotation was written for another node.
+    #[error("allocation of pod {pod}: node {node} has no GPU {uuid}")]
+    GpuGone {
+        pod: String,
+        node: String,
+        uuid: String,
+    },
 }
 
 /// `namespace/name` of a pod.
@@ -188,6 +196,16 @@ pub fn wants_gpu(pod: &Pod) -> bool {
         .iter()
         .flat_map(|c| c.resources.keys())
         .any(|k| containers::is_gpu_resource(k))
+}
+
+/// Whether any container asks for a GPU device resource of any plugin: those
+/// [`wants_gpu`] names and the other `nvidia.com/gpu*` resources (e.g.
+/// `nvidia.com/gpu.shared` under NVIDIA's time-slicing).
+pub fn asks_gpu_device(pod: &Pod) -> bool {
+    pod_containers(pod)
+        .iter()
+        .flat_map(|c| c.resources.keys())
+        .any(|k| containers::is_gpu_resource(k) || k.starts_with("nvidia.com/gpu"))
 }
 
 /// Scheduling facts about a node that the core does not model.
@@ -483,7 +501,22 @@ pub fn placement_of(
     };
     let mut grants: SmallVec<[GpuGrant; 8]> = SmallVec::new();
     for a in &allocation.gpus {
-        let Some(pos) = n.gpus.iter().position(|g| g.index == a.index) else {
+        // The GPU is the one with the granted UUID, the node agent's key: NVML
+        // renumbers the others when one disappears, so an index may now name
+        // another GPU. Only a grant without a UUID falls back to its index.
+        let pos = if a.uuid.is_empty() {
+            n.gpus.iter().position(|g| g.index == a.index)
+        } else {
+            n.gpus.iter().position(|g| g.uuid == a.uuid)
+        };
+        let Some(pos) = pos else {
+            if !a.uuid.is_empty() {
+                return Err(ConvertError::GpuGone {
+                    pod: allocation.pod.clone(),
+                    node: n.name.clone(),
+                    uuid: a.uuid.clone(),
+                });
+            }
             return Err(fail(format!(
                 "node {} has no GPU with index {}",
                 n.name, a.index

@@ -11,7 +11,7 @@ use tessera_core::allocation::{ANNOTATION, Allocation};
 use tessera_core::placement::Placement;
 use tessera_core::request::{GpuAsk, Request};
 
-use super::{Held, Mirror};
+use super::{Block, Held, Mirror, Unread};
 
 /// Whether two versions of a Node place pods alike (see [`Mirror::upsert_node`]).
 fn same_node_for_placement(a: &KubeNode, b: &KubeNode) -> bool {
@@ -19,9 +19,17 @@ fn same_node_for_placement(a: &KubeNode, b: &KubeNode) -> bool {
     convert::node_facts(a) == convert::node_facts(b) && allocatable(a) == allocatable(b)
 }
 
-/// Whether two versions of a GpuNode place pods alike (see [`Mirror::upsert_inventory`]).
+/// Whether two versions of a GpuNode place pods alike (see [`Mirror::upsert_inventory`]):
+/// the same GPUs, health and devices the kubelet reports held (when it read them aside).
 fn same_inventory_for_placement(a: &GpuNode, b: &GpuNode) -> bool {
+    let held = |g: &GpuNode| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.pod_resources.as_ref())
+            .map(|r| r.containers.clone())
+    };
     a.spec == b.spec
+        && held(a) == held(b)
         && a.spec.gpus.iter().all(|g| {
             a.spec.health_of(g.index, a.status.as_ref())
                 == b.spec.health_of(g.index, b.status.as_ref())
@@ -96,6 +104,10 @@ impl Mirror {
             return;
         }
         if convert::is_terminal(&pod) {
+            let key = convert::pod_key(&pod);
+            // The kubelet has its devices back: a report still listing it counts nothing.
+            self.dirty |= self.reported.contains(&key);
+            self.finished.insert(uid.clone(), key);
             self.pods.remove(&uid);
             self.unsee(&uid);
             self.release(&uid);
@@ -111,15 +123,20 @@ impl Mirror {
             self.learn_pods([&pod]);
         }
         let node = convert::pod_node(&pod).map(str::to_string);
+        // The grant on the server, against the one we hold (what our Binding
+        // carried, or what the pod carried when it was taken up).
+        let landed = annotation_of(&pod).map(str::to_string);
         self.pods.insert(uid.clone(), pod);
         let Some(node) = node else { return };
         match self.held.get_mut(&uid) {
-            Some(h) if h.node == node => {
+            Some(h) if h.node == node && landed == h.annotation => {
                 h.bound = true;
                 h.expires = None;
             }
             Some(_) => {
-                // Bound somewhere other than we reserved: the API server wins.
+                // Bound somewhere other than we reserved, or with another grant
+                // than we hold (an earlier bind of ours landed late, the
+                // annotation was changed): the API server wins.
                 self.release(&uid);
                 self.adopt(&uid);
             }
@@ -129,6 +146,13 @@ impl Mirror {
 
     /// A pod was deleted.
     pub fn remove_pod(&mut self, uid: &str) {
+        let key = self
+            .pods
+            .get(uid)
+            .map(convert::pod_key)
+            .or_else(|| self.finished.get(uid).cloned());
+        self.finished.remove(uid);
+        self.dirty |= key.is_some_and(|k| self.reported.contains(&k));
         self.pods.remove(uid);
         self.unsee(uid);
         self.release(uid);
@@ -152,8 +176,13 @@ impl Mirror {
         for u in gone {
             self.release(&u);
         }
-        // Pods new to us are learned oldest first, before they are taken up.
-        self.learn_pods(fresh.values());
+        // Pods new to us are learned oldest first, before they are taken up;
+        // finished ones are not (learned on arrival, or never seen arrive):
+        // they would be learned again on every relist.
+        self.learn_pods(fresh.values().filter(|p| !convert::is_terminal(p)));
+        // Which pods have finished is read again below; what the reports count may change.
+        self.finished.clear();
+        self.dirty |= !self.reported.is_empty();
         self.pods.clear();
         let mut uids: Vec<String> = fresh.keys().cloned().collect();
         uids.sort();
@@ -203,8 +232,21 @@ impl Mirror {
             },
             None => None,
         };
+        // A pod asking GPUs without a grant we can read holds GPUs we did not
+        // give (another scheduler or device plugin), or under a grant signed
+        // with another key: the node agent's report says which, until then its
+        // node takes nothing new. One whose annotation never verified and that
+        // got no GPU fails the kubelet's admission and ends.
+        let unread = match (&allocation, &problem) {
+            (Some(_), _) => None,
+            _ if !convert::asks_gpu_device(pod) => None,
+            (None, Some(p)) if has_annotation(pod) => Some(Unread::Invalid(p.clone())),
+            (None, _) => Some(Unread::NoGrant),
+        };
+        let landed = annotation_of(pod).map(str::to_string);
         if allocation.is_none() {
-            // Bound without our decision (another scheduler, or no GPUs): count host resources only.
+            // Bound without our decision: the ledger gets its host resources; its
+            // GPUs, if any, come from the node agent's report.
             request.gpu = GpuAsk::None;
         }
         let host = asks.host.unwrap_or_else(|e| {
@@ -220,12 +262,18 @@ impl Mirror {
                 allocation,
                 id: None,
                 bound: true,
-                annotation: None,
+                annotation: landed,
                 problem,
                 host,
                 expires: None,
+                unread: unread.clone(),
+                sent: false,
             },
         );
+        if unread.is_some() {
+            // What it holds is counted (or its node blocked) by the rebuild.
+            self.dirty = true;
+        }
         if !self.dirty {
             self.apply_held(uid);
         }
@@ -249,26 +297,48 @@ impl Mirror {
                 ..Placement::default()
             }),
         };
-        let result = placement.map_err(|e| e.to_string()).and_then(|p| {
-            self.ledger
-                .apply(&self.cluster, &p)
-                .map_err(|e| e.to_string())
-        });
+        // A grant made earlier is counted whatever its GPUs' health now: a GPU
+        // that turned unhealthy under a running pod is still held by it.
+        let result =
+            match placement {
+                Ok(p) => self.ledger.apply_existing(&self.cluster, &p).map_err(|e| {
+                    Block::Overcommitted {
+                        pod: h.pod.clone(),
+                        problem: e.to_string(),
+                    }
+                }),
+                Err(convert::ConvertError::GpuGone { pod, uuid, .. }) => {
+                    Err(Block::GrantedGpuGone { pod, uuid })
+                }
+                Err(e) => Err(Block::Overcommitted {
+                    pod: h.pod.clone(),
+                    problem: e.to_string(),
+                }),
+            };
         match result {
             Ok(id) => {
                 if let Some(h) = self.held.get_mut(uid) {
                     h.id = Some(id);
                 }
             }
-            Err(e) => {
+            Err(block) => {
                 let (pod, node_name, granted) =
                     (h.pod.clone(), h.node.clone(), h.allocation.is_some());
-                self.node_problems.push(format!("pod {pod}: {e}"));
+                self.node_problems.push(format!("pod {pod}: {block}"));
                 if granted {
-                    // What this pod holds is not in the ledger: the node's GPUs would look free.
-                    self.blocked.entry(node).or_insert_with(|| {
-                        format!("bound pods hold more than its GPUs have (pod {pod}: {e}); nothing more is placed here until they leave")
-                    });
+                    // Its CPU and memory still count; what it holds of the GPUs is
+                    // not in the ledger, so they would look free: block the node.
+                    let host_only = Placement {
+                        node,
+                        cpu_milli: h.request.cpu_milli,
+                        memory_mib: h.request.memory_mib,
+                        ..Placement::default()
+                    };
+                    let id = self.ledger.apply_existing(&self.cluster, &host_only).ok();
+                    if let Some(h) = self.held.get_mut(uid) {
+                        h.id = id;
+                    }
+                    self.blocked.entry(node).or_insert(block);
                     self.host_changed(&node_name);
                 }
             }
@@ -283,7 +353,14 @@ impl Mirror {
         );
         self.host_changed(&h.node);
         if let Some(old) = self.held.insert(uid, h) {
+            // Replaced: what the old hold took is given back, ledger included.
             self.unaccount(&old);
+            if let Some(id) = old.id
+                && !self.dirty
+            {
+                let _ = self.ledger.release(id);
+            }
+            self.dirty |= old.unread.is_some();
         }
     }
 
@@ -311,7 +388,9 @@ impl Mirror {
             {
                 let _ = self.ledger.release(id);
             }
-            // A pod leaving a blocked node may make it consistent: replay everything.
+            // A pod leaving a blocked node may make it consistent, and one whose
+            // GPUs came from the report changes what is counted: replay everything.
+            self.dirty |= h.unread.is_some();
             if self
                 .cluster
                 .node_id(&h.node)
@@ -321,4 +400,17 @@ impl Mirror {
             }
         }
     }
+}
+
+/// The pod's allocation annotation as the API server has it.
+pub(super) fn annotation_of(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION))
+        .map(String::as_str)
+}
+
+fn has_annotation(pod: &Pod) -> bool {
+    annotation_of(pod).is_some()
 }

@@ -26,7 +26,7 @@
 //! [`groups`] (gangs), [`shared`] (the lock every task shares it through);
 //! this file holds the state and its reads.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
@@ -43,6 +43,8 @@ use tokio::time::Instant;
 use crate::convert::{self, NodeFacts};
 use crate::hostfit::{self, HostAsk};
 
+mod blocks;
+mod foreign;
 mod groups;
 mod ingest;
 mod learning;
@@ -52,6 +54,7 @@ mod reservations;
 mod shared;
 mod verdicts;
 
+pub use blocks::{Block, Unread};
 pub use groups::gang_of;
 pub use learning::{Shape, WorkloadReport};
 pub use preemption::{PreemptionPlan, Victim, may_preempt_for, victims_text};
@@ -94,7 +97,16 @@ pub struct Mirror {
     /// raced, an annotation names a GPU that is gone): nothing more is placed
     /// there until the next rebuild finds them consistent, since the ledger
     /// could not count what they hold.
-    blocked: FxHashMap<NodeId, String>,
+    blocked: FxHashMap<NodeId, Block>,
+    /// Terminal pods still in the API, `uid` to `namespace/name`: the kubelet
+    /// has taken their devices back, whatever the node agent last reported.
+    finished: HashMap<String, String>,
+    /// Pods (`namespace/name`) the node agents' PodResources reports list, as
+    /// of the last rebuild: one of them ending changes what is counted.
+    reported: HashSet<String>,
+    /// Reservations past their deadline whose Binding had an unknown outcome:
+    /// held until the pod is read back (see [`reservations`]).
+    unsettled: HashSet<String>,
     /// Queues, namespaces' queue labels and quota usage (see [`queues`]).
     queues: queues::Queues,
     /// `PodGroup` specs by `namespace/name` (see [`groups`]).
@@ -129,6 +141,9 @@ impl Mirror {
             host_used: FxHashMap::default(),
             next_expiry: None,
             blocked: FxHashMap::default(),
+            finished: HashMap::new(),
+            reported: HashSet::new(),
+            unsettled: HashSet::new(),
             queues: Default::default(),
             groups: BTreeMap::new(),
             disruption: Default::default(),
@@ -214,6 +229,8 @@ impl Mirror {
             }
             self.apply_held(&u);
         }
+        // GPUs held outside Tessera's grants, as the kubelet reports them.
+        self.count_foreign();
     }
 
     // ---- reads ---------------------------------------------------------------------------

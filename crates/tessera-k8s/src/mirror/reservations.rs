@@ -30,14 +30,24 @@ pub struct Held {
     pub id: Option<AllocId>,
     /// The watch stream has shown the pod bound (false: reserved by our bind, in flight).
     pub bound: bool,
-    /// The signed annotation value the binder writes (reservations only).
+    /// The signed annotation value: the one the binder writes (a reservation),
+    /// or the one the pod carried when it was taken up (a bound pod). Another
+    /// value on the server replaces the hold: the server wins.
     pub annotation: Option<String>,
     /// What was wrong with the pod's objects when it was taken up (bad request, forged annotation).
     pub problem: Option<String>,
     /// Countable node resources the pod takes (pod slot, device-plugin resources).
     pub host: HostAsk,
-    /// A reservation not yet accepted by the API server is dropped at this time.
+    /// A reservation not yet accepted by the API server is dropped at this time
+    /// (one whose Binding was sent, only once the pod is read back unbound).
     pub expires: Option<Instant>,
+    /// A bound pod that asks GPUs without a grant Tessera can read: what it
+    /// holds is counted from the node agent's PodResources report, and its node
+    /// blocked until the report lists it (see [`super::foreign`]).
+    pub unread: Option<super::Unread>,
+    /// The Binding was sent and its outcome is unknown: at its deadline the pod
+    /// is read back before its GPUs are freed ([`Mirror::due_for_reread`]).
+    pub sent: bool,
 }
 
 /// A reservation the binder must now write and bind.
@@ -79,7 +89,10 @@ pub enum ReserveError {
 }
 
 impl Mirror {
-    /// Drops reservations the API server did not accept before their deadline.
+    /// Drops reservations the API server did not accept before their deadline,
+    /// where no Binding was sent. One whose Binding was sent with an unknown
+    /// outcome may have landed while the watch lags: it stays held until the
+    /// pod is read back ([`Mirror::due_for_reread`], [`Mirror::settle`]).
     pub fn expire_reservations(&mut self) {
         let now = Instant::now();
         if self.next_expiry.is_none_or(|t| now < t) {
@@ -99,6 +112,12 @@ impl Mirror {
             .map(|(u, _)| u.clone())
             .collect();
         for u in expired {
+            if self.held[&u].sent {
+                if self.unsettled.insert(u.clone()) {
+                    tracing::warn!(pod = %self.held[&u].pod, "reservation past its deadline after a bind with an unknown outcome; the pod is read back before its GPUs are freed");
+                }
+                continue;
+            }
             tracing::warn!(pod = %self.held[&u].pod, "reservation expired without a confirmed bind; its GPUs are free again");
             self.release(&u);
         }
@@ -119,13 +138,18 @@ impl Mirror {
                 });
             }
             // Accepted by the API (not yet seen in the watch) counts as bound: a retried bind is a no-op.
-            return Ok(if h.bound || h.expires.is_none() {
-                Reservation::AlreadyBound
-            } else {
-                Reservation::Write {
-                    annotation: h.annotation.clone(),
-                }
-            });
+            if h.bound || h.expires.is_none() {
+                return Ok(Reservation::AlreadyBound);
+            }
+            // The same Binding again: a fresh deadline, and no read settles the earlier one.
+            let annotation = h.annotation.clone();
+            let expires = Instant::now() + RESERVATION_TTL;
+            if let Some(h) = self.held.get_mut(&uid) {
+                h.expires = Some(expires);
+            }
+            self.unsettled.remove(&uid);
+            self.next_expiry = Some(self.next_expiry.map_or(expires, |t| t.min(expires)));
+            return Ok(Reservation::Write { annotation });
         }
         let asks = convert::pod_asks(pod, &self.cluster.catalog);
         let req = asks.request.map_err(|source| ReserveError::Request {
@@ -176,6 +200,8 @@ impl Mirror {
     }
 
     /// Records a decided placement as a reservation and returns what to write.
+    /// A pod already held is refused: its hold is given back only by its own
+    /// outcome (a failed bind, the watch), never overwritten.
     pub fn hold(
         &mut self,
         pod: &Pod,
@@ -185,6 +211,13 @@ impl Mirror {
     ) -> Result<Reservation, ReserveError> {
         let uid = convert::pod_uid(pod).to_string();
         let key = convert::pod_key(pod);
+        if let Some(h) = self.held.get(&uid) {
+            return Err(ReserveError::ElsewhereAlready {
+                pod: key,
+                node: self.cluster.node(placement.node).name.clone(),
+                held: h.node.clone(),
+            });
+        }
         let alloc_id =
             self.ledger
                 .apply(&self.cluster, &placement)
@@ -209,6 +242,8 @@ impl Mirror {
                 problem: None,
                 host,
                 expires: Some(Instant::now() + RESERVATION_TTL),
+                unread: None,
+                sent: false,
             },
         );
         let expires = Instant::now() + RESERVATION_TTL;
@@ -220,6 +255,74 @@ impl Mirror {
     pub fn unreserve(&mut self, uid: &str) {
         if self.held.get(uid).is_some_and(|h| !h.bound) {
             self.release(uid);
+        }
+    }
+
+    /// Drops a reservation whose Binding was never sent (its caller went away
+    /// first); one sent earlier with an unknown outcome stays until it is read back.
+    pub fn unreserve_unsent(&mut self, uid: &str) {
+        if self.held.get(uid).is_some_and(|h| !h.bound && !h.sent) {
+            self.release(uid);
+        }
+    }
+
+    /// The Binding is about to be sent: from now on its outcome may be unknown,
+    /// and the reservation is freed at its deadline only once the pod is read
+    /// back without it.
+    pub fn mark_sent(&mut self, uid: &str) {
+        if let Some(h) = self.held.get_mut(uid)
+            && !h.bound
+        {
+            h.sent = true;
+        }
+    }
+
+    /// Reservations past their deadline whose Binding was sent with an unknown
+    /// outcome, as `(uid, namespace, name)`: the caller reads each pod back and
+    /// hands the answer to [`Mirror::settle`].
+    pub fn due_for_reread(&mut self) -> Vec<(String, String, String)> {
+        self.expire_reservations();
+        let held = &self.held;
+        // Settled meanwhile by the watch (bound, accepted or gone): nothing to read.
+        self.unsettled
+            .retain(|u| held.get(u).is_some_and(|h| !h.bound && h.expires.is_some()));
+        let mut due: Vec<(String, String, String)> = self
+            .unsettled
+            .iter()
+            .filter_map(|u| {
+                let (ns, name) = held[u].pod.split_once('/')?;
+                Some((u.clone(), ns.to_string(), name.to_string()))
+            })
+            .collect();
+        due.sort();
+        due
+    }
+
+    /// Settles a reservation with the pod as the API server has it now (`None`:
+    /// not found). The server wins: bound, the pod is taken up with the grant it
+    /// carries; not bound (or gone, or replaced) 30 s after our Binding, the
+    /// Binding did not land and the GPUs are free again.
+    pub fn settle(&mut self, uid: &str, read: Option<Pod>) {
+        // Only a reservation still waiting for a read: one the watch settled,
+        // or whose bind is being retried (a fresh deadline), is left alone.
+        if !self.unsettled.remove(uid) {
+            return;
+        }
+        let Some(h) = self.held.get(uid) else { return };
+        if h.bound || h.expires.is_none() {
+            return;
+        }
+        match read {
+            Some(pod) if convert::pod_uid(&pod) == uid && convert::pod_node(&pod).is_some() => {
+                self.upsert_pod(pod)
+            }
+            Some(pod) if convert::pod_uid(&pod) == uid && convert::is_terminal(&pod) => {
+                self.upsert_pod(pod)
+            }
+            _ => {
+                tracing::warn!(pod = %h.pod, "reservation expired and the pod was read back without it; its GPUs are free again");
+                self.release(uid);
+            }
         }
     }
 

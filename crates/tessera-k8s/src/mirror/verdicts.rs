@@ -77,7 +77,7 @@ pub(super) struct Judging<'m> {
     cluster: &'m Cluster,
     ledger: &'m Ledger,
     policy: &'m dyn Policy,
-    blocked: &'m FxHashMap<NodeId, String>,
+    blocked: &'m FxHashMap<NodeId, super::Block>,
     facts: &'m [NodeFacts],
     host_used: &'m FxHashMap<String, BTreeMap<String, u64>>,
     rng: &'m mut SmallRng,
@@ -88,7 +88,9 @@ impl Judging<'_> {
     /// the next rebuild and of a GPU request on a node with no GPU inventory.
     pub(super) fn node(&mut self, id: NodeId, req: &Request) -> Result<Scored, Reason> {
         if let Some(why) = self.blocked.get(&id) {
-            return Err(Reason::Excluded { why: why.clone() });
+            return Err(Reason::Excluded {
+                why: why.to_string(),
+            });
         }
         if req.gpu != GpuAsk::None && self.cluster.node(id).gpus.is_empty() {
             return Err(Reason::Excluded {

@@ -270,6 +270,8 @@ impl Standalone {
         if !self.leader.is_leader() || !self.gate.is_synced() {
             return None;
         }
+        // Binds with an unknown outcome past their deadline: the server says how they ended.
+        self.binder.settle_expired().await;
         let now = Instant::now();
         let pending = self.pending();
         let live: std::collections::HashSet<String> = pending
