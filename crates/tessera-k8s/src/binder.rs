@@ -19,6 +19,10 @@
 //!   until its deadline, because the write may still have landed; the watch
 //!   settles it either way (see `mirror::RESERVATION_TTL`).
 //!
+//! Pods of other profiles (a shared kube-scheduler calls its extenders for
+//! every profile) are bound through with a plain Binding and no grant, as
+//! kube-scheduler's DefaultBinder would ([`Binder::bind`]).
+//!
 //! Fencing: leadership is checked right before the write, and leadership is a
 //! deadline (see [`crate::leader`]), so a replica that stopped renewing its Lease
 //! stops writing before another may start.
@@ -49,14 +53,6 @@ pub enum BindError {
         pod: String,
         expected: String,
         found: String,
-    },
-    #[error(
-        "pod {pod} has schedulerName {found:?}; this Tessera serves only {served:?} (--scheduler-name)"
-    )]
-    NotOurs {
-        pod: String,
-        found: String,
-        served: Vec<String>,
     },
     #[error("pod {pod} is being deleted")]
     Deleting { pod: String },
@@ -214,15 +210,11 @@ impl Binder {
                 found,
             });
         }
-        if !self.serves(&pod) {
-            return Err(BindError::NotOurs {
-                pod: key,
-                found: convert::scheduler_name(&pod).to_string(),
-                served: self.scheduler_names.to_vec(),
-            });
-        }
         if pod.metadata.deletion_timestamp.is_some() {
             return Err(BindError::Deleting { pod: key });
+        }
+        if !self.serves(&pod) {
+            return self.pass_through(&api, &pod, node).await;
         }
         let reservation = { self.mirror.lock().reserve(&pod, node)? };
         match reservation {
@@ -329,6 +321,69 @@ impl Binder {
         }
     }
 
+    /// Binds a pod of another profile (`extenders` in a KubeSchedulerConfiguration
+    /// apply to every profile, so a shared kube-scheduler sends us its
+    /// `default-scheduler` pods too): the plain Binding kube-scheduler's own
+    /// DefaultBinder would post, with the pod's UID as precondition and no
+    /// `tessera.io/allocation`, so the pod gets no grant and nothing is reserved
+    /// in the mirror (its devices, if any, are another device plugin's; the
+    /// node agent allocates nothing of Tessera's to a pod without a grant).
+    /// Fenced by leadership like every write.
+    async fn pass_through(&self, api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), BindError> {
+        let key = convert::pod_key(pod);
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let budget = match self.leader.remaining() {
+            None => self.request_timeout,
+            Some(left) if left >= MIN_WRITE_WINDOW => left.min(self.request_timeout),
+            Some(_) => return Err(BindError::NotLeader),
+        };
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                uid: pod.metadata.uid.clone().filter(|u| !u.is_empty()),
+                ..ObjectMeta::default()
+            },
+            target: node_ref(node),
+        };
+        let params = PostParams::default();
+        let call = api
+            .create_subresource::<Binding, serde_json::Value>("binding", name, &params, &binding);
+        match tokio::time::timeout(budget, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                // A retried bind whose first answer was lost: already where it was sent.
+                match api.get_opt(name).await {
+                    Ok(Some(now))
+                        if convert::pod_uid(&now) == convert::pod_uid(pod)
+                            && convert::pod_node(&now) == Some(node) =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(BindError::Refused {
+                        pod: key,
+                        node: node.to_string(),
+                        message: format!("{} (409)", s.message),
+                    }),
+                }
+            }
+            Ok(Err(kube::Error::Api(s))) => Err(BindError::Refused {
+                pod: key,
+                node: node.to_string(),
+                message: format!("{} ({})", s.message, s.code),
+            }),
+            Ok(Err(source)) => Err(BindError::Binding {
+                pod: key,
+                node: node.to_string(),
+                source,
+            }),
+            Err(_) => Err(BindError::Timeout {
+                pod: key,
+                node: node.to_string(),
+                secs: budget.as_secs(),
+            }),
+        }
+    }
+
     /// POSTs the Binding with the allocation annotation and the pod's UID and
     /// resourceVersion as preconditions.
     async fn post_binding(
@@ -347,12 +402,7 @@ impl Binder {
                 annotations: annotation.map(|v| [(ANNOTATION.to_string(), v.to_string())].into()),
                 ..ObjectMeta::default()
             },
-            target: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(node.to_string()),
-                ..ObjectReference::default()
-            },
+            target: node_ref(node),
         };
         api.create_subresource::<Binding, serde_json::Value>(
             "binding",
@@ -362,6 +412,15 @@ impl Binder {
         )
         .await
         .map(|_| ())
+    }
+}
+
+fn node_ref(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_string()),
+        ..ObjectReference::default()
     }
 }
 

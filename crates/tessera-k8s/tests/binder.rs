@@ -164,22 +164,76 @@ async fn a_conflict_counts_as_bound_only_when_the_pod_is_already_here_with_our_g
     }
 }
 
+/// Issue 27 item 5: `extenders` in a KubeSchedulerConfiguration apply to every
+/// profile, so a shared kube-scheduler asks us to bind its `default-scheduler`
+/// pods too. Such a pod was refused ("this Tessera serves only [tessera]")
+/// forever; it is now bound through with the plain Binding kube-scheduler's
+/// DefaultBinder posts: its UID as precondition (fixture 04), no grant, and
+/// nothing taken in the ledger.
 #[tokio::test]
-async fn a_pod_of_another_scheduler_is_not_bound() {
+async fn a_pod_of_another_scheduler_is_bound_through_without_a_grant() {
     let (nodes, inv) = fixture_cluster();
-    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let mut plain = pod(
+        "default",
+        "cuda",
+        "uid-cuda",
+        &[("cpu", "100m"), ("nvidia.com/gpu", "1")],
+    );
+    plain.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    plain.metadata.resource_version = Some("4711".into());
+    let m = mirror("tessera", nodes, inv, vec![plain]);
     let (client, api) = mock_api(ok_api);
     let mut st = state(m.clone(), Some(client));
     st.binder = st
         .binder
         .map(|b| b.with_scheduler_names(vec!["tessera".into()]));
-    let body = serde_json::to_vec(&json!({"PodName": "gpu-pod-noext2", "PodNamespace": "default", "PodUID": UID, "Node": "fake-gpu-node-1"})).unwrap();
+    let body = serde_json::to_vec(&json!({"PodName": "cuda", "PodNamespace": "default", "PodUID": "uid-cuda", "Node": "fake-gpu-node-1"})).unwrap();
+    let (_, v) = call(router(st), "/bind", body).await;
+    assert_eq!(v, json!({"Error": ""}));
+    assert_eq!(m.lock().ledger().allocation_count(), 0, "no grant");
+    assert!(m.lock().held("uid-cuda").is_none(), "nothing reserved");
+    drop(m);
+    let seen = api.await.unwrap();
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    let b = &seen[0];
+    assert_eq!(b.path, "/api/v1/namespaces/default/pods/cuda/binding");
+    assert_eq!(b.body["metadata"]["uid"], "uid-cuda");
+    assert!(b.body["metadata"].get("annotations").is_none(), "{b:?}");
+    assert_eq!(b.body["target"]["name"], "fake-gpu-node-1");
+}
+
+/// A pass-through bind that the API refuses (the pod was replaced: UID
+/// precondition, fixture 04) is reported, not taken for bound.
+#[tokio::test]
+async fn a_refused_pass_through_bind_is_an_error() {
+    let (nodes, inv) = fixture_cluster();
+    let mut plain = pod("default", "cuda", "uid-cuda", &[("nvidia.com/gpu", "1")]);
+    plain.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    let m = mirror("tessera", nodes, inv, vec![plain]);
+    let (client, api) = mock_api(|s: &Seen| {
+        if s.path.ends_with("/binding") {
+            (
+                409,
+                status(
+                    409,
+                    "Conflict",
+                    "Operation cannot be fulfilled on pods/binding \"cuda\": the object has been modified",
+                ),
+            )
+        } else {
+            (404, status(404, "NotFound", "pods \"cuda\" not found"))
+        }
+    });
+    let mut st = state(m.clone(), Some(client));
+    st.binder = st
+        .binder
+        .map(|b| b.with_scheduler_names(vec!["tessera".into()]));
+    let body = serde_json::to_vec(&json!({"PodName": "cuda", "PodNamespace": "default", "PodUID": "uid-cuda", "Node": "fake-gpu-node-1"})).unwrap();
     let (_, v) = call(router(st), "/bind", body).await;
     let err = v["Error"].as_str().unwrap();
-    assert!(err.contains("schedulerName \"default-scheduler\""), "{err}");
-    assert_eq!(m.lock().ledger().allocation_count(), 0);
+    assert!(err.contains("refused by the API server"), "{err}");
     drop(m);
-    assert!(api.await.unwrap().is_empty());
+    assert_eq!(api.await.unwrap().len(), 2, "the binding, then a read-back");
 }
 
 #[tokio::test]
