@@ -35,7 +35,8 @@ pub struct RawConfig {
     pub serve_scheduler_names: Vec<String>,
     pub leader_elect: Option<bool>,
     /// `elect` (compete for the Lease) or `follow` (lead while kube-scheduler in
-    /// this pod holds its Lease); default: follow in extender mode, elect in standalone.
+    /// this pod holds its Lease); default: follow in extender mode on loopback,
+    /// elect otherwise (standalone, or an extender a remote kube-scheduler calls).
     pub lease_role: Option<String>,
     /// client-go's LeaseDuration / RenewDeadline / RetryPeriod (15 s / 10 s / 2 s).
     pub lease_duration: Option<Duration>,
@@ -216,12 +217,28 @@ impl RawConfig {
                     "is required with leader election (use the pod name)",
                 )
             })?;
+            // `follow` means "the kube-scheduler in this pod calls me on
+            // loopback"; an extender listening beyond loopback is called by a
+            // kube-scheduler elsewhere, whose Lease never names this pod: it
+            // would never lead, never bind and never preempt, silently.
+            let remote = mode == Mode::Extender && !listen.ip().is_loopback();
             let role = match self.lease_role.as_deref() {
                 None => match mode {
-                    Mode::Extender => LeaseRole::Follow,
-                    Mode::Standalone => LeaseRole::Elect,
+                    Mode::Extender if !remote => LeaseRole::Follow,
+                    Mode::Extender | Mode::Standalone => LeaseRole::Elect,
                 },
                 Some("elect") => LeaseRole::Elect,
+                Some("follow") if remote => {
+                    return Err(invalid(
+                        "lease-role",
+                        format!(
+                            "follow leads while the kube-scheduler in this pod holds its Lease, \
+                             but --listen={listen} is for a kube-scheduler outside the pod: use \
+                             --lease-role=elect (and --advertise-url, so that followers forward \
+                             binds to the leader)"
+                        ),
+                    ));
+                }
                 Some("follow") => LeaseRole::Follow,
                 Some(other) => {
                     return Err(invalid(

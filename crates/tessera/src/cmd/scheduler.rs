@@ -55,7 +55,8 @@ pub struct SchedulerArgs {
     #[arg(long, default_value = "tessera-scheduler")]
     pub lease_name: String,
     /// `elect`: compete for --lease-name; `follow`: lead while the kube-scheduler in this
-    /// pod holds --lease-name (its own Lease). Default: follow in extender mode, elect standalone.
+    /// pod holds --lease-name (its own Lease). Default: follow in extender mode on a loopback
+    /// --listen, elect otherwise (standalone, or a kube-scheduler outside the pod).
     #[arg(long)]
     pub lease_role: Option<String>,
     /// Where the other replicas reach this one's --metrics-listen port
