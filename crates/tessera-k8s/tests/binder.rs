@@ -491,3 +491,59 @@ async fn a_leader_near_its_deadline_does_not_start_a_write() {
     drop(m);
     assert_eq!(api.await.unwrap().len(), 1);
 }
+
+/// Issue 31: `/peer/bind` (a follower's forwarded bind, on the ops port that
+/// every replica reaches) binds only when signed with the replicas' key and
+/// only on the leader: unsigned or wrongly signed calls are refused (401)
+/// before anything is written, and a replica that does not lead answers 503 so
+/// that the follower asks the next leader.
+#[tokio::test]
+async fn forwarded_binds_need_the_replicas_signature_and_the_leader() {
+    use tessera_k8s::extender::forward::{PEER_BIND_PATH, Peers};
+    use tower::ServiceExt;
+    let (nodes, inv) = fixture_cluster();
+    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let (client, api) = mock_api(ok_api);
+    let mut st = state(m.clone(), Some(client));
+    st.peers = Some(Peers::new(KEY));
+    let body = serde_json::to_vec(&json!({"PodName": "gpu-pod-noext2", "PodNamespace": "default", "PodUID": UID, "Node": "fake-gpu-node-1"})).unwrap();
+    let send = |st: tessera_k8s::extender::ExtenderState, signer: Option<Peers>| {
+        let body = body.clone();
+        async move {
+            let mut req =
+                http::Request::post(PEER_BIND_PATH).header("content-type", "application/json");
+            if let Some(p) = signer {
+                for (h, v) in p.sign(PEER_BIND_PATH, &body) {
+                    req = req.header(h, v);
+                }
+            }
+            let resp = router(st)
+                .oneshot(req.body(axum::body::Body::from(body)).unwrap())
+                .await
+                .unwrap();
+            resp.status()
+        }
+    };
+    assert_eq!(send(st.clone(), None).await, StatusCode::UNAUTHORIZED);
+    let stranger = Peers::new(b"not-the-replicas-signing-key");
+    assert_eq!(
+        send(st.clone(), Some(stranger)).await,
+        StatusCode::UNAUTHORIZED
+    );
+    let mut follower = st.clone();
+    follower.leader = tessera_k8s::leader::Leadership::default();
+    assert_eq!(
+        send(follower, Some(Peers::new(KEY))).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(m.lock().ledger().allocation_count(), 0, "nothing bound yet");
+    assert_eq!(send(st, Some(Peers::new(KEY))).await, StatusCode::OK);
+    assert_eq!(m.lock().ledger().allocation_count(), 1);
+    drop(m);
+    let seen = api.await.unwrap();
+    assert_eq!(
+        seen.len(),
+        1,
+        "only the signed call on the leader wrote: {seen:#?}"
+    );
+}

@@ -143,6 +143,13 @@ impl Peers {
             .map_err(|_| format!("{MAC_HEADER} does not match (another signing key?)"))
     }
 
+    /// The headers that sign a call of `path` with `body` now.
+    pub fn sign(&self, path: &str, body: &[u8]) -> [(&'static str, String); 2] {
+        let time_s = now_s();
+        let mac = hex(&self.mac(time_s, path, body).finalize().into_bytes());
+        [(TIME_HEADER, time_s.to_string()), (MAC_HEADER, mac)]
+    }
+
     /// Sends `body` to the leader at `endpoint` (`http://HOST:PORT`), within `limit`.
     pub async fn forward(
         &self,
