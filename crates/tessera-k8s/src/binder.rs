@@ -54,6 +54,15 @@ pub enum BindError {
         expected: String,
         found: String,
     },
+    #[error(
+        "pod {pod} asks for {resource}, but its schedulerName {found:?} is not one this Tessera serves ({served:?}): Tessera's GPUs go only to pods it places (set schedulerName, or --serve-scheduler-name)"
+    )]
+    NotServed {
+        pod: String,
+        resource: String,
+        found: String,
+        served: Vec<String>,
+    },
     #[error("pod {pod} is being deleted")]
     Deleting { pod: String },
     #[error(transparent)]
@@ -214,6 +223,16 @@ impl Binder {
             return Err(BindError::Deleting { pod: key });
         }
         if !self.serves(&pod) {
+            // Bound without a grant, such a pod could never get its devices
+            // (the node agent allocates Tessera's only against a grant).
+            if let Some(resource) = tessera_resource(&pod) {
+                return Err(BindError::NotServed {
+                    pod: key,
+                    resource,
+                    found: convert::scheduler_name(&pod).to_string(),
+                    served: self.scheduler_names.to_vec(),
+                });
+            }
             return self.pass_through(&api, &pod, node).await;
         }
         let reservation = { self.mirror.lock().reserve(&pod, node)? };
@@ -413,6 +432,23 @@ impl Binder {
         .await
         .map(|_| ())
     }
+}
+
+/// The first `tessera.io/` resource `pod` asks for, if any.
+pub fn tessera_resource(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flat_map(|m| m.keys())
+        })
+        .find(|name| name.starts_with("tessera.io/"))
+        .cloned()
 }
 
 fn node_ref(node: &str) -> ObjectReference {

@@ -202,6 +202,31 @@ async fn a_pod_of_another_scheduler_is_bound_through_without_a_grant() {
     assert_eq!(b.body["target"]["name"], "fake-gpu-node-1");
 }
 
+/// A pod of another profile that asks for Tessera's own resources is not bound
+/// through: without a grant it could never get its devices, so bind says why
+/// (and writes nothing) instead of handing the kubelet a pod that fails.
+#[tokio::test]
+async fn a_pod_of_another_scheduler_asking_tessera_resources_is_not_bound() {
+    let (nodes, inv) = fixture_cluster();
+    let mut p = pending_gpu_pod();
+    p.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    let m = mirror("tessera", nodes, inv, vec![p]);
+    let (client, api) = mock_api(ok_api);
+    let mut st = state(m.clone(), Some(client));
+    st.binder = st
+        .binder
+        .map(|b| b.with_scheduler_names(vec!["tessera".into()]));
+    let body = serde_json::to_vec(&json!({"PodName": "gpu-pod-noext2", "PodNamespace": "default", "PodUID": UID, "Node": "fake-gpu-node-1"})).unwrap();
+    let (_, v) = call(router(st), "/bind", body).await;
+    let err = v["Error"].as_str().unwrap();
+    assert!(
+        err.contains("asks for tessera.io/gpu") && err.contains("\"default-scheduler\""),
+        "{err}"
+    );
+    drop(m);
+    assert!(api.await.unwrap().is_empty());
+}
+
 /// A pass-through bind that the API refuses (the pod was replaced: UID
 /// precondition, fixture 04) is reported, not taken for bound.
 #[tokio::test]

@@ -144,6 +144,17 @@ async fn filter(State(st): State<ExtenderState>, body: Bytes) -> Response {
     // Node objects in the body are never taken into the mirror: only the watch is trusted.
     let outcome = if st.ours(&args.pod) {
         st.mirror.lock().filter(&args.pod, &names)
+    } else if let Some(resource) = crate::binder::tessera_resource(&args.pod) {
+        // Another profile's pod asking for Tessera's resources: it gets no grant
+        // whatever the node, so no node (bind would refuse it too).
+        let why: Arc<str> = Arc::from(format!(
+            "the pod asks for {resource} but its schedulerName {:?} is not one Tessera serves",
+            crate::convert::scheduler_name(&args.pod)
+        ));
+        Ok(crate::mirror::FilterOutcome {
+            unresolvable: names.iter().map(|n| (*n, why.clone())).collect(),
+            ..Default::default()
+        })
     } else {
         // Not a pod of ours (another profile shares this extender): no opinion.
         Ok(crate::mirror::FilterOutcome {
