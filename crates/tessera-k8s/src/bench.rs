@@ -201,6 +201,7 @@ pub async fn extender_latency(
         leader: Leadership::always(),
         gate: crate::gate::SyncGate::synced(),
         scheduler_names: Arc::from([]),
+        peers: None,
     };
     let app = router(state);
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();

@@ -21,6 +21,10 @@
 //!   server's answer wins: bound, it is taken up with the grant it carries; not
 //!   bound, its GPUs are free again. A failed read keeps it for the next try.
 //!
+//! Pods of other profiles (a shared kube-scheduler calls its extenders for
+//! every profile) are bound through with a plain Binding and no grant, as
+//! kube-scheduler's DefaultBinder would ([`Binder::bind`]).
+//!
 //! Fencing: leadership is checked right before the write, and leadership is a
 //! deadline (see [`crate::leader`]), so a replica that stopped renewing its Lease
 //! stops writing before another may start.
@@ -53,10 +57,11 @@ pub enum BindError {
         found: String,
     },
     #[error(
-        "pod {pod} has schedulerName {found:?}; this Tessera serves only {served:?} (--scheduler-name)"
+        "pod {pod} asks for {resource}, but its schedulerName {found:?} is not one this Tessera serves ({served:?}): Tessera's GPUs go only to pods it places (set schedulerName, or --serve-scheduler-name)"
     )]
-    NotOurs {
+    NotServed {
         pod: String,
+        resource: String,
         found: String,
         served: Vec<String>,
     },
@@ -219,15 +224,21 @@ impl Binder {
                 found,
             });
         }
-        if !self.serves(&pod) {
-            return Err(BindError::NotOurs {
-                pod: key,
-                found: convert::scheduler_name(&pod).to_string(),
-                served: self.scheduler_names.to_vec(),
-            });
-        }
         if pod.metadata.deletion_timestamp.is_some() {
             return Err(BindError::Deleting { pod: key });
+        }
+        if !self.serves(&pod) {
+            // Bound without a grant, such a pod could never get its devices
+            // (the node agent allocates Tessera's only against a grant).
+            if let Some(resource) = tessera_resource(&pod) {
+                return Err(BindError::NotServed {
+                    pod: key,
+                    resource,
+                    found: convert::scheduler_name(&pod).to_string(),
+                    served: self.scheduler_names.to_vec(),
+                });
+            }
+            return self.pass_through(&api, &pod, node).await;
         }
         let reservation = { self.mirror.lock().reserve(&pod, node)? };
         match reservation {
@@ -355,6 +366,69 @@ impl Binder {
         }
     }
 
+    /// Binds a pod of another profile (`extenders` in a KubeSchedulerConfiguration
+    /// apply to every profile, so a shared kube-scheduler sends us its
+    /// `default-scheduler` pods too): the plain Binding kube-scheduler's own
+    /// DefaultBinder would post, with the pod's UID as precondition and no
+    /// `tessera.io/allocation`, so the pod gets no grant and nothing is reserved
+    /// in the mirror (its devices, if any, are another device plugin's; the
+    /// node agent allocates nothing of Tessera's to a pod without a grant).
+    /// Fenced by leadership like every write.
+    async fn pass_through(&self, api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), BindError> {
+        let key = convert::pod_key(pod);
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let budget = match self.leader.remaining() {
+            None => self.request_timeout,
+            Some(left) if left >= MIN_WRITE_WINDOW => left.min(self.request_timeout),
+            Some(_) => return Err(BindError::NotLeader),
+        };
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                uid: pod.metadata.uid.clone().filter(|u| !u.is_empty()),
+                ..ObjectMeta::default()
+            },
+            target: node_ref(node),
+        };
+        let params = PostParams::default();
+        let call = api
+            .create_subresource::<Binding, serde_json::Value>("binding", name, &params, &binding);
+        match tokio::time::timeout(budget, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                // A retried bind whose first answer was lost: already where it was sent.
+                match api.get_opt(name).await {
+                    Ok(Some(now))
+                        if convert::pod_uid(&now) == convert::pod_uid(pod)
+                            && convert::pod_node(&now) == Some(node) =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(BindError::Refused {
+                        pod: key,
+                        node: node.to_string(),
+                        message: format!("{} (409)", s.message),
+                    }),
+                }
+            }
+            Ok(Err(kube::Error::Api(s))) => Err(BindError::Refused {
+                pod: key,
+                node: node.to_string(),
+                message: format!("{} ({})", s.message, s.code),
+            }),
+            Ok(Err(source)) => Err(BindError::Binding {
+                pod: key,
+                node: node.to_string(),
+                source,
+            }),
+            Err(_) => Err(BindError::Timeout {
+                pod: key,
+                node: node.to_string(),
+                secs: budget.as_secs(),
+            }),
+        }
+    }
+
     /// POSTs the Binding with the allocation annotation and the pod's UID and
     /// resourceVersion as preconditions.
     async fn post_binding(
@@ -373,12 +447,7 @@ impl Binder {
                 annotations: annotation.map(|v| [(ANNOTATION.to_string(), v.to_string())].into()),
                 ..ObjectMeta::default()
             },
-            target: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(node.to_string()),
-                ..ObjectReference::default()
-            },
+            target: node_ref(node),
         };
         api.create_subresource::<Binding, serde_json::Value>(
             "binding",
@@ -388,6 +457,32 @@ impl Binder {
         )
         .await
         .map(|_| ())
+    }
+}
+
+/// The first `tessera.io/` resource `pod` asks for, if any.
+pub fn tessera_resource(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flat_map(|m| m.keys())
+        })
+        .find(|name| name.starts_with("tessera.io/"))
+        .cloned()
+}
+
+fn node_ref(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_string()),
+        ..ObjectReference::default()
     }
 }
 

@@ -46,6 +46,9 @@ struct Lead {
 #[derive(Debug)]
 struct Inner {
     lead: watch::Sender<Lead>,
+    /// Where another replica that leads now takes forwarded calls (its Lease's
+    /// [`PEER_ANNOTATION`]); `None` while this one leads or none is known.
+    peer: watch::Sender<Option<String>>,
     errors: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
@@ -58,6 +61,7 @@ impl Default for Leadership {
     fn default() -> Self {
         Leadership(Arc::new(Inner {
             lead: watch::channel(Lead::default()).0,
+            peer: watch::channel(None).0,
             errors: AtomicU64::new(0),
             last_error: Mutex::new(None),
         }))
@@ -111,6 +115,32 @@ impl Leadership {
         let _ = rx.changed().await;
     }
 
+    /// Where the replica that leads now takes forwarded calls, if another
+    /// replica leads and advertised one (see [`PEER_ANNOTATION`]).
+    pub fn leader_endpoint(&self) -> Option<String> {
+        self.0.peer.borrow().clone()
+    }
+
+    /// Records the leader's endpoint (the election, after each Lease read).
+    pub fn set_leader_endpoint(&self, endpoint: Option<String>) {
+        self.0.peer.send_if_modified(|old| {
+            let changed = *old != endpoint;
+            *old = endpoint;
+            changed
+        });
+    }
+
+    /// Resolves when leadership flips or the leader's endpoint changes, or after `limit`.
+    pub async fn changed_within(&self, limit: Duration) {
+        let mut lead = self.0.lead.subscribe();
+        let mut peer = self.0.peer.subscribe();
+        tokio::select! {
+            _ = lead.changed() => {}
+            _ = peer.changed() => {}
+            _ = tokio::time::sleep(limit) => {}
+        }
+    }
+
     /// Election errors so far.
     pub fn errors(&self) -> u64 {
         self.0.errors.load(Ordering::Relaxed)
@@ -137,6 +167,11 @@ impl Leadership {
     }
 }
 
+/// Annotation on an elected leader's Lease: the URL where it takes calls that
+/// followers forward to it (`--advertise-url`), written in the same update that
+/// takes or renews the Lease, so it always names the holder.
+pub const PEER_ANNOTATION: &str = "tessera.io/peer-endpoint";
+
 /// Compete for the Lease, or follow kube-scheduler's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseRole {
@@ -158,6 +193,9 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     /// How often the Lease is read or renewed (`RetryPeriod`, 2 s).
     pub retry_period: Duration,
+    /// Where followers reach this replica when it leads (elect only), written
+    /// to the Lease as [`PEER_ANNOTATION`].
+    pub advertise: Option<String>,
 }
 
 impl LeaseConfig {
@@ -171,6 +209,7 @@ impl LeaseConfig {
             duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            advertise: None,
         }
     }
 
@@ -199,6 +238,8 @@ pub struct LeaderError {
 struct Observed {
     record: Option<(String, Option<Timestamp>, Option<i32>)>,
     at: Option<Instant>,
+    /// The holder's advertised endpoint, as last read.
+    endpoint: Option<String>,
 }
 
 impl Observed {
@@ -273,6 +314,10 @@ async fn attempt(
             metadata: ObjectMeta {
                 name: Some(config.name.clone()),
                 namespace: Some(config.namespace.clone()),
+                annotations: config
+                    .advertise
+                    .clone()
+                    .map(|url| [(PEER_ANNOTATION.to_string(), url)].into()),
                 ..ObjectMeta::default()
             },
             spec: Some(spec_for(config, None)),
@@ -285,6 +330,12 @@ async fn attempt(
     };
     let spec = lease.spec.clone().unwrap_or_default();
     observed.see(&spec, now);
+    observed.endpoint = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PEER_ANNOTATION))
+        .cloned();
     let holder = spec.holder_identity.as_deref().unwrap_or("");
     if config.role == LeaseRole::Follow {
         return Ok(config.holds(holder) && !observed.held_by_other(config, now));
@@ -295,6 +346,14 @@ async fn attempt(
     let mut next = lease.clone();
     next.metadata.managed_fields = None;
     next.spec = Some(spec_for(config, Some(&spec)));
+    let annotations = next
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    match &config.advertise {
+        Some(url) => annotations.insert(PEER_ANNOTATION.into(), url.clone()),
+        None => annotations.remove(PEER_ANNOTATION),
+    };
     // `replace` sends the resourceVersion we read: a rival's write in between makes it 409.
     match api
         .replace(&config.name, &PostParams::default(), &next)
@@ -369,6 +428,15 @@ pub async fn run(
             }
         }
         let now_leading = flag.is_leader();
+        // Followers forward to the holder while its Lease is live on our clock.
+        let live_other = config.role == LeaseRole::Elect
+            && !now_leading
+            && observed.held_by_other(&config, Instant::now());
+        flag.set_leader_endpoint(if live_other {
+            observed.endpoint.clone()
+        } else {
+            None
+        });
         if was != now_leading {
             tracing::info!(leading = now_leading, identity = %config.identity, "leadership changed");
         }
@@ -379,6 +447,7 @@ pub async fn run(
     }
     let leading = flag.is_leader();
     flag.set_until(false, None);
+    flag.set_leader_endpoint(None);
     if leading && config.role == LeaseRole::Elect {
         release(&api, &config)
             .await

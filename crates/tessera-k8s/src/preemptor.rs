@@ -58,6 +58,9 @@ pub struct Preemptor {
     pub min_runtime: Duration,
     /// Where evictions are counted, per victim's queue.
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The last line logged per candidate (extender mode), so a line is
+    /// repeated only when what happens to that pod changes.
+    said: HashMap<String, String>,
 }
 
 impl Preemptor {
@@ -69,6 +72,16 @@ impl Preemptor {
             preempting: HashMap::new(),
             min_runtime: DEFAULT_MIN_RUNTIME,
             metrics: None,
+            said: HashMap::new(),
+        }
+    }
+
+    /// Logs `line` for `pod` at info unless it is what was said last time.
+    fn say(&mut self, pod: &Pod, line: String) {
+        let uid = convert::pod_uid(pod).to_string();
+        if self.said.get(&uid) != Some(&line) {
+            tracing::info!(pod = %convert::pod_key(pod), priority = priority(pod), "extender preemption: {line}");
+            self.said.insert(uid, line);
         }
     }
 
@@ -92,8 +105,16 @@ impl Preemptor {
     /// evicting others; returns the sentence for its event if it did, or is
     /// waiting for earlier victims to leave.
     pub async fn try_for(&mut self, pod: &Pod, reason: &str) -> Option<String> {
+        self.try_explained(pod, reason).await.ok()
+    }
+
+    /// [`Preemptor::try_for`], with the reason when nothing was done (for the
+    /// extender-mode log, which must say why each candidate is skipped).
+    pub async fn try_explained(&mut self, pod: &Pod, reason: &str) -> Result<String, String> {
         if NOT_FOR_PREEMPTION.contains(&reason) {
-            return None;
+            return Err(format!(
+                "it fits nowhere for a reason evicting cannot cure ({reason})"
+            ));
         }
         let uid = convert::pod_uid(pod).to_string();
         let now_s = SystemTime::now()
@@ -104,16 +125,26 @@ impl Preemptor {
             if let Some((victims, until)) = self.preempting.get(&uid) {
                 let left = victims.iter().filter(|v| m.pod(v).is_some()).count();
                 if left > 0 && Instant::now() < *until {
-                    return Some(format!("waiting for {left} preempted pod(s) to leave"));
+                    return Ok(format!("waiting for {left} preempted pod(s) to leave"));
                 }
             }
             let catalog = m.cluster().catalog.clone();
-            let req = convert::pod_request(pod, &catalog).ok()?;
+            let req = convert::pod_request(pod, &catalog).map_err(|e| e.to_string())?;
             if !may_preempt_for(pod, &req) {
-                return None;
+                return Err("it asks for no GPU, or is gated".into());
             }
             m.preemption(pod, &req, now_s, self.min_runtime.as_secs(), |facts| {
                 crate::standalone::node_allows(pod, facts)
+            })
+            .ok_or_else(|| {
+                format!(
+                    "no set of victims makes room: none of lower priority (spec.priority {}) in \
+                     its queue, preemptible, running for {} s or more and within its \
+                     PodDisruptionBudget, frees what it needs on a node it may use (or the \
+                     budgets are not listed yet)",
+                    priority(pod),
+                    self.min_runtime.as_secs()
+                )
             })?
         };
         let client = self.client.clone();
@@ -196,7 +227,7 @@ impl Preemptor {
             sentence.push_str(&format!("; the API refused {}", refused.join("; ")));
         }
         self.record(pod, "Preempting", sentence.clone());
-        Some(sentence)
+        Ok(sentence)
     }
 }
 
@@ -221,7 +252,10 @@ fn marked_unschedulable(pod: &Pod) -> bool {
 /// One extender-mode round: pods of `names` that kube-scheduler marked
 /// unschedulable and that still fit nowhere get a preemption, highest priority
 /// first; returns how many evicted something (or are waiting for victims).
+/// Each candidate's outcome is logged at info when it changes (a pod waiting
+/// for minutes does not repeat its line every round).
 pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
+    let mut skipped: Vec<(Pod, String)> = Vec::new();
     let mut todo: Vec<(Pod, String)> = {
         let mut m = p.mirror.lock();
         let waiting: Vec<Pod> = m
@@ -237,15 +271,27 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
         let mut out = Vec::new();
         for pod in waiting {
             let asks = convert::pod_asks(&pod, &catalog);
-            let (Ok(req), Ok(host)) = (asks.request, asks.host) else {
-                continue;
+            let (req, host) = match (asks.request, asks.host) {
+                (Ok(r), Ok(h)) => (r, h),
+                (Err(e), _) => {
+                    skipped.push((pod, format!("its request does not read: {e}")));
+                    continue;
+                }
+                (_, Err(e)) => {
+                    skipped.push((pod, format!("its CPU or memory does not read: {e}")));
+                    continue;
+                }
             };
-            if let crate::mirror::QuotaCheck::Refused(_) = m.quota(&pod, &req) {
+            if let crate::mirror::QuotaCheck::Refused(why) = m.quota(&pod, &req) {
+                skipped.push((pod, format!("its queue may not take more: {why}")));
                 continue;
             }
             // kube-scheduler judges the node side; a pod that fits now is retried by it.
             match m.decide(&req, &host, |_| Ok(())) {
-                Ok(_) => continue,
+                Ok(_) => skipped.push((
+                    pod,
+                    "it fits a node now; kube-scheduler's next attempt places it".into(),
+                )),
                 Err(e) => {
                     let reason = e
                         .ranked()
@@ -260,15 +306,38 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
     };
     let live: std::collections::HashSet<String> = todo
         .iter()
+        .chain(&skipped)
         .map(|(pod, _)| convert::pod_uid(pod).to_string())
         .collect();
     p.retain(|uid| live.contains(uid));
+    p.said.retain(|uid, _| live.contains(uid));
+    if !todo.is_empty() || !skipped.is_empty() {
+        tracing::debug!(
+            candidates = todo.len(),
+            skipped = skipped.len(),
+            "extender preemption round"
+        );
+    }
+    for (pod, why) in skipped {
+        p.say(&pod, format!("not preempting for it: {why}"));
+    }
     todo.sort_by_key(|(pod, _)| std::cmp::Reverse(priority(pod)));
     let mut acted = 0;
+    let more = todo.len().saturating_sub(ROUND_LIMIT);
     for (pod, reason) in todo.into_iter().take(ROUND_LIMIT) {
-        if p.try_for(&pod, &reason).await.is_some() {
-            acted += 1;
+        match p.try_explained(&pod, &reason).await {
+            Ok(done) => {
+                acted += 1;
+                p.say(&pod, done);
+            }
+            Err(why) => p.say(&pod, format!("not preempting for it: {why}")),
         }
+    }
+    if more > 0 {
+        tracing::info!(
+            left = more,
+            "extender preemption round: more unschedulable pods than one round takes; the rest wait for the next"
+        );
     }
     acted
 }
@@ -284,11 +353,21 @@ pub async fn run_for_extender(
 ) {
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(every);
+    let mut was = "";
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             _ = tick.tick() => {
-                if leader.is_leader() && gate.is_synced() {
+                let now = match (leader.is_leader(), gate.is_synced()) {
+                    (false, _) => "paused: this replica does not lead",
+                    (true, false) => "paused: the initial lists are not in yet",
+                    (true, true) => "running",
+                };
+                if now != was {
+                    tracing::info!(every_s = every.as_secs(), schedulers = ?names, "extender preemption rounds {now}");
+                    was = now;
+                }
+                if now == "running" {
                     extender_round(&mut p, &names).await;
                 }
             }

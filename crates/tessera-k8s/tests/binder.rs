@@ -165,10 +165,53 @@ async fn a_conflict_counts_as_bound_only_when_the_pod_is_already_here_with_our_g
     }
 }
 
+/// Issue 27 item 5: `extenders` in a KubeSchedulerConfiguration apply to every
+/// profile, so a shared kube-scheduler asks us to bind its `default-scheduler`
+/// pods too. Such a pod was refused ("this Tessera serves only [tessera]")
+/// forever; it is now bound through with the plain Binding kube-scheduler's
+/// DefaultBinder posts: its UID as precondition (fixture 04), no grant, and
+/// nothing taken in the ledger.
 #[tokio::test]
-async fn a_pod_of_another_scheduler_is_not_bound() {
+async fn a_pod_of_another_scheduler_is_bound_through_without_a_grant() {
     let (nodes, inv) = fixture_cluster();
-    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let mut plain = pod(
+        "default",
+        "cuda",
+        "uid-cuda",
+        &[("cpu", "100m"), ("nvidia.com/gpu", "1")],
+    );
+    plain.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    plain.metadata.resource_version = Some("4711".into());
+    let m = mirror("tessera", nodes, inv, vec![plain]);
+    let (client, api) = mock_api(ok_api);
+    let mut st = state(m.clone(), Some(client));
+    st.binder = st
+        .binder
+        .map(|b| b.with_scheduler_names(vec!["tessera".into()]));
+    let body = serde_json::to_vec(&json!({"PodName": "cuda", "PodNamespace": "default", "PodUID": "uid-cuda", "Node": "fake-gpu-node-1"})).unwrap();
+    let (_, v) = call(router(st), "/bind", body).await;
+    assert_eq!(v, json!({"Error": ""}));
+    assert_eq!(m.lock().ledger().allocation_count(), 0, "no grant");
+    assert!(m.lock().held("uid-cuda").is_none(), "nothing reserved");
+    drop(m);
+    let seen = api.await.unwrap();
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    let b = &seen[0];
+    assert_eq!(b.path, "/api/v1/namespaces/default/pods/cuda/binding");
+    assert_eq!(b.body["metadata"]["uid"], "uid-cuda");
+    assert!(b.body["metadata"].get("annotations").is_none(), "{b:?}");
+    assert_eq!(b.body["target"]["name"], "fake-gpu-node-1");
+}
+
+/// A pod of another profile that asks for Tessera's own resources is not bound
+/// through: without a grant it could never get its devices, so bind says why
+/// (and writes nothing) instead of handing the kubelet a pod that fails.
+#[tokio::test]
+async fn a_pod_of_another_scheduler_asking_tessera_resources_is_not_bound() {
+    let (nodes, inv) = fixture_cluster();
+    let mut p = pending_gpu_pod();
+    p.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    let m = mirror("tessera", nodes, inv, vec![p]);
     let (client, api) = mock_api(ok_api);
     let mut st = state(m.clone(), Some(client));
     st.binder = st
@@ -177,10 +220,46 @@ async fn a_pod_of_another_scheduler_is_not_bound() {
     let body = serde_json::to_vec(&json!({"PodName": "gpu-pod-noext2", "PodNamespace": "default", "PodUID": UID, "Node": "fake-gpu-node-1"})).unwrap();
     let (_, v) = call(router(st), "/bind", body).await;
     let err = v["Error"].as_str().unwrap();
-    assert!(err.contains("schedulerName \"default-scheduler\""), "{err}");
-    assert_eq!(m.lock().ledger().allocation_count(), 0);
+    assert!(
+        err.contains("asks for tessera.io/gpu") && err.contains("\"default-scheduler\""),
+        "{err}"
+    );
     drop(m);
     assert!(api.await.unwrap().is_empty());
+}
+
+/// A pass-through bind that the API refuses (the pod was replaced: UID
+/// precondition, fixture 04) is reported, not taken for bound.
+#[tokio::test]
+async fn a_refused_pass_through_bind_is_an_error() {
+    let (nodes, inv) = fixture_cluster();
+    let mut plain = pod("default", "cuda", "uid-cuda", &[("nvidia.com/gpu", "1")]);
+    plain.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    let m = mirror("tessera", nodes, inv, vec![plain]);
+    let (client, api) = mock_api(|s: &Seen| {
+        if s.path.ends_with("/binding") {
+            (
+                409,
+                status(
+                    409,
+                    "Conflict",
+                    "Operation cannot be fulfilled on pods/binding \"cuda\": the object has been modified",
+                ),
+            )
+        } else {
+            (404, status(404, "NotFound", "pods \"cuda\" not found"))
+        }
+    });
+    let mut st = state(m.clone(), Some(client));
+    st.binder = st
+        .binder
+        .map(|b| b.with_scheduler_names(vec!["tessera".into()]));
+    let body = serde_json::to_vec(&json!({"PodName": "cuda", "PodNamespace": "default", "PodUID": "uid-cuda", "Node": "fake-gpu-node-1"})).unwrap();
+    let (_, v) = call(router(st), "/bind", body).await;
+    let err = v["Error"].as_str().unwrap();
+    assert!(err.contains("refused by the API server"), "{err}");
+    drop(m);
+    assert_eq!(api.await.unwrap().len(), 2, "the binding, then a read-back");
 }
 
 #[tokio::test]
@@ -456,4 +535,60 @@ async fn a_leader_near_its_deadline_does_not_start_a_write() {
     assert_eq!(v, json!({"Error": ""}));
     drop(m);
     assert_eq!(api.await.unwrap().len(), 1);
+}
+
+/// Issue 31: `/peer/bind` (a follower's forwarded bind, on the ops port that
+/// every replica reaches) binds only when signed with the replicas' key and
+/// only on the leader: unsigned or wrongly signed calls are refused (401)
+/// before anything is written, and a replica that does not lead answers 503 so
+/// that the follower asks the next leader.
+#[tokio::test]
+async fn forwarded_binds_need_the_replicas_signature_and_the_leader() {
+    use tessera_k8s::extender::forward::{PEER_BIND_PATH, Peers};
+    use tower::ServiceExt;
+    let (nodes, inv) = fixture_cluster();
+    let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+    let (client, api) = mock_api(ok_api);
+    let mut st = state(m.clone(), Some(client));
+    st.peers = Some(Peers::new(KEY));
+    let body = serde_json::to_vec(&json!({"PodName": "gpu-pod-noext2", "PodNamespace": "default", "PodUID": UID, "Node": "fake-gpu-node-1"})).unwrap();
+    let send = |st: tessera_k8s::extender::ExtenderState, signer: Option<Peers>| {
+        let body = body.clone();
+        async move {
+            let mut req =
+                http::Request::post(PEER_BIND_PATH).header("content-type", "application/json");
+            if let Some(p) = signer {
+                for (h, v) in p.sign(PEER_BIND_PATH, &body) {
+                    req = req.header(h, v);
+                }
+            }
+            let resp = router(st)
+                .oneshot(req.body(axum::body::Body::from(body)).unwrap())
+                .await
+                .unwrap();
+            resp.status()
+        }
+    };
+    assert_eq!(send(st.clone(), None).await, StatusCode::UNAUTHORIZED);
+    let stranger = Peers::new(b"not-the-replicas-signing-key");
+    assert_eq!(
+        send(st.clone(), Some(stranger)).await,
+        StatusCode::UNAUTHORIZED
+    );
+    let mut follower = st.clone();
+    follower.leader = tessera_k8s::leader::Leadership::default();
+    assert_eq!(
+        send(follower, Some(Peers::new(KEY))).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(m.lock().ledger().allocation_count(), 0, "nothing bound yet");
+    assert_eq!(send(st, Some(Peers::new(KEY))).await, StatusCode::OK);
+    assert_eq!(m.lock().ledger().allocation_count(), 1);
+    drop(m);
+    let seen = api.await.unwrap();
+    assert_eq!(
+        seen.len(),
+        1,
+        "only the signed call on the leader wrote: {seen:#?}"
+    );
 }

@@ -148,6 +148,63 @@ async fn post(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_clients_with_a_certificate_from_the_configured_ca_reach_the_verbs() {
+    only_certified_clients().await;
+}
+
+/// Issue 27 item 6: with the docs' "Existing kube-scheduler" flags (TLS,
+/// listening beyond loopback) the Lease role defaulted to `follow`, which
+/// leads only while a kube-scheduler *in this pod* holds its Lease: no replica
+/// ever led, so nothing was bound or preempted and the log said nothing. Such an
+/// extender now elects, and an explicit `follow` is refused naming the fix.
+#[test]
+fn an_extender_beyond_loopback_elects_its_leader() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ours = ca("tessera-test-ca");
+    let server_cert = leaf(&ours, &["tessera-scheduler.tessera-system.svc"]);
+    let raw = |role: Option<&str>| RawConfig {
+        mode: Some("extender".into()),
+        listen: Some("0.0.0.0:8888".into()),
+        extender_cert: Some(write(dir.path(), "tls.crt", &server_cert.cert_pem)),
+        extender_key: Some(write(
+            dir.path(),
+            "tls.key",
+            &server_cert.key.serialize_pem(),
+        )),
+        extender_client_ca: Some(write(dir.path(), "client-ca.crt", &ours.cert_pem)),
+        signing_key_file: Some(write(
+            dir.path(),
+            "signing.key",
+            "extender-tls-test-signing-key",
+        )),
+        identity: Some("tessera-0".into()),
+        lease_role: role.map(str::to_string),
+        ..RawConfig::default()
+    };
+    let c = raw(None).resolve().expect("valid");
+    assert_eq!(
+        c.lease.expect("elected").role,
+        tessera_k8s::leader::LeaseRole::Elect
+    );
+    let e = raw(Some("follow"))
+        .resolve()
+        .err()
+        .expect("follow refused")
+        .to_string();
+    assert!(
+        e.starts_with("lease-role:") && e.contains("--lease-role=elect"),
+        "{e}"
+    );
+    // On loopback (kube-scheduler in the pod) the default stays `follow`.
+    let mut r = raw(None);
+    r.listen = Some("127.0.0.1:8888".into());
+    let c = r.resolve().expect("valid");
+    assert_eq!(
+        c.lease.expect("follows").role,
+        tessera_k8s::leader::LeaseRole::Follow
+    );
+}
+
+async fn only_certified_clients() {
     let dir = tempfile::Builder::new()
         .prefix("tessera-extender-tls-")
         .tempdir()

@@ -352,6 +352,31 @@ async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
     assert_eq!(ev[0].path, "/api/v1/namespaces/ml/pods/low/eviction");
 }
 
+/// Issue 27 item 6: the extender-mode log must say why a candidate is skipped;
+/// the preemptor names it (here: the only pod that could make room has equal
+/// priority, so nothing is evicted and the reason cites its priority).
+#[tokio::test]
+async fn a_skipped_candidate_says_why() {
+    use tessera_k8s::preemptor::Preemptor;
+    let high = gpu_pod("ml", "high", 5);
+    let w = world(gpu_pod("ml", "low", 5), high.clone(), Some(vec![]));
+    let client = w.s.binder.client().clone();
+    let mut p = Preemptor::new(w.m.clone(), client, None);
+    p.min_runtime = Duration::ZERO;
+    let why = p
+        .try_explained(&high, "not enough idle GPUs")
+        .await
+        .unwrap_err();
+    assert!(
+        why.contains("no set of victims makes room") && why.contains("spec.priority 5"),
+        "{why}"
+    );
+    let why = p.try_explained(&high, "queue quota").await.unwrap_err();
+    assert!(why.contains("evicting cannot cure (queue quota)"), "{why}");
+    drop(p);
+    assert!(evictions(&finish(w).await).is_empty());
+}
+
 /// Room is never made on a node the pod may not go to: the only victim sits on
 /// a node tainted against the preemptor, so nothing is evicted.
 #[tokio::test]

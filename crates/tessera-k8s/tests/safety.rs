@@ -130,8 +130,23 @@ async fn pods_of_other_schedulers_get_no_opinion() {
     );
     // The same pod under Tessera's name is judged: the stock node has no inventory.
     plain.spec.as_mut().unwrap().scheduler_name = Some("tessera".into());
-    let (_, v) = call(app, "/filter", filter_body(&plain, &["stock", "n1"])).await;
+    let (_, v) = call(
+        app.clone(),
+        "/filter",
+        filter_body(&plain, &["stock", "n1"]),
+    )
+    .await;
     assert_eq!(v["NodeNames"], json!(["n1"]), "{v}");
+    // Issue 27 item 5: another profile's pod asking for Tessera's own resources
+    // could never get them without a grant: no node, and the reason says why.
+    let mut foreign = pod("default", "share", "uid-s", &[("tessera.io/gpu", "1")]);
+    foreign.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    let (_, v) = call(app, "/filter", filter_body(&foreign, &["stock", "n1"])).await;
+    assert_eq!(v["NodeNames"], json!([]), "{v}");
+    let why = v["FailedAndUnresolvableNodes"]["n1"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("asks for tessera.io/gpu"), "{v}");
 }
 
 /// Finding 6: twenty 4 % shares each asking `tessera.io/gpu: 1` were bound to a

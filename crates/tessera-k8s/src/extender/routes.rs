@@ -18,11 +18,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
+use super::forward::{FORWARD_WAIT, Forwarded, PEER_BIND_PATH, Peers};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, NodeList, NodeMessages, Text,
 };
-use crate::binder::Binder;
+use crate::binder::{BindError, Binder};
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -41,6 +42,9 @@ pub struct ExtenderState {
     /// The `schedulerName`s whose pods Tessera judges; others get no opinion
     /// (every node passes, every score 0). Empty: every pod.
     pub scheduler_names: Arc<[String]>,
+    /// Set: a follower forwards `bind` to the leader, and a leader takes
+    /// forwarded binds ([`super::forward`]). `None`: a follower refuses `bind`.
+    pub peers: Option<Peers>,
 }
 
 /// Longest a call waits for the initial lists before it is answered with an
@@ -95,6 +99,7 @@ fn ops_routes() -> Router<ExtenderState> {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
+        .route(PEER_BIND_PATH, post(peer_bind))
 }
 
 fn decode<'a, T: Deserialize<'a>>(verb: &str, body: &'a [u8]) -> Result<T, (StatusCode, String)> {
@@ -139,6 +144,17 @@ async fn filter(State(st): State<ExtenderState>, body: Bytes) -> Response {
     // Node objects in the body are never taken into the mirror: only the watch is trusted.
     let outcome = if st.ours(&args.pod) {
         st.mirror.lock().filter(&args.pod, &names)
+    } else if let Some(resource) = crate::binder::tessera_resource(&args.pod) {
+        // Another profile's pod asking for Tessera's resources: it gets no grant
+        // whatever the node, so no node (bind would refuse it too).
+        let why: Arc<str> = Arc::from(format!(
+            "the pod asks for {resource} but its schedulerName {:?} is not one Tessera serves",
+            crate::convert::scheduler_name(&args.pod)
+        ));
+        Ok(crate::mirror::FilterOutcome {
+            unresolvable: names.iter().map(|n| (*n, why.clone())).collect(),
+            ..Default::default()
+        })
     } else {
         // Not a pod of ours (another profile shares this extender): no opinion.
         Ok(crate::mirror::FilterOutcome {
@@ -243,22 +259,113 @@ async fn bind(State(st): State<ExtenderState>, body: Bytes) -> Response {
     let started = Instant::now();
     let error = match &st.binder {
         None => "binding is not enabled on this Tessera extender".to_string(),
-        Some(b) => match b
-            .bind(
-                &args.pod_namespace,
-                &args.pod_name,
-                &args.pod_uid,
-                &args.node,
-            )
-            .await
-        {
-            Ok(()) => String::new(),
-            Err(e) => e.to_string(),
+        Some(b) => match &st.peers {
+            None => bind_here(b, &args)
+                .await
+                .err()
+                .map_or(String::new(), |e| e.to_string()),
+            Some(peers) => bind_anywhere(&st, b, peers, &args, &body).await,
         },
     };
     st.metrics.observe_decision("bind", started.elapsed());
     if !error.is_empty() {
         tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, %error, "bind failed");
+    }
+    json(&ExtenderBindingResult { error })
+}
+
+async fn bind_here(b: &Binder, args: &ExtenderBindingArgs) -> Result<(), BindError> {
+    b.bind(
+        &args.pod_namespace,
+        &args.pod_name,
+        &args.pod_uid,
+        &args.node,
+    )
+    .await
+}
+
+/// Pause between tries while no leader takes a bind.
+const FORWARD_RETRY: Duration = Duration::from_millis(100);
+
+/// Binds here while this replica leads, else forwards to the leader the Lease
+/// names; with neither (a failover in progress), waits and tries again up to
+/// [`FORWARD_WAIT`]. Returns the error text ("" when bound).
+async fn bind_anywhere(
+    st: &ExtenderState,
+    b: &Binder,
+    peers: &Peers,
+    args: &ExtenderBindingArgs,
+    body: &Bytes,
+) -> String {
+    let deadline = Instant::now() + FORWARD_WAIT;
+    let mut last = String::from("no replica leads");
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if st.leader.is_leader() {
+            match bind_here(b, args).await {
+                // Lost the lead between the check and the write: ask the next leader.
+                Err(BindError::NotLeader) => last = BindError::NotLeader.to_string(),
+                r => return r.err().map_or(String::new(), |e| e.to_string()),
+            }
+        } else if let Some(endpoint) = st.leader.leader_endpoint() {
+            match peers.forward(&endpoint, body, left).await {
+                Ok(Forwarded::Answered(answer)) => {
+                    return match serde_json::from_slice::<ExtenderBindingResult>(&answer) {
+                        Ok(r) => r.error,
+                        Err(e) => format!("the leader at {endpoint} answered bind with {e}"),
+                    };
+                }
+                Ok(Forwarded::NotLeader) => last = format!("{endpoint} no longer leads"),
+                Err(e) => last = e,
+            }
+            tracing::debug!(pod = %args.pod_name, error = %last, "forwarding bind; retrying");
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return format!(
+                "this replica does not lead and no leader took the bind within {} s ({last}); kube-scheduler retries it",
+                FORWARD_WAIT.as_secs()
+            );
+        }
+        st.leader.changed_within(FORWARD_RETRY.min(left)).await;
+    }
+}
+
+/// A bind forwarded by a follower: only the leader takes it; anyone else
+/// answers 503 so that the follower asks the next leader.
+async fn peer_bind(
+    State(st): State<ExtenderState>,
+    headers: http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(peers) = &st.peers else {
+        return (StatusCode::NOT_FOUND, "forwarding is not enabled here\n").into_response();
+    };
+    if let Err(e) = peers.verify(&headers, PEER_BIND_PATH, &body) {
+        tracing::warn!(error = %e, "refused a forwarded bind");
+        return (StatusCode::UNAUTHORIZED, format!("{e}\n")).into_response();
+    }
+    let args: ExtenderBindingArgs = match decode("bind", &body) {
+        Ok(a) => a,
+        Err(r) => return r.into_response(),
+    };
+    let Some(b) = &st.binder else {
+        return (StatusCode::NOT_FOUND, "binding is not enabled here\n").into_response();
+    };
+    if !st.leader.is_leader() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not the leader\n").into_response();
+    }
+    let started = Instant::now();
+    let error = match bind_here(b, &args).await {
+        Ok(()) => String::new(),
+        Err(BindError::NotLeader) => {
+            return (StatusCode::SERVICE_UNAVAILABLE, "not the leader\n").into_response();
+        }
+        Err(e) => e.to_string(),
+    };
+    st.metrics.observe_decision("bind", started.elapsed());
+    if !error.is_empty() {
+        tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, %error, "forwarded bind failed");
     }
     json(&ExtenderBindingResult { error })
 }

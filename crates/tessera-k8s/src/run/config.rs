@@ -35,7 +35,8 @@ pub struct RawConfig {
     pub serve_scheduler_names: Vec<String>,
     pub leader_elect: Option<bool>,
     /// `elect` (compete for the Lease) or `follow` (lead while kube-scheduler in
-    /// this pod holds its Lease); default: follow in extender mode, elect in standalone.
+    /// this pod holds its Lease); default: follow in extender mode on loopback,
+    /// elect otherwise (standalone, or an extender a remote kube-scheduler calls).
     pub lease_role: Option<String>,
     /// client-go's LeaseDuration / RenewDeadline / RetryPeriod (15 s / 10 s / 2 s).
     pub lease_duration: Option<Duration>,
@@ -44,6 +45,9 @@ pub struct RawConfig {
     pub lease_namespace: Option<String>,
     pub lease_name: Option<String>,
     pub identity: Option<String>,
+    /// Where the other replicas reach this one's ops port (`http://POD_IP:9090`)
+    /// to forward the verbs only the leader may run (extender mode, `elect`).
+    pub advertise_url: Option<String>,
     /// TLS for the extender's verbs: server certificate and key, and the CA
     /// whose client certificates are accepted (all three, or none and loopback).
     pub extender_cert: Option<PathBuf>,
@@ -213,12 +217,28 @@ impl RawConfig {
                     "is required with leader election (use the pod name)",
                 )
             })?;
+            // `follow` means "the kube-scheduler in this pod calls me on
+            // loopback"; an extender listening beyond loopback is called by a
+            // kube-scheduler elsewhere, whose Lease never names this pod: it
+            // would never lead, never bind and never preempt, silently.
+            let remote = mode == Mode::Extender && !listen.ip().is_loopback();
             let role = match self.lease_role.as_deref() {
                 None => match mode {
-                    Mode::Extender => LeaseRole::Follow,
-                    Mode::Standalone => LeaseRole::Elect,
+                    Mode::Extender if !remote => LeaseRole::Follow,
+                    Mode::Extender | Mode::Standalone => LeaseRole::Elect,
                 },
                 Some("elect") => LeaseRole::Elect,
+                Some("follow") if remote => {
+                    return Err(invalid(
+                        "lease-role",
+                        format!(
+                            "follow leads while the kube-scheduler in this pod holds its Lease, \
+                             but --listen={listen} is for a kube-scheduler outside the pod: use \
+                             --lease-role=elect (and --advertise-url, so that followers forward \
+                             binds to the leader)"
+                        ),
+                    ));
+                }
                 Some("follow") => LeaseRole::Follow,
                 Some(other) => {
                     return Err(invalid(
@@ -240,6 +260,19 @@ impl RawConfig {
             lease.duration = self.lease_duration.unwrap_or(lease.duration);
             lease.renew_deadline = self.renew_deadline.unwrap_or(lease.renew_deadline);
             lease.retry_period = self.retry_period.unwrap_or(lease.retry_period);
+            lease.advertise = match self.advertise_url {
+                None => None,
+                Some(url) => {
+                    if mode != Mode::Extender || role != LeaseRole::Elect {
+                        return Err(invalid(
+                            "advertise-url",
+                            "is for extender mode with --lease-role=elect (followers forward \
+                             binds to the leader it names)",
+                        ));
+                    }
+                    Some(peer_url(&url).map_err(|e| invalid("advertise-url", e))?)
+                }
+            };
             if lease.renew_deadline >= lease.duration || lease.retry_period >= lease.renew_deadline
             {
                 return Err(invalid(
@@ -329,6 +362,23 @@ impl RawConfig {
             usage_history,
         })
     }
+}
+
+/// An advertised peer URL: `http://HOST:PORT` (the ops port; no path).
+fn peer_url(text: &str) -> Result<String, String> {
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.port_u16().is_none() {
+        return Err(format!(
+            "{text:?} must be http://HOST:PORT (this replica's --metrics-listen port)"
+        ));
+    }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        return Err(format!("{text:?} must have no path"));
+    }
+    let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
+    Ok(format!("http://{authority}"))
 }
 
 /// `MODEL=FACTOR,…` (e.g. `H100-80GB=1,A100-80GB=0.6,T4=0.1`) against the
@@ -426,6 +476,27 @@ mod tests {
             "extender mode follows kube-scheduler"
         );
         assert!(c.webhook.is_none());
+    }
+
+    #[test]
+    fn advertise_url_is_for_elected_extenders_and_names_a_port() {
+        let (_d, key) = key_file(b"0123456789abcdef0123");
+        let with = |role: &str, url: &str| {
+            let mut r = raw(key.clone());
+            r.lease_role = Some(role.into());
+            r.advertise_url = Some(url.into());
+            r.resolve()
+        };
+        let c = with("elect", "http://10.0.0.7:9090/").unwrap();
+        assert_eq!(
+            c.lease.unwrap().advertise.as_deref(),
+            Some("http://10.0.0.7:9090")
+        );
+        let e = |r: Result<Config, ConfigError>| r.err().map(|e| e.to_string()).unwrap();
+        assert!(e(with("follow", "http://10.0.0.7:9090")).starts_with("advertise-url: is for"));
+        assert!(e(with("elect", "https://10.0.0.7:9090")).contains("must be http://HOST:PORT"));
+        assert!(e(with("elect", "http://10.0.0.7")).contains("must be http://HOST:PORT"));
+        assert!(e(with("elect", "http://10.0.0.7:9090/x")).contains("no path"));
     }
 
     #[test]

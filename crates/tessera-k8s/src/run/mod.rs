@@ -250,6 +250,15 @@ pub async fn run(
         leader: leader.clone(),
         gate: gate.clone(),
         scheduler_names: config.scheduler_names.clone().into(),
+        // Behind a Service any replica may get `bind`: followers forward it to
+        // the elected leader (extender mode; `follow` leads with its own
+        // kube-scheduler, which calls it on loopback).
+        peers: (config.mode == Mode::Extender
+            && config
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.role == leader::LeaseRole::Elect))
+        .then(|| crate::extender::forward::Peers::new(&config.signing_key)),
     };
     let bind = |addr: SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)

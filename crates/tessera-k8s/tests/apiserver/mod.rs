@@ -52,7 +52,8 @@
 //! test then drops the process's runtime ([`process`]).
 //!
 //! Not modelled: authentication and RBAC, admission webhooks, namespaces as
-//! a precondition, PodDisruptionBudgets, the watch cache lagging the server's
+//! a precondition, PodDisruptionBudgets in evictions (they are stored and
+//! listed, no more), the watch cache lagging the server's
 //! counter on `resourceVersion=0` lists, and one storage for core/v1 and
 //! events.k8s.io events. [`check`] and [`cluster`] are for scheduler tests:
 //! the invariants judged from stored objects, and nodes and pods to seed.

@@ -34,6 +34,8 @@ pub struct Process {
     pub session: Session,
     /// Where its HTTP surface (extender, health) listens.
     pub addr: SocketAddr,
+    /// Where its ops surface (health, metrics, forwarded binds) listens.
+    pub ops_addr: SocketAddr,
     kill: Option<oneshot::Sender<()>>,
     graceful: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<Result<(), String>>>,
@@ -41,11 +43,17 @@ pub struct Process {
 
 impl Process {
     /// Starts a scheduler with `config` (its `listen` and `metrics_listen`
-    /// replaced by free ports) whose session faults as `faults` say.
+    /// replaced by free ports where they name port 0) whose session faults as
+    /// `faults` say.
     pub fn start(server: &ApiServer, mut config: Config, faults: &[(u64, Fault)]) -> Process {
-        config.listen = free_addr();
-        config.metrics_listen = free_addr();
+        if config.listen.port() == 0 {
+            config.listen = free_addr();
+        }
+        if config.metrics_listen.port() == 0 {
+            config.metrics_listen = free_addr();
+        }
         let addr = config.listen;
+        let ops_addr = config.metrics_listen;
         let (session_tx, session_rx) = std::sync::mpsc::channel();
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let (graceful_tx, graceful_rx) = oneshot::channel::<()>();
@@ -82,6 +90,7 @@ impl Process {
         Process {
             session,
             addr,
+            ops_addr,
             kill: Some(kill_tx),
             graceful: Some(graceful_tx),
             thread: Some(thread),

@@ -23,6 +23,9 @@ pub enum Resource {
     Nodes,
     GpuNodes,
     Leases,
+    /// policy/v1 PodDisruptionBudgets: stored and listed only (the eviction
+    /// handler does not consult them).
+    PodDisruptionBudgets,
     /// core/v1 events.
     CoreEvents,
     /// events.k8s.io/v1 events (a real server shares storage with core/v1; the
@@ -39,6 +42,7 @@ impl Resource {
             ("", "v1", "events") => Resource::CoreEvents,
             ("tessera.io", "v1alpha1", "gpunodes") => Resource::GpuNodes,
             ("coordination.k8s.io", "v1", "leases") => Resource::Leases,
+            ("policy", "v1", "poddisruptionbudgets") => Resource::PodDisruptionBudgets,
             ("events.k8s.io", "v1", "events") => Resource::Events,
             _ => return None,
         })
@@ -51,6 +55,7 @@ impl Resource {
             Resource::Nodes => "nodes",
             Resource::GpuNodes => "gpunodes",
             Resource::Leases => "leases",
+            Resource::PodDisruptionBudgets => "poddisruptionbudgets",
             Resource::CoreEvents | Resource::Events => "events",
         }
     }
@@ -59,6 +64,7 @@ impl Resource {
         match self {
             Resource::GpuNodes => "tessera.io",
             Resource::Leases => "coordination.k8s.io",
+            Resource::PodDisruptionBudgets => "policy",
             Resource::Events => "events.k8s.io",
             _ => "",
         }
@@ -71,6 +77,7 @@ impl Resource {
             Resource::Nodes => "Node",
             Resource::GpuNodes => "GpuNode",
             Resource::Leases => "Lease",
+            Resource::PodDisruptionBudgets => "PodDisruptionBudget",
             Resource::CoreEvents | Resource::Events => "Event",
         }
     }
@@ -79,6 +86,7 @@ impl Resource {
         match self {
             Resource::GpuNodes => "tessera.io/v1alpha1",
             Resource::Leases => "coordination.k8s.io/v1",
+            Resource::PodDisruptionBudgets => "policy/v1",
             Resource::Events => "events.k8s.io/v1",
             _ => "v1",
         }

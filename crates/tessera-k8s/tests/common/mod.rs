@@ -183,6 +183,7 @@ pub fn state(mirror: SharedMirror, client: Option<kube::Client>) -> ExtenderStat
         leader,
         gate: tessera_k8s::gate::SyncGate::synced(),
         scheduler_names: Arc::from([]),
+        peers: None,
     }
 }
 

@@ -55,9 +55,16 @@ pub struct SchedulerArgs {
     #[arg(long, default_value = "tessera-scheduler")]
     pub lease_name: String,
     /// `elect`: compete for --lease-name; `follow`: lead while the kube-scheduler in this
-    /// pod holds --lease-name (its own Lease). Default: follow in extender mode, elect standalone.
+    /// pod holds --lease-name (its own Lease). Default: follow in extender mode on a loopback
+    /// --listen, elect otherwise (standalone, or a kube-scheduler outside the pod).
     #[arg(long)]
     pub lease_role: Option<String>,
+    /// Where the other replicas reach this one's --metrics-listen port
+    /// (`http://$(POD_IP):9090`): a follower that kube-scheduler calls through a
+    /// Service forwards `bind` to the leader at the URL its Lease advertises.
+    /// Extender mode with --lease-role=elect.
+    #[arg(long)]
+    pub advertise_url: Option<String>,
     /// This replica's identity in the election (default: $POD_NAME, then $HOSTNAME).
     #[arg(long)]
     pub identity: Option<String>,
@@ -127,6 +134,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         metrics_listen: Some(a.metrics_listen),
         serve_scheduler_names: a.serve_scheduler_names,
         lease_role: a.lease_role,
+        advertise_url: a.advertise_url,
         policy: Some(a.policy),
         signing_key_file: a.signing_key_file,
         scheduler_name: Some(a.scheduler_name),
