@@ -10,6 +10,7 @@
 #                       `helm lint --strict`.
 #   kubernetes-validate the official Kubernetes OpenAPI schemas per release,
 #                       as strict JSON schemas (unknown fields are errors).
+#   cel-python          a CEL evaluator, for the webhooks' matchConditions.
 #
 # Checks:
 #   - helm lint --strict (kube-version 1.28.0) for each values scenario;
@@ -26,6 +27,11 @@
 #     chart's default render;
 #   - the CRD: the apiextensions.k8s.io/v1 schema plus structural-schema rules,
 #     and deploy/examples/gpunode.yaml against the CRD's own schema;
+#   - webhook scoping: the rendered webhooks' rules, namespaceSelectors and
+#     matchConditions (CEL, evaluated) against sample pods: a plain pod and a
+#     stock nvidia.com/gpu pod are sent to no webhook (so a dead scheduler cannot
+#     refuse them), Tessera's pods, the allocation annotation (set or removed)
+#     and cdi.k8s.io/* annotations are sent to the validating one;
 #   - the Grafana dashboard: JSON, unique panel ids, datasource variable, and
 #     that every metric it queries is one the code exports;
 #   - when a tessera binary is at hand ($TESSERA_BIN, $CARGO_TARGET_DIR or
@@ -38,18 +44,20 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TOOLS="${TESSERA_DEPLOY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/deploy-tools}"
 HELM_SDK_VERSION=0.2.2
 KUBERNETES_VALIDATE_VERSION=1.37.0
-STAMP="$TOOLS/.installed-helm-python-sdk-$HELM_SDK_VERSION-kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
+CEL_PYTHON_VERSION=0.5.0
+STAMP="$TOOLS/.installed-helm-python-sdk-$HELM_SDK_VERSION-kubernetes-validate-$KUBERNETES_VALIDATE_VERSION-cel-python-$CEL_PYTHON_VERSION"
 
 PYTHON="${PYTHON:-python3}"
 if [[ ! -f "$STAMP" ]]; then
-    echo "== installing tools into $TOOLS (helm-python-sdk $HELM_SDK_VERSION, kubernetes-validate $KUBERNETES_VALIDATE_VERSION)"
+    echo "== installing tools into $TOOLS (helm-python-sdk $HELM_SDK_VERSION, kubernetes-validate $KUBERNETES_VALIDATE_VERSION, cel-python $CEL_PYTHON_VERSION)"
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
         { echo "error: $PYTHON is older than 3.10 (helm-python-sdk needs 3.10+)" >&2; exit 1; }
     rm -rf "$TOOLS"
     "$PYTHON" -m venv "$TOOLS" ||
         { echo "error: '$PYTHON -m venv' failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
     "$TOOLS/bin/pip" install --quiet --disable-pip-version-check \
-        "helm-python-sdk==$HELM_SDK_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+        "helm-python-sdk==$HELM_SDK_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
+        "cel-python==$CEL_PYTHON_VERSION"
     touch "$STAMP"
 fi
 
@@ -76,6 +84,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import celpy
 import helm_python as helm
 import jsonschema
 import yaml
@@ -624,6 +633,7 @@ SCENARIOS = {
     "existing secrets": {"signingKey": {"existingSecret": "my-key"},
                          "webhook": {"existingTlsSecret": "my-tls", "caBundle": "Q0EK"},
                          "nodeAgent": {"allocationKeySecret": {"name": "agent-key", "key": "hmac"}}},
+    "webhook scoping, served schedulerNames": {"scheduler": {"serveSchedulerNames": ["gpu-batch"]}},
     "grafana dashboards": {"grafanaDashboards": {"enabled": True, "namespace": "monitoring",
                                                  "annotations": {"grafana_folder": "GPUs"}}},
     "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
@@ -639,6 +649,7 @@ SCENARIOS = {
 MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
     "existing TLS Secret without its CA": ({"webhook": {"existingTlsSecret": "my-tls"}}, "webhook.caBundle must"),
     "two replicas without leader election": ({"scheduler": {"leaderElection": False}}, "needs scheduler.replicas=1"),
+    "an unknown anti-affinity": ({"scheduler": {"antiAffinity": "maybe"}}, "scheduler.antiAffinity must be hard or soft"),
     "an unknown MPS daemon mode": ({"nodeAgent": {"mpsDaemons": "sidecar"}}, "nodeAgent.mpsDaemons must be per-gpu or external"),
 }
 
@@ -712,6 +723,195 @@ def check_dashboard_configmaps(objs, where, values):
             fail(where, f"ConfigMap {meta['name']}: annotations {meta.get('annotations')!r}")
 
 
+# ---------------------------------------------------------------- webhook scoping
+_cel = celpy.Environment()
+
+
+def selector_matches(sel, labels):
+    """A metav1.LabelSelector (nil or empty: everything)."""
+    sel = sel or {}
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        if op == "In" and labels.get(k) not in vals:
+            return False
+        if op == "NotIn" and k in labels and labels[k] in vals:
+            return False
+        if op == "Exists" and k not in labels:
+            return False
+        if op == "DoesNotExist" and k in labels:
+            return False
+    return True
+
+
+def webhook_sends(w, ns_labels, request, obj, old, where):
+    """Whether the API server sends this admission request to webhook `w`: a rule
+    matches, the namespaceSelector and objectSelector match, and every matchCondition
+    is true. A condition that errors counts as sent (the API server then applies the
+    failurePolicy, which for Fail refuses the pod) and is reported."""
+    resource = request["resource"]
+    if not any(request["operation"] in r.get("operations", []) and resource in r.get("resources", [])
+               for r in w.get("rules") or []):
+        return False
+    if not selector_matches(w.get("namespaceSelector"), ns_labels):
+        return False
+    obj_labels = (obj.get("metadata") or {}).get("labels") or {}
+    old_labels = ((old or {}).get("metadata") or {}).get("labels") or {}
+    if not (selector_matches(w.get("objectSelector"), obj_labels)
+            or (old and selector_matches(w.get("objectSelector"), old_labels))):
+        return False
+    activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel(request)}
+    for c in w.get("matchConditions") or []:
+        try:
+            prog = _cel.program(_cel.compile(c["expression"]))
+            result = prog.evaluate(activation)
+        except Exception as e:  # a CEL error: the API server applies failurePolicy
+            fail(where, f"webhook {w['name']}: matchCondition {c['name']} errors ({e.__class__.__name__}: {e})")
+            return True
+        if not isinstance(result, celpy.celtypes.BoolType):
+            fail(where, f"webhook {w['name']}: matchCondition {c['name']} is {result!r}, not a bool")
+            return True
+        if not result:
+            return False
+    return True
+
+
+def sample_pod(name, ns, resources=None, annotations=None, labels=None, scheduler="default-scheduler",
+               init_resources=None):
+    """A pod as the API server hands it to admission (defaulted: schedulerName set,
+    resources present)."""
+    md = {"name": name, "namespace": ns, "uid": f"uid-{name}"}
+    if annotations:
+        md["annotations"] = annotations
+    if labels:
+        md["labels"] = labels
+    spec = {"schedulerName": scheduler,
+            "containers": [{"name": "main", "image": "busybox",
+                            "resources": {"requests": dict(resources or {}), "limits": dict(resources or {})}
+                            if resources else {}}]}
+    if init_resources:
+        spec["initContainers"] = [{"name": "init", "image": "busybox",
+                                   "resources": {"limits": dict(init_resources)}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
+
+
+def scoping_cases(values):
+    """(case, namespace labels, operation, resource, object, oldObject, object as the
+    validating webhook sees it (after mutation) or None, sent to validate, sent to a
+    mutating webhook)."""
+    def ns(name, **labels):
+        return {"kubernetes.io/metadata.name": name, **labels}
+    default, optin = ns("default"), ns("ml", **{"tessera.io/schedule": "true"})
+    own, optout = ns(NAMESPACE), ns("lab", **{"tessera.io/webhook": "disabled"})
+    sched = (values.get("scheduler") or {}).get("schedulerName", "tessera")
+    gpu = {"nvidia.com/gpu": "1"}
+    share = {"tessera.io/gpu-milli": "400"}
+    alloc = {"tessera.io/allocation": '{"version":1}'}
+    stock = sample_pod("stock", "default", gpu)
+    cases = [
+        # The two that must survive a dead webhook (item 2's "scaled to 0" test).
+        ("plain pod", default, "CREATE", "pods", sample_pod("plain", "default"), None, None, False, False),
+        ("stock nvidia.com/gpu pod", default, "CREATE", "pods", stock, None, None, False, False),
+        ("stock pod relabelled (UPDATE)", default, "UPDATE", "pods",
+         sample_pod("stock", "default", gpu, labels={"app": "x"}), stock, None, False, False),
+        ("plain pod in an opted-in namespace", optin, "CREATE", "pods", sample_pod("cpu", "ml"), None, None, False, False),
+        # Tessera's pods.
+        ("tessera.io pod", default, "CREATE", "pods", sample_pod("share", "default", share), None,
+         sample_pod("share", "default", share, scheduler=sched), True, True),
+        ("tessera.io init container", default, "CREATE", "pods", sample_pod("init", "default", init_resources=share),
+         None, None, True, True),
+        (f"pod naming schedulerName {sched}", default, "CREATE", "pods",
+         sample_pod("named", "default", gpu, scheduler=sched), None, None, True, False),
+        ("stock pod labelled tessera.io/schedule", default, "CREATE", "pods",
+         sample_pod("opt", "default", gpu, labels={"tessera.io/schedule": "true"}), None, None, True, True),
+        ("stock pod with tessera.io/isolation", default, "CREATE", "pods",
+         sample_pod("iso", "default", gpu, annotations={"tessera.io/isolation": "mps"}), None, None, True, True),
+        ("stock pod in an opted-in namespace", optin, "CREATE", "pods", sample_pod("stock", "ml", gpu), None,
+         sample_pod("stock", "ml", gpu, scheduler=sched), True, True),
+        ("ephemeral container on a Tessera pod", default, "UPDATE", "pods/ephemeralcontainers",
+         sample_pod("named", "default", gpu, scheduler=sched), sample_pod("named", "default", gpu, scheduler=sched),
+         None, True, False),
+        # The allocation annotation is guarded on every pod.
+        ("plain pod setting tessera.io/allocation", default, "CREATE", "pods",
+         sample_pod("forge", "default", annotations=alloc), None, None, True, True),
+        ("pod removing tessera.io/allocation (UPDATE)", default, "UPDATE", "pods",
+         sample_pod("stock", "default", gpu), sample_pod("stock", "default", gpu, annotations=alloc), None, True, False),
+        ("pod adding tessera.io/allocation (UPDATE)", default, "UPDATE", "pods",
+         sample_pod("stock", "default", gpu, annotations=alloc), stock, None, True, False),
+        ("pod with a cdi.k8s.io annotation", default, "CREATE", "pods",
+         sample_pod("cdi", "default", annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}), None, None, True, False),
+        # Never sent: the scheduler's own namespace (its pods must start while the
+        # webhook is down) and namespaces that opted out.
+        ("tessera.io pod in the release namespace", own, "CREATE", "pods",
+         sample_pod("share", NAMESPACE, share), None, None, False, False),
+        ("tessera.io pod in an opted-out namespace", optout, "CREATE", "pods",
+         sample_pod("share", "lab", share), None, None, False, False),
+    ]
+    for extra in (values.get("scheduler") or {}).get("serveSchedulerNames") or []:
+        cases.append((f"pod naming served schedulerName {extra}", default, "CREATE", "pods",
+                      sample_pod("served", "default", gpu, scheduler=extra), None, None, True, False))
+    return cases
+
+
+def check_webhook_scoping(objs, where, values):
+    hooks = {"validate": [], "mutate": []}
+    for o in objs:
+        if o["kind"] == "ValidatingWebhookConfiguration":
+            hooks["validate"] += o.get("webhooks") or []
+        elif o["kind"] == "MutatingWebhookConfiguration":
+            hooks["mutate"] += o.get("webhooks") or []
+    if not hooks["validate"] and not hooks["mutate"]:
+        return
+    set_name = (values.get("webhook") or {}).get("setSchedulerName", True)
+    n = 0
+    for case, ns_labels, op, resource, obj, old, validated, want_v, want_m in scoping_cases(values):
+        request = {"operation": op, "resource": resource,
+                   "namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"]}
+        sent_m = [w["name"] for w in hooks["mutate"] if webhook_sends(w, ns_labels, request, obj, old, where)]
+        sent_v = [w["name"] for w in hooks["validate"]
+                  if webhook_sends(w, ns_labels, request, validated or obj, old, where)]
+        want_m = want_m and set_name
+        if bool(sent_v) != want_v:
+            fail(where, f"webhook scoping: {case}: validating webhook {'sent' if sent_v else 'not sent'} it, "
+                        f"must {'' if want_v else 'not '}be")
+        if bool(sent_m) != want_m:
+            fail(where, f"webhook scoping: {case}: mutating webhook {sent_m or 'none'} sent it, "
+                        f"must {'' if want_m else 'not '}be")
+        n += 1
+    print(f"ok   {where}: webhook scoping, {n} sample admission requests")
+
+
+def check_scheduler_availability(objs, where, values):
+    """More than one scheduler replica: a PodDisruptionBudget that selects them (a drain
+    never evicts all), and required anti-affinity by hostname unless antiAffinity=soft."""
+    sv = values.get("scheduler") or {}
+    deps = [o for o in objs if o["kind"] == "Deployment"
+            and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler"]
+    if len(deps) != 1:
+        fail(where, f"expected one scheduler Deployment, found {len(deps)}")
+        return
+    dep = deps[0]
+    tlabels = dep["spec"]["template"]["metadata"]["labels"]
+    if dep["spec"]["replicas"] < 2:
+        return
+    pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget"
+            and selector_matches(o["spec"].get("selector"), tlabels)]
+    if sv.get("podDisruptionBudget", True) and len(pdbs) != 1:
+        fail(where, f"{dep['spec']['replicas']} scheduler replicas: expected one PodDisruptionBudget selecting them, found {len(pdbs)}")
+    for pdb in pdbs:
+        if pdb["spec"].get("maxUnavailable") != 1:
+            fail(where, f"{describe(pdb)}: maxUnavailable must be 1")
+    anti = ((dep["spec"]["template"]["spec"].get("affinity") or {}).get("podAntiAffinity") or {})
+    required = anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+    hard = [t for t in required if t.get("topologyKey") == "kubernetes.io/hostname"
+            and selector_matches(t.get("labelSelector"), tlabels)]
+    if sv.get("antiAffinity", "hard") == "hard" and not sv.get("affinity") and not hard:
+        fail(where, "scheduler replicas: no required pod anti-affinity by kubernetes.io/hostname")
+
+
 def check_chart():
     helps = {}
     if TESSERA_BIN:
@@ -759,6 +959,8 @@ def check_chart():
         elif cms:
             fail(where, "standalone mode renders a kube-scheduler ConfigMap")
         check_dashboard_configmaps(objs, where, values)
+        check_webhook_scoping(objs, where, values)
+        check_scheduler_availability(objs, where, values)
         kinds = sorted({o["kind"] for o in objs})
         print(f"ok   {where}: {len(objs)} objects ({', '.join(kinds)})")
     for name, (values, phrase) in MUST_FAIL.items():
