@@ -34,6 +34,9 @@
 #     and cdi.k8s.io/* annotations are sent to the validating one;
 #   - the Grafana dashboard: JSON, unique panel ids, datasource variable, and
 #     that every metric it queries is one the code exports;
+#   - the Dockerfile (no daemon needed): multi-stage, distroless runtime, non-root,
+#     COPY sources exist and survive .dockerignore, the binaries it copies are the
+#     [[bin]]s built by the same cargo profile;
 #   - when a tessera binary is at hand ($TESSERA_BIN, $CARGO_TARGET_DIR or
 #     target/, debug or release), every flag the chart passes to
 #     `tessera scheduler` and `tessera node-agent` is one their --help lists.
@@ -169,7 +172,44 @@ def describe(obj):
     return f"{obj.get('kind')}/{md.get('name')}"
 
 
+# Kinds of operators the chart can use (cert-manager, the Prometheus operator), whose
+# CRDs kubernetes-validate does not carry: their required fields, from the operators'
+# CRDs (cert-manager v1.x, monitoring.coreos.com/v1).
+_STR = {"type": "string", "minLength": 1}
+_LIST = {"type": "array", "minItems": 1}
+THIRD_PARTY = {
+    ("cert-manager.io/v1", "Issuer"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "minProperties": 1, "maxProperties": 1,
+        "properties": {"selfSigned": {"type": "object"}, "ca": {"type": "object", "required": ["secretName"]}},
+        "additionalProperties": False}}},
+    ("cert-manager.io/v1", "Certificate"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "required": ["secretName", "issuerRef"],
+        "properties": {"secretName": _STR, "issuerRef": {"type": "object", "required": ["name"]},
+                       "dnsNames": {"type": "array", "items": _STR}, "isCA": {"type": "boolean"},
+                       "commonName": _STR, "duration": _STR, "renewBefore": _STR,
+                       "privateKey": {"type": "object"}}, "additionalProperties": False}}},
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "required": ["selector", "endpoints"],
+        "properties": {"endpoints": {**_LIST, "items": {"type": "object", "required": ["port"]}}}}}},
+    ("monitoring.coreos.com/v1", "PodMonitor"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "required": ["selector", "podMetricsEndpoints"],
+        "properties": {"podMetricsEndpoints": {**_LIST, "items": {"type": "object", "required": ["port"]}}}}}},
+    ("monitoring.coreos.com/v1", "PrometheusRule"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "required": ["groups"], "properties": {"groups": {**_LIST, "items": {
+            "type": "object", "required": ["name", "rules"], "properties": {"rules": {**_LIST, "items": {
+                "type": "object", "required": ["expr"],
+                "properties": {"alert": _STR, "expr": _STR, "for": _STR,
+                               "labels": {"type": "object"}, "annotations": {"type": "object"}}}}}}}}}}},
+}
+
+
 def schema_check(obj, where):
+    third = THIRD_PARTY.get((obj.get("apiVersion"), obj.get("kind")))
+    if third is not None:
+        checked["schema validations"] += 1
+        for err in jsonschema.Draft202012Validator(third).iter_errors(obj):
+            fail(where, f"{describe(obj)}: {'.'.join(map(str, err.path))}: {err.message}")
+        return
     for version in KUBE_VERSIONS:
         v = k8s_validator(obj.get("apiVersion", ""), obj.get("kind", ""), version)
         if v is None:
@@ -359,7 +399,9 @@ def check_references(objs, where, values):
                     fail(where, f"{describe(o)}: ConfigMap {v['configMap']['name']!r} is not in the chart")
                 if "secret" in v:
                     name = v["secret"]["secretName"]
-                    if not has("Secret", ns, name) and name not in existing_secrets:
+                    issued = any(c["spec"]["secretName"] == name and cns == ns
+                                 for (cns, _), c in by_kind.get("Certificate", {}).items())
+                    if not has("Secret", ns, name) and name not in existing_secrets and not issued:
                         fail(where, f"{describe(o)}: Secret {name!r} is neither in the chart nor named in values")
         if o["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             ref = o["roleRef"]
@@ -380,7 +422,14 @@ def check_references(objs, where, values):
                     continue
                 if svc_ref.get("port", 443) not in [p["port"] for p in svc["spec"]["ports"]]:
                     fail(where, f"{describe(o)}: webhook {w['name']}: Service {svc_ref['name']} has no port {svc_ref.get('port', 443)}")
-                if not (w.get("clientConfig") or {}).get("caBundle"):
+                inject = ((o.get("metadata") or {}).get("annotations") or {}).get("cert-manager.io/inject-ca-from")
+                if inject:
+                    cns, _, cname = inject.partition("/")
+                    if not has("Certificate", cns, cname):
+                        fail(where, f"{describe(o)}: inject-ca-from names Certificate {inject!r}, which is not in the chart")
+                    if (w.get("clientConfig") or {}).get("caBundle"):
+                        fail(where, f"{describe(o)}: webhook {w['name']} has a caBundle and cert-manager injects one")
+                elif not (w.get("clientConfig") or {}).get("caBundle"):
                     fail(where, f"{describe(o)}: webhook {w['name']} has no caBundle")
     for svc in by_kind.get("Service", {}).values():
         sel = svc["spec"].get("selector") or {}
@@ -623,6 +672,22 @@ def lint(values, where):
         fail(where, f"helm lint: {e}")
 
 
+GPU_OPERATOR = ROOT / "deploy/gpu-operator"
+# The operator's per-node switches for the components Tessera replaces (GPU Operator
+# docs: nvidia.com/gpu.deploy.<component>=false stops that operand on the node).
+OPERATOR_OFF = {"nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery",
+                "nvidia.com/gpu.deploy.mig-manager"}
+
+
+def gpu_operator_values():
+    f = GPU_OPERATOR / "values.yaml"
+    docs = load_docs(f.read_text(), str(f.relative_to(ROOT))) if f.exists() else []
+    if not docs:
+        fail("gpu-operator", f"{f.relative_to(ROOT)}: missing or empty (item 3)")
+        return {}
+    return docs[0]
+
+
 SCENARIOS = {
     "defaults": {},
     "webhook off": {"webhook": {"enabled": False}},
@@ -634,6 +699,18 @@ SCENARIOS = {
                          "webhook": {"existingTlsSecret": "my-tls", "caBundle": "Q0EK"},
                          "nodeAgent": {"allocationKeySecret": {"name": "agent-key", "key": "hmac"}}},
     "webhook scoping, served schedulerNames": {"scheduler": {"serveSchedulerNames": ["gpu-batch"]}},
+    "existing-Secret signing key": {"signingKey": {"existingSecret": "tessera-keys", "generate": False}},
+    "gitops: existing key, cert-manager": {"signingKey": {"existingSecret": "tessera-keys", "generate": False},
+                                          "webhook": {"certManager": {"enabled": True}}},
+    "cert-manager with your issuer": {"webhook": {"certManager": {"enabled": True, "issuerRef": {
+        "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
+    "ServiceMonitor on": {"monitoring": {"serviceMonitor": True, "podMonitor": True, "prometheusRule": True,
+                                         "labels": {"release": "kube-prometheus-stack"}}},
+    "agent rolling update": {"nodeAgent": {"updateStrategy": "RollingUpdate"}},
+    "GPU Operator coexistence": gpu_operator_values(),
+    "GPU Operator coexistence, monitored": {**gpu_operator_values(),
+                                            "monitoring": {**gpu_operator_values().get("monitoring", {}),
+                                                           "podMonitor": True, "serviceMonitor": True}},
     "grafana dashboards": {"grafanaDashboards": {"enabled": True, "namespace": "monitoring",
                                                  "annotations": {"grafana_folder": "GPUs"}}},
     "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
@@ -649,6 +726,10 @@ SCENARIOS = {
 MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
     "existing TLS Secret without its CA": ({"webhook": {"existingTlsSecret": "my-tls"}}, "webhook.caBundle must"),
     "two replicas without leader election": ({"scheduler": {"leaderElection": False}}, "needs scheduler.replicas=1"),
+    "no signing key to use": ({"signingKey": {"generate": False}}, "name your Secret in signingKey.existingSecret"),
+    "cert-manager and an existing TLS Secret": ({"webhook": {"certManager": {"enabled": True}, "existingTlsSecret": "x",
+                                                             "caBundle": "Q0EK"}}, "are exclusive"),
+    "an unknown agent update strategy": ({"nodeAgent": {"updateStrategy": "Recreate"}}, "nodeAgent.updateStrategy must be OnDelete or RollingUpdate"),
     "an unknown anti-affinity": ({"scheduler": {"antiAffinity": "maybe"}}, "scheduler.antiAffinity must be hard or soft"),
     "an unknown MPS daemon mode": ({"nodeAgent": {"mpsDaemons": "sidecar"}}, "nodeAgent.mpsDaemons must be per-gpu or external"),
 }
@@ -912,6 +993,192 @@ def check_scheduler_availability(objs, where, values):
         fail(where, "scheduler replicas: no required pod anti-affinity by kubernetes.io/hostname")
 
 
+def check_signing_keys(objs, where, values):
+    """Item 7: the scheduler and every node agent verify with the whole signing Secret
+    (--verify-key-dir names a directory where the Secret is mounted without an `items`
+    filter, so its verify-* keys are there), and the scheduler signs with its `key`."""
+    sk = values.get("signingKey") or {}
+    want_secret = sk.get("existingSecret") or f"{RELEASE}-allocation-key"
+    agent_secret = ((values.get("nodeAgent") or {}).get("allocationKeySecret") or {}).get("name") or want_secret
+    for o in objs:
+        if o["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        pod = o["spec"]["template"]["spec"]
+        vols = {v["name"]: v for v in pod.get("volumes") or []}
+        for c in pod["containers"]:
+            args = c.get("args") or []
+            if not args or args[0] not in ("scheduler", "node-agent"):
+                continue
+            dirs = [a.split("=", 1)[1] for a in args if a.startswith("--verify-key-dir=")]
+            if len(dirs) != 1:
+                fail(where, f"{describe(o)}/{c['name']}: expected one --verify-key-dir, found {dirs}")
+                continue
+            mounts = [m for m in c.get("volumeMounts") or [] if m["mountPath"].rstrip("/") == dirs[0].rstrip("/")]
+            secret = (vols.get(mounts[0]["name"], {}) if mounts else {}).get("secret")
+            expected = want_secret if args[0] == "scheduler" else agent_secret
+            if not secret or secret.get("secretName") != expected:
+                fail(where, f"{describe(o)}/{c['name']}: --verify-key-dir {dirs[0]} is not the Secret {expected!r} mounted")
+            elif secret.get("items"):
+                fail(where, f"{describe(o)}/{c['name']}: the key Secret is mounted with items {secret['items']}: its verify-* keys are left out")
+            if args[0] == "scheduler" and f"--signing-key-file={dirs[0].rstrip('/')}/key" not in args:
+                fail(where, f"{describe(o)}/{c['name']}: does not sign with {dirs[0]}/key")
+    generated = [o for o in objs if o["kind"] == "Secret"]
+    if sk.get("existingSecret") and any(o["metadata"]["name"] == want_secret for o in generated):
+        fail(where, f"signingKey.existingSecret is set, but the chart renders Secret {want_secret!r} (it would overwrite yours)")
+
+
+def check_gitops_render(values, where, first):
+    """With an existing signing key and cert-manager, `helm template` (Argo CD, Flux)
+    must render the same bytes every time and generate no Secret: a new key on every
+    sync would stop every running grant from verifying."""
+    cm = ((values.get("webhook") or {}).get("certManager") or {}).get("enabled")
+    if not ((values.get("signingKey") or {}).get("existingSecret") and cm):
+        return
+    second = render(values, where)
+    if second != first:
+        fail(where, "two renders differ: a GitOps tool would change the release on every sync")
+    for o in load_docs(first, where):
+        if o["kind"] == "Secret":
+            fail(where, f"{describe(o)} is generated at render time")
+    print(f"ok   {where}: renders byte-identical twice, no generated Secret")
+
+
+def promql_metrics(expr):
+    """The metric names a PromQL expression reads (labels, strings, grouping and
+    functions left out)."""
+    stripped = re.sub(r'"[^"]*"', '""', expr)
+    stripped = re.sub(r"\{[^}]*\}", "{}", stripped)
+    stripped = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", stripped)
+    stripped = re.sub(r"\[[^\]]*\]", "", stripped)
+    return {i for i in re.findall(r"\b[A-Za-z_][A-Za-z0-9_:]*\b", stripped)
+            if i not in PROMQL_WORDS and not i.isdigit()}
+
+
+def check_monitoring(objs, where, values):
+    """Item 10: with monitoring on, the ServiceMonitor selects the scheduler's Service
+    and names one of its ports, the PodMonitor selects the node agents' pods and names
+    their metrics port, and every alert reads only metrics a Tessera component exports
+    (or the scrape's own `up`); with it off (the default), none of them is rendered."""
+    m = values.get("monitoring") or {}
+    kinds = {"ServiceMonitor": m.get("serviceMonitor"), "PodMonitor": m.get("podMonitor"),
+             "PrometheusRule": m.get("prometheusRule")}
+    agent_on = (values.get("nodeAgent") or {}).get("enabled", True)
+    for kind, on in kinds.items():
+        found = [o for o in objs if o["kind"] == kind]
+        want = bool(on) and (kind != "PodMonitor" or agent_on)
+        if bool(found) != want:
+            fail(where, f"{kind}: {len(found)} rendered, monitoring says {'on' if want else 'off'}")
+    for sm in (o for o in objs if o["kind"] == "ServiceMonitor"):
+        svcs = [o for o in objs if o["kind"] == "Service"
+                and selector_matches(sm["spec"]["selector"], o["metadata"].get("labels") or {})]
+        if not svcs:
+            fail(where, f"{describe(sm)}: selects no Service of the chart")
+        for ep in sm["spec"]["endpoints"]:
+            for svc in svcs:
+                if ep["port"] not in [p.get("name") for p in svc["spec"]["ports"]]:
+                    fail(where, f"{describe(sm)}: Service {svc['metadata']['name']} has no port {ep['port']!r}")
+    for pm in (o for o in objs if o["kind"] == "PodMonitor"):
+        pods = [o for o in objs if o["kind"] in ("Deployment", "DaemonSet")
+                and selector_matches(pm["spec"]["selector"], o["spec"]["template"]["metadata"]["labels"])]
+        if [p["kind"] for p in pods] != ["DaemonSet"]:
+            fail(where, f"{describe(pm)}: selects {[describe(p) for p in pods]}, expected the node agent only")
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            for p in pods:
+                names = [cp.get("name") for c in p["spec"]["template"]["spec"]["containers"] for cp in c.get("ports") or []]
+                if ep["port"] not in names:
+                    fail(where, f"{describe(pm)}: {describe(p)} has no port {ep['port']!r}")
+    exported = exported_metrics() | {"up"}
+    for pr in (o for o in objs if o["kind"] == "PrometheusRule"):
+        alerts = set()
+        for g in pr["spec"]["groups"]:
+            for r in g["rules"]:
+                alerts.add(r.get("alert"))
+                for name in promql_metrics(r["expr"]) - exported:
+                    fail(where, f"{describe(pr)}: {r.get('alert')}: reads {name!r}, which no Tessera component exports")
+        for need in ("TesseraNoLeader", "TesseraBindsFailing", "TesseraAgentWithoutGpus", "TesseraGpuUnhealthy"):
+            if need not in alerts:
+                fail(where, f"{describe(pr)}: no alert {need}")
+
+
+def check_agent_update_strategy(objs, where, values):
+    """Item 10: per-gpu MPS daemons end with the agent's container, so a rolling update
+    would cut every MPS pod off its daemon: the default must then be OnDelete."""
+    na = values.get("nodeAgent") or {}
+    for o in objs:
+        if o["kind"] != "DaemonSet":
+            continue
+        got = o["spec"].get("updateStrategy", {}).get("type", "RollingUpdate")
+        want = na.get("updateStrategy") or ("OnDelete" if na.get("mpsDaemons", "per-gpu") == "per-gpu" else "RollingUpdate")
+        if got != want:
+            fail(where, f"{describe(o)}: updateStrategy {got}, expected {want} (mpsDaemons {na.get('mpsDaemons', 'per-gpu')})")
+        for c in o["spec"]["template"]["spec"]["containers"]:
+            if (c.get("securityContext") or {}).get("runAsUser") != 0:
+                fail(where, f"{describe(o)}/{c['name']}: must run as root (runAsUser: 0): the image's user cannot write the kubelet's device-plugin directory")
+
+
+def check_gpu_operator(objs, where, values):
+    """Item 3: the coexistence values, the node labels migrate-node.sh sets and the
+    ClusterPolicy patch agree. The agent runs only on nodes whose operator device
+    plugin is off (never two plugins for one GPU); every component Tessera replaces
+    there (device plugin, GFD, MIG manager) is switched off by a label the script
+    sets and rolls back; the toolkit's unprivileged-envvar switch is off through the
+    ClusterPolicy, with the operator's own plugin moved to volume mounts so that its
+    nodes keep their GPUs."""
+    script = (GPU_OPERATOR / "migrate-node.sh")
+    if not script.exists():
+        fail(where, "deploy/gpu-operator/migrate-node.sh is missing")
+        return
+    m = re.search(r"^LABELS=\(\n(.*?)\n\)", script.read_text(), re.S | re.M)
+    labels = dict(l.strip().split("=", 1) for l in m.group(1).splitlines() if l.strip()) if m else {}
+    if set(labels) != OPERATOR_OFF or set(labels.values()) != {"false"}:
+        fail(where, f"migrate-node.sh LABELS {labels} must set exactly {sorted(OPERATOR_OFF)} to false")
+    text = script.read_text()
+    for step in ("kubectl cordon", "/eviction", "kubectl uncordon", "--rollback", '"${LABELS[@]/%=*/-}"'):
+        if step not in text:
+            fail(where, f"migrate-node.sh: no {step!r} step")
+    agents = [o for o in objs if o["kind"] == "DaemonSet"]
+    if len(agents) != 1:
+        fail(where, "expected the node agent DaemonSet")
+        return
+    spec = agents[0]["spec"]["template"]["spec"]
+    sel = spec.get("nodeSelector") or {}
+    if sel.get("nvidia.com/gpu.deploy.device-plugin") != "false":
+        fail(where, f"node agent nodeSelector {sel}: must require nvidia.com/gpu.deploy.device-plugin=false "
+                    "(the agent beside the operator's device plugin would hand out the same GPUs)")
+    if any(labels.get(k) != v for k, v in sel.items()):
+        fail(where, f"node agent nodeSelector {sel} is not what migrate-node.sh labels ({labels}): the agent would never start")
+    args = spec["containers"][0].get("args") or []
+    if "--no-nvidia-gpu-resource" in args:
+        fail(where, "the operator's device plugin is off on Tessera nodes: the agent must serve nvidia.com/gpu")
+    if "--no-node-labels" in args:
+        fail(where, "GPU feature discovery is off on Tessera nodes: the agent must write the nvidia.com/gpu.* labels")
+    strategy = next((a.split("=", 1)[1] for a in args if a.startswith("--device-list-strategy=")), "")
+    patch_file = GPU_OPERATOR / "clusterpolicy-patch.yaml"
+    patch = (load_docs(patch_file.read_text(), str(patch_file)) or [{}])[0] if patch_file.exists() else {}
+    if not patch:
+        fail(where, "deploy/gpu-operator/clusterpolicy-patch.yaml is missing")
+        return
+
+    def env(component):
+        return {e["name"]: str(e["value"]) for e in ((patch.get("spec") or {}).get(component) or {}).get("env") or []}
+    tk, dp = env("toolkit"), env("devicePlugin")
+    if tk.get("ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED") != "false":
+        fail(where, "ClusterPolicy patch: toolkit ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED must be false (a pod could name any GPU)")
+    if "volume-mounts" in strategy and tk.get("ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS") != "true":
+        fail(where, "ClusterPolicy patch: the agent hands devices as volume mounts; the toolkit must accept them")
+    if dp.get("DEVICE_LIST_STRATEGY") not in ("volume-mounts", "cdi-annotations", "cdi-cri"):
+        fail(where, "ClusterPolicy patch: the operator's device plugin must stop using envvar, which the toolkit now ignores")
+    if ((patch.get("spec") or {}).get("devicePlugin") or {}).get("enabled") is False:
+        fail(where, "ClusterPolicy patch: do not turn the operator's device plugin off cluster-wide; label Tessera's nodes")
+    pms = [o for o in objs if o["kind"] == "PodMonitor"]
+    for pm in pms:
+        drops = [r for ep in pm["spec"]["podMetricsEndpoints"] for r in ep.get("metricRelabelings") or []
+                 if r.get("action") == "drop" and "DCGM_FI_" in r.get("regex", "")]
+        if not drops:
+            fail(where, f"{describe(pm)}: dcgm-exporter runs beside the agent: its DCGM_FI_* series must be dropped")
+    print(f"ok   {where}: GPU Operator coexistence (labels {sorted(labels)}, ClusterPolicy patch, agent selector)")
+
+
 def check_chart():
     helps = {}
     if TESSERA_BIN:
@@ -961,6 +1228,12 @@ def check_chart():
         check_dashboard_configmaps(objs, where, values)
         check_webhook_scoping(objs, where, values)
         check_scheduler_availability(objs, where, values)
+        check_signing_keys(objs, where, values)
+        check_gitops_render(values, where, manifest)
+        check_monitoring(objs, where, values)
+        check_agent_update_strategy(objs, where, values)
+        if name.startswith("GPU Operator coexistence"):
+            check_gpu_operator(objs, where, values)
         kinds = sorted({o["kind"] for o in objs})
         print(f"ok   {where}: {len(objs)} objects ({', '.join(kinds)})")
     for name, (values, phrase) in MUST_FAIL.items():
@@ -1014,7 +1287,8 @@ PROMQL_WORDS = {"sum", "avg", "min", "max", "count", "by", "without", "or", "and
                 "ignoring", "vector", "rate", "irate", "increase", "label_values", "bool", "topk",
                 "bottomk", "group_left", "group_right", "offset", "histogram_quantile", "clamp_min",
                 "clamp_max", "abs", "time", "delta", "deriv", "changes", "resets", "avg_over_time",
-                "max_over_time", "min_over_time", "sum_over_time", "count_over_time", "quantile", "stddev"}
+                "max_over_time", "min_over_time", "sum_over_time", "count_over_time", "quantile", "stddev",
+                "absent"}
 
 
 def check_dashboards():
@@ -1068,11 +1342,91 @@ def check_dashboards():
         print(f"ok   {where}: {len(ids)} panels, {len(exprs)} queries")
 
 
+# ---------------------------------------------------------------- Dockerfile
+def check_dockerfile():
+    """Item 1, without a Docker daemon: every path the build stage COPYs from the
+    context exists and survives .dockerignore; the binaries copied out of target/ are
+    the workspace's [[bin]]s in the directory of the profile the same RUN builds; the
+    runtime stage runs as a non-root user; and the chart's container args start with
+    a subcommand of that ENTRYPOINT."""
+    where = "Dockerfile"
+    path = ROOT / "Dockerfile"
+    if not path.exists():
+        fail(where, "missing (item 1: the image the chart installs)")
+        return
+    text = re.sub(r"\\\n", " ", path.read_text())
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+    stages = [l for l in lines if l.upper().startswith("FROM ")]
+    if len(stages) < 2:
+        fail(where, "expected a multi-stage build (a build stage and a runtime stage)")
+    runtime = stages[-1].split()[1]
+    if not re.match(r"(gcr\.io/distroless/|scratch$|cgr\.dev/chainguard/(static|glibc-dynamic))", runtime):
+        fail(where, f"runtime image {runtime!r} is neither distroless nor static")
+    ignore = ROOT / ".dockerignore"
+    patterns = [l.strip() for l in ignore.read_text().splitlines()
+                if l.strip() and not l.startswith("#")] if ignore.exists() else []
+
+    def ignored(rel):
+        out = False
+        for pat in patterns:
+            neg = pat.startswith("!")
+            pat = pat.lstrip("!").rstrip("/")
+            regex = "^" + re.escape(pat).replace(r"\*\*", ".*").replace(r"\*", "[^/]*") + "(/.*)?$"
+            if re.match(regex, rel):
+                out = not neg
+        return out
+
+    bins = set()
+    for cargo in (ROOT / "crates").glob("*/Cargo.toml"):
+        bins |= set(re.findall(r'\[\[bin\]\]\s*name\s*=\s*"([^"]+)"', cargo.read_text()))
+    profile = None
+    for l in lines:
+        m = re.search(r"cargo build\b.*", l)
+        if m:
+            pm = re.search(r"--profile[ =](\S+)", m.group(0))
+            profile = pm.group(1) if pm else ("release" if "--release" in m.group(0) else "debug")
+            if "--locked" not in m.group(0):
+                fail(where, "cargo build without --locked: the image would not build the Cargo.lock it ships")
+            copied = re.findall(r"target/([^/\s]+)/([A-Za-z0-9_-]+)", l)
+            for prof_dir, binary in copied:
+                want_dir = "debug" if profile == "dev" else profile
+                if prof_dir != want_dir:
+                    fail(where, f"copies target/{prof_dir}/{binary}, but builds with --profile {profile} (target/{want_dir})")
+                if binary not in bins:
+                    fail(where, f"copies {binary}, which no crate's [[bin]] builds ({sorted(bins)})")
+            if {b for _, b in copied} != {"tessera", "kubectl-tessera"}:
+                fail(where, f"the image must hold tessera and kubectl-tessera, copies {[b for _, b in copied]}")
+    if profile is None:
+        fail(where, "no `cargo build` in the build stage")
+    for l in lines:
+        if l.upper().startswith("COPY ") and "--from=" not in l:
+            for src in l.split()[1:-1]:
+                if src.startswith("--"):
+                    continue
+                if not (ROOT / src).exists():
+                    fail(where, f"COPY {src}: not in the repository")
+                elif ignored(src):
+                    fail(where, f"COPY {src}: excluded by .dockerignore")
+    # What the build reads beyond its COPYs: build scripts' ../../ paths must be copied.
+    for build_rs in (ROOT / "crates").glob("*/build.rs"):
+        for rel in re.findall(r'"\.\./\.\./([A-Za-z0-9_-]+)"', build_rs.read_text()):
+            if not any(l.upper().startswith("COPY ") and f" {rel}" in l for l in lines):
+                fail(where, f"{build_rs.relative_to(ROOT)} reads {rel}/, which the Dockerfile does not COPY")
+    users = [l.split()[1] for l in lines[lines.index(stages[-1]):] if l.upper().startswith("USER ")]
+    if not users or users[-1].split(":")[0] in ("0", "root"):
+        fail(where, "the runtime stage must set a non-root USER")
+    entry = [l for l in lines if l.upper().startswith("ENTRYPOINT")]
+    if not entry or "tessera" not in entry[-1]:
+        fail(where, "ENTRYPOINT must be the tessera binary (the chart passes only args)")
+    print(f"ok   {where}: {len(stages)} stages, runtime {runtime}, profile {profile}, user {users[-1] if users else None}")
+
+
 print(f"helm SDK {helm.helm_sdk_version()} (helm-python-sdk), Kubernetes schemas {', '.join(KUBE_VERSIONS)}")
 crds = check_crds()
 chart_cfg = check_chart()
 check_examples(crds, chart_cfg)
 check_dashboards()
+check_dockerfile()
 print(f"{checked['objects']} objects, {checked['schema validations']} schema validations, {len(failures)} failures")
 if failures:
     print(f"{len(failures)} failed:")
