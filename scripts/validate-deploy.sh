@@ -10,6 +10,7 @@
 #                       `helm lint --strict`.
 #   kubernetes-validate the official Kubernetes OpenAPI schemas per release,
 #                       as strict JSON schemas (unknown fields are errors).
+#   cel-python          a CEL evaluator, for the webhooks' matchConditions.
 #
 # Checks:
 #   - helm lint --strict (kube-version 1.28.0) for each values scenario;
@@ -26,8 +27,16 @@
 #     chart's default render;
 #   - the CRD: the apiextensions.k8s.io/v1 schema plus structural-schema rules,
 #     and deploy/examples/gpunode.yaml against the CRD's own schema;
+#   - webhook scoping: the rendered webhooks' rules, namespaceSelectors and
+#     matchConditions (CEL, evaluated) against sample pods: a plain pod and a
+#     stock nvidia.com/gpu pod are sent to no webhook (so a dead scheduler cannot
+#     refuse them), Tessera's pods, the allocation annotation (set or removed)
+#     and cdi.k8s.io/* annotations are sent to the validating one;
 #   - the Grafana dashboard: JSON, unique panel ids, datasource variable, and
 #     that every metric it queries is one the code exports;
+#   - the Dockerfile (no daemon needed): multi-stage, distroless runtime, non-root,
+#     COPY sources exist and survive .dockerignore, the binaries it copies are the
+#     [[bin]]s built by the same cargo profile;
 #   - when a tessera binary is at hand ($TESSERA_BIN, $CARGO_TARGET_DIR or
 #     target/, debug or release), every flag the chart passes to
 #     `tessera scheduler` and `tessera node-agent` is one their --help lists.
@@ -38,18 +47,20 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TOOLS="${TESSERA_DEPLOY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/deploy-tools}"
 HELM_SDK_VERSION=0.2.2
 KUBERNETES_VALIDATE_VERSION=1.37.0
-STAMP="$TOOLS/.installed-helm-python-sdk-$HELM_SDK_VERSION-kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
+CEL_PYTHON_VERSION=0.5.0
+STAMP="$TOOLS/.installed-helm-python-sdk-$HELM_SDK_VERSION-kubernetes-validate-$KUBERNETES_VALIDATE_VERSION-cel-python-$CEL_PYTHON_VERSION"
 
 PYTHON="${PYTHON:-python3}"
 if [[ ! -f "$STAMP" ]]; then
-    echo "== installing tools into $TOOLS (helm-python-sdk $HELM_SDK_VERSION, kubernetes-validate $KUBERNETES_VALIDATE_VERSION)"
+    echo "== installing tools into $TOOLS (helm-python-sdk $HELM_SDK_VERSION, kubernetes-validate $KUBERNETES_VALIDATE_VERSION, cel-python $CEL_PYTHON_VERSION)"
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
         { echo "error: $PYTHON is older than 3.10 (helm-python-sdk needs 3.10+)" >&2; exit 1; }
     rm -rf "$TOOLS"
     "$PYTHON" -m venv "$TOOLS" ||
         { echo "error: '$PYTHON -m venv' failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
     "$TOOLS/bin/pip" install --quiet --disable-pip-version-check \
-        "helm-python-sdk==$HELM_SDK_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+        "helm-python-sdk==$HELM_SDK_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
+        "cel-python==$CEL_PYTHON_VERSION"
     touch "$STAMP"
 fi
 
@@ -76,6 +87,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import celpy
 import helm_python as helm
 import jsonschema
 import yaml
@@ -160,7 +172,44 @@ def describe(obj):
     return f"{obj.get('kind')}/{md.get('name')}"
 
 
+# Kinds of operators the chart can use (cert-manager, the Prometheus operator), whose
+# CRDs kubernetes-validate does not carry: their required fields, from the operators'
+# CRDs (cert-manager v1.x, monitoring.coreos.com/v1).
+_STR = {"type": "string", "minLength": 1}
+_LIST = {"type": "array", "minItems": 1}
+THIRD_PARTY = {
+    ("cert-manager.io/v1", "Issuer"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "minProperties": 1, "maxProperties": 1,
+        "properties": {"selfSigned": {"type": "object"}, "ca": {"type": "object", "required": ["secretName"]}},
+        "additionalProperties": False}}},
+    ("cert-manager.io/v1", "Certificate"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "required": ["secretName", "issuerRef"],
+        "properties": {"secretName": _STR, "issuerRef": {"type": "object", "required": ["name"]},
+                       "dnsNames": {"type": "array", "items": _STR}, "isCA": {"type": "boolean"},
+                       "commonName": _STR, "duration": _STR, "renewBefore": _STR,
+                       "privateKey": {"type": "object"}}, "additionalProperties": False}}},
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "required": ["selector", "endpoints"],
+        "properties": {"endpoints": {**_LIST, "items": {"type": "object", "required": ["port"]}}}}}},
+    ("monitoring.coreos.com/v1", "PodMonitor"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "required": ["selector", "podMetricsEndpoints"],
+        "properties": {"podMetricsEndpoints": {**_LIST, "items": {"type": "object", "required": ["port"]}}}}}},
+    ("monitoring.coreos.com/v1", "PrometheusRule"): {"type": "object", "required": ["spec"], "properties": {"spec": {
+        "type": "object", "required": ["groups"], "properties": {"groups": {**_LIST, "items": {
+            "type": "object", "required": ["name", "rules"], "properties": {"rules": {**_LIST, "items": {
+                "type": "object", "required": ["expr"],
+                "properties": {"alert": _STR, "expr": _STR, "for": _STR,
+                               "labels": {"type": "object"}, "annotations": {"type": "object"}}}}}}}}}}},
+}
+
+
 def schema_check(obj, where):
+    third = THIRD_PARTY.get((obj.get("apiVersion"), obj.get("kind")))
+    if third is not None:
+        checked["schema validations"] += 1
+        for err in jsonschema.Draft202012Validator(third).iter_errors(obj):
+            fail(where, f"{describe(obj)}: {'.'.join(map(str, err.path))}: {err.message}")
+        return
     for version in KUBE_VERSIONS:
         v = k8s_validator(obj.get("apiVersion", ""), obj.get("kind", ""), version)
         if v is None:
@@ -350,7 +399,9 @@ def check_references(objs, where, values):
                     fail(where, f"{describe(o)}: ConfigMap {v['configMap']['name']!r} is not in the chart")
                 if "secret" in v:
                     name = v["secret"]["secretName"]
-                    if not has("Secret", ns, name) and name not in existing_secrets:
+                    issued = any(c["spec"]["secretName"] == name and cns == ns
+                                 for (cns, _), c in by_kind.get("Certificate", {}).items())
+                    if not has("Secret", ns, name) and name not in existing_secrets and not issued:
                         fail(where, f"{describe(o)}: Secret {name!r} is neither in the chart nor named in values")
         if o["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             ref = o["roleRef"]
@@ -371,7 +422,14 @@ def check_references(objs, where, values):
                     continue
                 if svc_ref.get("port", 443) not in [p["port"] for p in svc["spec"]["ports"]]:
                     fail(where, f"{describe(o)}: webhook {w['name']}: Service {svc_ref['name']} has no port {svc_ref.get('port', 443)}")
-                if not (w.get("clientConfig") or {}).get("caBundle"):
+                inject = ((o.get("metadata") or {}).get("annotations") or {}).get("cert-manager.io/inject-ca-from")
+                if inject:
+                    cns, _, cname = inject.partition("/")
+                    if not has("Certificate", cns, cname):
+                        fail(where, f"{describe(o)}: inject-ca-from names Certificate {inject!r}, which is not in the chart")
+                    if (w.get("clientConfig") or {}).get("caBundle"):
+                        fail(where, f"{describe(o)}: webhook {w['name']} has a caBundle and cert-manager injects one")
+                elif not (w.get("clientConfig") or {}).get("caBundle"):
                     fail(where, f"{describe(o)}: webhook {w['name']} has no caBundle")
     for svc in by_kind.get("Service", {}).values():
         sel = svc["spec"].get("selector") or {}
@@ -614,6 +672,22 @@ def lint(values, where):
         fail(where, f"helm lint: {e}")
 
 
+GPU_OPERATOR = ROOT / "deploy/gpu-operator"
+# The operator's per-node switches for the components Tessera replaces (GPU Operator
+# docs: nvidia.com/gpu.deploy.<component>=false stops that operand on the node).
+OPERATOR_OFF = {"nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery",
+                "nvidia.com/gpu.deploy.mig-manager"}
+
+
+def gpu_operator_values():
+    f = GPU_OPERATOR / "values.yaml"
+    docs = load_docs(f.read_text(), str(f.relative_to(ROOT))) if f.exists() else []
+    if not docs:
+        fail("gpu-operator", f"{f.relative_to(ROOT)}: missing or empty (item 3)")
+        return {}
+    return docs[0]
+
+
 SCENARIOS = {
     "defaults": {},
     "webhook off": {"webhook": {"enabled": False}},
@@ -624,6 +698,19 @@ SCENARIOS = {
     "existing secrets": {"signingKey": {"existingSecret": "my-key"},
                          "webhook": {"existingTlsSecret": "my-tls", "caBundle": "Q0EK"},
                          "nodeAgent": {"allocationKeySecret": {"name": "agent-key", "key": "hmac"}}},
+    "webhook scoping, served schedulerNames": {"scheduler": {"serveSchedulerNames": ["gpu-batch"]}},
+    "existing-Secret signing key": {"signingKey": {"existingSecret": "tessera-keys", "generate": False}},
+    "gitops: existing key, cert-manager": {"signingKey": {"existingSecret": "tessera-keys", "generate": False},
+                                          "webhook": {"certManager": {"enabled": True}}},
+    "cert-manager with your issuer": {"webhook": {"certManager": {"enabled": True, "issuerRef": {
+        "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
+    "ServiceMonitor on": {"monitoring": {"serviceMonitor": True, "podMonitor": True, "prometheusRule": True,
+                                         "labels": {"release": "kube-prometheus-stack"}}},
+    "agent rolling update": {"nodeAgent": {"updateStrategy": "RollingUpdate"}},
+    "GPU Operator coexistence": gpu_operator_values(),
+    "GPU Operator coexistence, monitored": {**gpu_operator_values(),
+                                            "monitoring": {**gpu_operator_values().get("monitoring", {}),
+                                                           "podMonitor": True, "serviceMonitor": True}},
     "grafana dashboards": {"grafanaDashboards": {"enabled": True, "namespace": "monitoring",
                                                  "annotations": {"grafana_folder": "GPUs"}}},
     "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
@@ -639,6 +726,11 @@ SCENARIOS = {
 MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
     "existing TLS Secret without its CA": ({"webhook": {"existingTlsSecret": "my-tls"}}, "webhook.caBundle must"),
     "two replicas without leader election": ({"scheduler": {"leaderElection": False}}, "needs scheduler.replicas=1"),
+    "no signing key to use": ({"signingKey": {"generate": False}}, "name your Secret in signingKey.existingSecret"),
+    "cert-manager and an existing TLS Secret": ({"webhook": {"certManager": {"enabled": True}, "existingTlsSecret": "x",
+                                                             "caBundle": "Q0EK"}}, "are exclusive"),
+    "an unknown agent update strategy": ({"nodeAgent": {"updateStrategy": "Recreate"}}, "nodeAgent.updateStrategy must be OnDelete or RollingUpdate"),
+    "an unknown anti-affinity": ({"scheduler": {"antiAffinity": "maybe"}}, "scheduler.antiAffinity must be hard or soft"),
     "an unknown MPS daemon mode": ({"nodeAgent": {"mpsDaemons": "sidecar"}}, "nodeAgent.mpsDaemons must be per-gpu or external"),
 }
 
@@ -712,6 +804,381 @@ def check_dashboard_configmaps(objs, where, values):
             fail(where, f"ConfigMap {meta['name']}: annotations {meta.get('annotations')!r}")
 
 
+# ---------------------------------------------------------------- webhook scoping
+_cel = celpy.Environment()
+
+
+def selector_matches(sel, labels):
+    """A metav1.LabelSelector (nil or empty: everything)."""
+    sel = sel or {}
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        if op == "In" and labels.get(k) not in vals:
+            return False
+        if op == "NotIn" and k in labels and labels[k] in vals:
+            return False
+        if op == "Exists" and k not in labels:
+            return False
+        if op == "DoesNotExist" and k in labels:
+            return False
+    return True
+
+
+def webhook_sends(w, ns_labels, request, obj, old, where):
+    """Whether the API server sends this admission request to webhook `w`: a rule
+    matches, the namespaceSelector and objectSelector match, and every matchCondition
+    is true. A condition that errors counts as sent (the API server then applies the
+    failurePolicy, which for Fail refuses the pod) and is reported."""
+    resource = request["resource"]
+    if not any(request["operation"] in r.get("operations", []) and resource in r.get("resources", [])
+               for r in w.get("rules") or []):
+        return False
+    if not selector_matches(w.get("namespaceSelector"), ns_labels):
+        return False
+    obj_labels = (obj.get("metadata") or {}).get("labels") or {}
+    old_labels = ((old or {}).get("metadata") or {}).get("labels") or {}
+    if not (selector_matches(w.get("objectSelector"), obj_labels)
+            or (old and selector_matches(w.get("objectSelector"), old_labels))):
+        return False
+    activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel(request)}
+    for c in w.get("matchConditions") or []:
+        try:
+            prog = _cel.program(_cel.compile(c["expression"]))
+            result = prog.evaluate(activation)
+        except Exception as e:  # a CEL error: the API server applies failurePolicy
+            fail(where, f"webhook {w['name']}: matchCondition {c['name']} errors ({e.__class__.__name__}: {e})")
+            return True
+        if not isinstance(result, celpy.celtypes.BoolType):
+            fail(where, f"webhook {w['name']}: matchCondition {c['name']} is {result!r}, not a bool")
+            return True
+        if not result:
+            return False
+    return True
+
+
+def sample_pod(name, ns, resources=None, annotations=None, labels=None, scheduler="default-scheduler",
+               init_resources=None):
+    """A pod as the API server hands it to admission (defaulted: schedulerName set,
+    resources present)."""
+    md = {"name": name, "namespace": ns, "uid": f"uid-{name}"}
+    if annotations:
+        md["annotations"] = annotations
+    if labels:
+        md["labels"] = labels
+    spec = {"schedulerName": scheduler,
+            "containers": [{"name": "main", "image": "busybox",
+                            "resources": {"requests": dict(resources or {}), "limits": dict(resources or {})}
+                            if resources else {}}]}
+    if init_resources:
+        spec["initContainers"] = [{"name": "init", "image": "busybox",
+                                   "resources": {"limits": dict(init_resources)}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
+
+
+def scoping_cases(values):
+    """(case, namespace labels, operation, resource, object, oldObject, object as the
+    validating webhook sees it (after mutation) or None, sent to validate, sent to a
+    mutating webhook)."""
+    def ns(name, **labels):
+        return {"kubernetes.io/metadata.name": name, **labels}
+    default, optin = ns("default"), ns("ml", **{"tessera.io/schedule": "true"})
+    own, optout = ns(NAMESPACE), ns("lab", **{"tessera.io/webhook": "disabled"})
+    sched = (values.get("scheduler") or {}).get("schedulerName", "tessera")
+    gpu = {"nvidia.com/gpu": "1"}
+    share = {"tessera.io/gpu-milli": "400"}
+    alloc = {"tessera.io/allocation": '{"version":1}'}
+    stock = sample_pod("stock", "default", gpu)
+    cases = [
+        # The two that must survive a dead webhook (item 2's "scaled to 0" test).
+        ("plain pod", default, "CREATE", "pods", sample_pod("plain", "default"), None, None, False, False),
+        ("stock nvidia.com/gpu pod", default, "CREATE", "pods", stock, None, None, False, False),
+        ("stock pod relabelled (UPDATE)", default, "UPDATE", "pods",
+         sample_pod("stock", "default", gpu, labels={"app": "x"}), stock, None, False, False),
+        ("plain pod in an opted-in namespace", optin, "CREATE", "pods", sample_pod("cpu", "ml"), None, None, False, False),
+        # Tessera's pods.
+        ("tessera.io pod", default, "CREATE", "pods", sample_pod("share", "default", share), None,
+         sample_pod("share", "default", share, scheduler=sched), True, True),
+        ("tessera.io init container", default, "CREATE", "pods", sample_pod("init", "default", init_resources=share),
+         None, None, True, True),
+        (f"pod naming schedulerName {sched}", default, "CREATE", "pods",
+         sample_pod("named", "default", gpu, scheduler=sched), None, None, True, False),
+        ("stock pod labelled tessera.io/schedule", default, "CREATE", "pods",
+         sample_pod("opt", "default", gpu, labels={"tessera.io/schedule": "true"}), None, None, True, True),
+        ("stock pod with tessera.io/isolation", default, "CREATE", "pods",
+         sample_pod("iso", "default", gpu, annotations={"tessera.io/isolation": "mps"}), None, None, True, True),
+        ("stock pod in an opted-in namespace", optin, "CREATE", "pods", sample_pod("stock", "ml", gpu), None,
+         sample_pod("stock", "ml", gpu, scheduler=sched), True, True),
+        ("ephemeral container on a Tessera pod", default, "UPDATE", "pods/ephemeralcontainers",
+         sample_pod("named", "default", gpu, scheduler=sched), sample_pod("named", "default", gpu, scheduler=sched),
+         None, True, False),
+        # The allocation annotation is guarded on every pod.
+        ("plain pod setting tessera.io/allocation", default, "CREATE", "pods",
+         sample_pod("forge", "default", annotations=alloc), None, None, True, True),
+        ("pod removing tessera.io/allocation (UPDATE)", default, "UPDATE", "pods",
+         sample_pod("stock", "default", gpu), sample_pod("stock", "default", gpu, annotations=alloc), None, True, False),
+        ("pod adding tessera.io/allocation (UPDATE)", default, "UPDATE", "pods",
+         sample_pod("stock", "default", gpu, annotations=alloc), stock, None, True, False),
+        ("pod with a cdi.k8s.io annotation", default, "CREATE", "pods",
+         sample_pod("cdi", "default", annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}), None, None, True, False),
+        # Never sent: the scheduler's own namespace (its pods must start while the
+        # webhook is down) and namespaces that opted out.
+        ("tessera.io pod in the release namespace", own, "CREATE", "pods",
+         sample_pod("share", NAMESPACE, share), None, None, False, False),
+        ("tessera.io pod in an opted-out namespace", optout, "CREATE", "pods",
+         sample_pod("share", "lab", share), None, None, False, False),
+    ]
+    for extra in (values.get("scheduler") or {}).get("serveSchedulerNames") or []:
+        cases.append((f"pod naming served schedulerName {extra}", default, "CREATE", "pods",
+                      sample_pod("served", "default", gpu, scheduler=extra), None, None, True, False))
+    return cases
+
+
+def check_webhook_scoping(objs, where, values):
+    hooks = {"validate": [], "mutate": []}
+    for o in objs:
+        if o["kind"] == "ValidatingWebhookConfiguration":
+            hooks["validate"] += o.get("webhooks") or []
+        elif o["kind"] == "MutatingWebhookConfiguration":
+            hooks["mutate"] += o.get("webhooks") or []
+    if not hooks["validate"] and not hooks["mutate"]:
+        return
+    set_name = (values.get("webhook") or {}).get("setSchedulerName", True)
+    n = 0
+    for case, ns_labels, op, resource, obj, old, validated, want_v, want_m in scoping_cases(values):
+        request = {"operation": op, "resource": resource,
+                   "namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"]}
+        sent_m = [w["name"] for w in hooks["mutate"] if webhook_sends(w, ns_labels, request, obj, old, where)]
+        sent_v = [w["name"] for w in hooks["validate"]
+                  if webhook_sends(w, ns_labels, request, validated or obj, old, where)]
+        want_m = want_m and set_name
+        if bool(sent_v) != want_v:
+            fail(where, f"webhook scoping: {case}: validating webhook {'sent' if sent_v else 'not sent'} it, "
+                        f"must {'' if want_v else 'not '}be")
+        if bool(sent_m) != want_m:
+            fail(where, f"webhook scoping: {case}: mutating webhook {sent_m or 'none'} sent it, "
+                        f"must {'' if want_m else 'not '}be")
+        n += 1
+    print(f"ok   {where}: webhook scoping, {n} sample admission requests")
+
+
+def check_scheduler_availability(objs, where, values):
+    """More than one scheduler replica: a PodDisruptionBudget that selects them (a drain
+    never evicts all), and required anti-affinity by hostname unless antiAffinity=soft."""
+    sv = values.get("scheduler") or {}
+    deps = [o for o in objs if o["kind"] == "Deployment"
+            and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler"]
+    if len(deps) != 1:
+        fail(where, f"expected one scheduler Deployment, found {len(deps)}")
+        return
+    dep = deps[0]
+    tlabels = dep["spec"]["template"]["metadata"]["labels"]
+    if dep["spec"]["replicas"] < 2:
+        return
+    pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget"
+            and selector_matches(o["spec"].get("selector"), tlabels)]
+    if sv.get("podDisruptionBudget", True) and len(pdbs) != 1:
+        fail(where, f"{dep['spec']['replicas']} scheduler replicas: expected one PodDisruptionBudget selecting them, found {len(pdbs)}")
+    for pdb in pdbs:
+        if pdb["spec"].get("maxUnavailable") != 1:
+            fail(where, f"{describe(pdb)}: maxUnavailable must be 1")
+    anti = ((dep["spec"]["template"]["spec"].get("affinity") or {}).get("podAntiAffinity") or {})
+    required = anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+    hard = [t for t in required if t.get("topologyKey") == "kubernetes.io/hostname"
+            and selector_matches(t.get("labelSelector"), tlabels)]
+    if sv.get("antiAffinity", "hard") == "hard" and not sv.get("affinity") and not hard:
+        fail(where, "scheduler replicas: no required pod anti-affinity by kubernetes.io/hostname")
+
+
+def check_signing_keys(objs, where, values):
+    """Item 7: the scheduler and every node agent verify with the whole signing Secret
+    (--verify-key-dir names a directory where the Secret is mounted without an `items`
+    filter, so its verify-* keys are there), and the scheduler signs with its `key`."""
+    sk = values.get("signingKey") or {}
+    want_secret = sk.get("existingSecret") or f"{RELEASE}-allocation-key"
+    agent_secret = ((values.get("nodeAgent") or {}).get("allocationKeySecret") or {}).get("name") or want_secret
+    for o in objs:
+        if o["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        pod = o["spec"]["template"]["spec"]
+        vols = {v["name"]: v for v in pod.get("volumes") or []}
+        for c in pod["containers"]:
+            args = c.get("args") or []
+            if not args or args[0] not in ("scheduler", "node-agent"):
+                continue
+            dirs = [a.split("=", 1)[1] for a in args if a.startswith("--verify-key-dir=")]
+            if len(dirs) != 1:
+                fail(where, f"{describe(o)}/{c['name']}: expected one --verify-key-dir, found {dirs}")
+                continue
+            mounts = [m for m in c.get("volumeMounts") or [] if m["mountPath"].rstrip("/") == dirs[0].rstrip("/")]
+            secret = (vols.get(mounts[0]["name"], {}) if mounts else {}).get("secret")
+            expected = want_secret if args[0] == "scheduler" else agent_secret
+            if not secret or secret.get("secretName") != expected:
+                fail(where, f"{describe(o)}/{c['name']}: --verify-key-dir {dirs[0]} is not the Secret {expected!r} mounted")
+            elif secret.get("items"):
+                fail(where, f"{describe(o)}/{c['name']}: the key Secret is mounted with items {secret['items']}: its verify-* keys are left out")
+            if args[0] == "scheduler" and f"--signing-key-file={dirs[0].rstrip('/')}/key" not in args:
+                fail(where, f"{describe(o)}/{c['name']}: does not sign with {dirs[0]}/key")
+    generated = [o for o in objs if o["kind"] == "Secret"]
+    if sk.get("existingSecret") and any(o["metadata"]["name"] == want_secret for o in generated):
+        fail(where, f"signingKey.existingSecret is set, but the chart renders Secret {want_secret!r} (it would overwrite yours)")
+
+
+def check_gitops_render(values, where, first):
+    """With an existing signing key and cert-manager, `helm template` (Argo CD, Flux)
+    must render the same bytes every time and generate no Secret: a new key on every
+    sync would stop every running grant from verifying."""
+    cm = ((values.get("webhook") or {}).get("certManager") or {}).get("enabled")
+    if not ((values.get("signingKey") or {}).get("existingSecret") and cm):
+        return
+    second = render(values, where)
+    if second != first:
+        fail(where, "two renders differ: a GitOps tool would change the release on every sync")
+    for o in load_docs(first, where):
+        if o["kind"] == "Secret":
+            fail(where, f"{describe(o)} is generated at render time")
+    print(f"ok   {where}: renders byte-identical twice, no generated Secret")
+
+
+def promql_metrics(expr):
+    """The metric names a PromQL expression reads (labels, strings, grouping and
+    functions left out)."""
+    stripped = re.sub(r'"[^"]*"', '""', expr)
+    stripped = re.sub(r"\{[^}]*\}", "{}", stripped)
+    stripped = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", stripped)
+    stripped = re.sub(r"\[[^\]]*\]", "", stripped)
+    return {i for i in re.findall(r"\b[A-Za-z_][A-Za-z0-9_:]*\b", stripped)
+            if i not in PROMQL_WORDS and not i.isdigit()}
+
+
+def check_monitoring(objs, where, values):
+    """Item 10: with monitoring on, the ServiceMonitor selects the scheduler's Service
+    and names one of its ports, the PodMonitor selects the node agents' pods and names
+    their metrics port, and every alert reads only metrics a Tessera component exports
+    (or the scrape's own `up`); with it off (the default), none of them is rendered."""
+    m = values.get("monitoring") or {}
+    kinds = {"ServiceMonitor": m.get("serviceMonitor"), "PodMonitor": m.get("podMonitor"),
+             "PrometheusRule": m.get("prometheusRule")}
+    agent_on = (values.get("nodeAgent") or {}).get("enabled", True)
+    for kind, on in kinds.items():
+        found = [o for o in objs if o["kind"] == kind]
+        want = bool(on) and (kind != "PodMonitor" or agent_on)
+        if bool(found) != want:
+            fail(where, f"{kind}: {len(found)} rendered, monitoring says {'on' if want else 'off'}")
+    for sm in (o for o in objs if o["kind"] == "ServiceMonitor"):
+        svcs = [o for o in objs if o["kind"] == "Service"
+                and selector_matches(sm["spec"]["selector"], o["metadata"].get("labels") or {})]
+        if not svcs:
+            fail(where, f"{describe(sm)}: selects no Service of the chart")
+        for ep in sm["spec"]["endpoints"]:
+            for svc in svcs:
+                if ep["port"] not in [p.get("name") for p in svc["spec"]["ports"]]:
+                    fail(where, f"{describe(sm)}: Service {svc['metadata']['name']} has no port {ep['port']!r}")
+    for pm in (o for o in objs if o["kind"] == "PodMonitor"):
+        pods = [o for o in objs if o["kind"] in ("Deployment", "DaemonSet")
+                and selector_matches(pm["spec"]["selector"], o["spec"]["template"]["metadata"]["labels"])]
+        if [p["kind"] for p in pods] != ["DaemonSet"]:
+            fail(where, f"{describe(pm)}: selects {[describe(p) for p in pods]}, expected the node agent only")
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            for p in pods:
+                names = [cp.get("name") for c in p["spec"]["template"]["spec"]["containers"] for cp in c.get("ports") or []]
+                if ep["port"] not in names:
+                    fail(where, f"{describe(pm)}: {describe(p)} has no port {ep['port']!r}")
+    exported = exported_metrics() | {"up"}
+    for pr in (o for o in objs if o["kind"] == "PrometheusRule"):
+        alerts = set()
+        for g in pr["spec"]["groups"]:
+            for r in g["rules"]:
+                alerts.add(r.get("alert"))
+                for name in promql_metrics(r["expr"]) - exported:
+                    fail(where, f"{describe(pr)}: {r.get('alert')}: reads {name!r}, which no Tessera component exports")
+        for need in ("TesseraNoLeader", "TesseraBindsFailing", "TesseraAgentWithoutGpus", "TesseraGpuUnhealthy"):
+            if need not in alerts:
+                fail(where, f"{describe(pr)}: no alert {need}")
+
+
+def check_agent_update_strategy(objs, where, values):
+    """Item 10: per-gpu MPS daemons end with the agent's container, so a rolling update
+    would cut every MPS pod off its daemon: the default must then be OnDelete."""
+    na = values.get("nodeAgent") or {}
+    for o in objs:
+        if o["kind"] != "DaemonSet":
+            continue
+        got = o["spec"].get("updateStrategy", {}).get("type", "RollingUpdate")
+        want = na.get("updateStrategy") or ("OnDelete" if na.get("mpsDaemons", "per-gpu") == "per-gpu" else "RollingUpdate")
+        if got != want:
+            fail(where, f"{describe(o)}: updateStrategy {got}, expected {want} (mpsDaemons {na.get('mpsDaemons', 'per-gpu')})")
+        for c in o["spec"]["template"]["spec"]["containers"]:
+            if (c.get("securityContext") or {}).get("runAsUser") != 0:
+                fail(where, f"{describe(o)}/{c['name']}: must run as root (runAsUser: 0): the image's user cannot write the kubelet's device-plugin directory")
+
+
+def check_gpu_operator(objs, where, values):
+    """Item 3: the coexistence values, the node labels migrate-node.sh sets and the
+    ClusterPolicy patch agree. The agent runs only on nodes whose operator device
+    plugin is off (never two plugins for one GPU); every component Tessera replaces
+    there (device plugin, GFD, MIG manager) is switched off by a label the script
+    sets and rolls back; the toolkit's unprivileged-envvar switch is off through the
+    ClusterPolicy, with the operator's own plugin moved to volume mounts so that its
+    nodes keep their GPUs."""
+    script = (GPU_OPERATOR / "migrate-node.sh")
+    if not script.exists():
+        fail(where, "deploy/gpu-operator/migrate-node.sh is missing")
+        return
+    m = re.search(r"^LABELS=\(\n(.*?)\n\)", script.read_text(), re.S | re.M)
+    labels = dict(l.strip().split("=", 1) for l in m.group(1).splitlines() if l.strip()) if m else {}
+    if set(labels) != OPERATOR_OFF or set(labels.values()) != {"false"}:
+        fail(where, f"migrate-node.sh LABELS {labels} must set exactly {sorted(OPERATOR_OFF)} to false")
+    text = script.read_text()
+    for step in ("kubectl cordon", "/eviction", "kubectl uncordon", "--rollback", '"${LABELS[@]/%=*/-}"'):
+        if step not in text:
+            fail(where, f"migrate-node.sh: no {step!r} step")
+    agents = [o for o in objs if o["kind"] == "DaemonSet"]
+    if len(agents) != 1:
+        fail(where, "expected the node agent DaemonSet")
+        return
+    spec = agents[0]["spec"]["template"]["spec"]
+    sel = spec.get("nodeSelector") or {}
+    if sel.get("nvidia.com/gpu.deploy.device-plugin") != "false":
+        fail(where, f"node agent nodeSelector {sel}: must require nvidia.com/gpu.deploy.device-plugin=false "
+                    "(the agent beside the operator's device plugin would hand out the same GPUs)")
+    if any(labels.get(k) != v for k, v in sel.items()):
+        fail(where, f"node agent nodeSelector {sel} is not what migrate-node.sh labels ({labels}): the agent would never start")
+    args = spec["containers"][0].get("args") or []
+    if "--no-nvidia-gpu-resource" in args:
+        fail(where, "the operator's device plugin is off on Tessera nodes: the agent must serve nvidia.com/gpu")
+    if "--no-node-labels" in args:
+        fail(where, "GPU feature discovery is off on Tessera nodes: the agent must write the nvidia.com/gpu.* labels")
+    strategy = next((a.split("=", 1)[1] for a in args if a.startswith("--device-list-strategy=")), "")
+    patch_file = GPU_OPERATOR / "clusterpolicy-patch.yaml"
+    patch = (load_docs(patch_file.read_text(), str(patch_file)) or [{}])[0] if patch_file.exists() else {}
+    if not patch:
+        fail(where, "deploy/gpu-operator/clusterpolicy-patch.yaml is missing")
+        return
+
+    def env(component):
+        return {e["name"]: str(e["value"]) for e in ((patch.get("spec") or {}).get(component) or {}).get("env") or []}
+    tk, dp = env("toolkit"), env("devicePlugin")
+    if tk.get("ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED") != "false":
+        fail(where, "ClusterPolicy patch: toolkit ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED must be false (a pod could name any GPU)")
+    if "volume-mounts" in strategy and tk.get("ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS") != "true":
+        fail(where, "ClusterPolicy patch: the agent hands devices as volume mounts; the toolkit must accept them")
+    if dp.get("DEVICE_LIST_STRATEGY") not in ("volume-mounts", "cdi-annotations", "cdi-cri"):
+        fail(where, "ClusterPolicy patch: the operator's device plugin must stop using envvar, which the toolkit now ignores")
+    if ((patch.get("spec") or {}).get("devicePlugin") or {}).get("enabled") is False:
+        fail(where, "ClusterPolicy patch: do not turn the operator's device plugin off cluster-wide; label Tessera's nodes")
+    pms = [o for o in objs if o["kind"] == "PodMonitor"]
+    for pm in pms:
+        drops = [r for ep in pm["spec"]["podMetricsEndpoints"] for r in ep.get("metricRelabelings") or []
+                 if r.get("action") == "drop" and "DCGM_FI_" in r.get("regex", "")]
+        if not drops:
+            fail(where, f"{describe(pm)}: dcgm-exporter runs beside the agent: its DCGM_FI_* series must be dropped")
+    print(f"ok   {where}: GPU Operator coexistence (labels {sorted(labels)}, ClusterPolicy patch, agent selector)")
+
+
 def check_chart():
     helps = {}
     if TESSERA_BIN:
@@ -759,6 +1226,14 @@ def check_chart():
         elif cms:
             fail(where, "standalone mode renders a kube-scheduler ConfigMap")
         check_dashboard_configmaps(objs, where, values)
+        check_webhook_scoping(objs, where, values)
+        check_scheduler_availability(objs, where, values)
+        check_signing_keys(objs, where, values)
+        check_gitops_render(values, where, manifest)
+        check_monitoring(objs, where, values)
+        check_agent_update_strategy(objs, where, values)
+        if name.startswith("GPU Operator coexistence"):
+            check_gpu_operator(objs, where, values)
         kinds = sorted({o["kind"] for o in objs})
         print(f"ok   {where}: {len(objs)} objects ({', '.join(kinds)})")
     for name, (values, phrase) in MUST_FAIL.items():
@@ -812,7 +1287,8 @@ PROMQL_WORDS = {"sum", "avg", "min", "max", "count", "by", "without", "or", "and
                 "ignoring", "vector", "rate", "irate", "increase", "label_values", "bool", "topk",
                 "bottomk", "group_left", "group_right", "offset", "histogram_quantile", "clamp_min",
                 "clamp_max", "abs", "time", "delta", "deriv", "changes", "resets", "avg_over_time",
-                "max_over_time", "min_over_time", "sum_over_time", "count_over_time", "quantile", "stddev"}
+                "max_over_time", "min_over_time", "sum_over_time", "count_over_time", "quantile", "stddev",
+                "absent"}
 
 
 def check_dashboards():
@@ -866,11 +1342,91 @@ def check_dashboards():
         print(f"ok   {where}: {len(ids)} panels, {len(exprs)} queries")
 
 
+# ---------------------------------------------------------------- Dockerfile
+def check_dockerfile():
+    """Item 1, without a Docker daemon: every path the build stage COPYs from the
+    context exists and survives .dockerignore; the binaries copied out of target/ are
+    the workspace's [[bin]]s in the directory of the profile the same RUN builds; the
+    runtime stage runs as a non-root user; and the chart's container args start with
+    a subcommand of that ENTRYPOINT."""
+    where = "Dockerfile"
+    path = ROOT / "Dockerfile"
+    if not path.exists():
+        fail(where, "missing (item 1: the image the chart installs)")
+        return
+    text = re.sub(r"\\\n", " ", path.read_text())
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+    stages = [l for l in lines if l.upper().startswith("FROM ")]
+    if len(stages) < 2:
+        fail(where, "expected a multi-stage build (a build stage and a runtime stage)")
+    runtime = stages[-1].split()[1]
+    if not re.match(r"(gcr\.io/distroless/|scratch$|cgr\.dev/chainguard/(static|glibc-dynamic))", runtime):
+        fail(where, f"runtime image {runtime!r} is neither distroless nor static")
+    ignore = ROOT / ".dockerignore"
+    patterns = [l.strip() for l in ignore.read_text().splitlines()
+                if l.strip() and not l.startswith("#")] if ignore.exists() else []
+
+    def ignored(rel):
+        out = False
+        for pat in patterns:
+            neg = pat.startswith("!")
+            pat = pat.lstrip("!").rstrip("/")
+            regex = "^" + re.escape(pat).replace(r"\*\*", ".*").replace(r"\*", "[^/]*") + "(/.*)?$"
+            if re.match(regex, rel):
+                out = not neg
+        return out
+
+    bins = set()
+    for cargo in (ROOT / "crates").glob("*/Cargo.toml"):
+        bins |= set(re.findall(r'\[\[bin\]\]\s*name\s*=\s*"([^"]+)"', cargo.read_text()))
+    profile = None
+    for l in lines:
+        m = re.search(r"cargo build\b.*", l)
+        if m:
+            pm = re.search(r"--profile[ =](\S+)", m.group(0))
+            profile = pm.group(1) if pm else ("release" if "--release" in m.group(0) else "debug")
+            if "--locked" not in m.group(0):
+                fail(where, "cargo build without --locked: the image would not build the Cargo.lock it ships")
+            copied = re.findall(r"target/([^/\s]+)/([A-Za-z0-9_-]+)", l)
+            for prof_dir, binary in copied:
+                want_dir = "debug" if profile == "dev" else profile
+                if prof_dir != want_dir:
+                    fail(where, f"copies target/{prof_dir}/{binary}, but builds with --profile {profile} (target/{want_dir})")
+                if binary not in bins:
+                    fail(where, f"copies {binary}, which no crate's [[bin]] builds ({sorted(bins)})")
+            if {b for _, b in copied} != {"tessera", "kubectl-tessera"}:
+                fail(where, f"the image must hold tessera and kubectl-tessera, copies {[b for _, b in copied]}")
+    if profile is None:
+        fail(where, "no `cargo build` in the build stage")
+    for l in lines:
+        if l.upper().startswith("COPY ") and "--from=" not in l:
+            for src in l.split()[1:-1]:
+                if src.startswith("--"):
+                    continue
+                if not (ROOT / src).exists():
+                    fail(where, f"COPY {src}: not in the repository")
+                elif ignored(src):
+                    fail(where, f"COPY {src}: excluded by .dockerignore")
+    # What the build reads beyond its COPYs: build scripts' ../../ paths must be copied.
+    for build_rs in (ROOT / "crates").glob("*/build.rs"):
+        for rel in re.findall(r'"\.\./\.\./([A-Za-z0-9_-]+)"', build_rs.read_text()):
+            if not any(l.upper().startswith("COPY ") and f" {rel}" in l for l in lines):
+                fail(where, f"{build_rs.relative_to(ROOT)} reads {rel}/, which the Dockerfile does not COPY")
+    users = [l.split()[1] for l in lines[lines.index(stages[-1]):] if l.upper().startswith("USER ")]
+    if not users or users[-1].split(":")[0] in ("0", "root"):
+        fail(where, "the runtime stage must set a non-root USER")
+    entry = [l for l in lines if l.upper().startswith("ENTRYPOINT")]
+    if not entry or "tessera" not in entry[-1]:
+        fail(where, "ENTRYPOINT must be the tessera binary (the chart passes only args)")
+    print(f"ok   {where}: {len(stages)} stages, runtime {runtime}, profile {profile}, user {users[-1] if users else None}")
+
+
 print(f"helm SDK {helm.helm_sdk_version()} (helm-python-sdk), Kubernetes schemas {', '.join(KUBE_VERSIONS)}")
 crds = check_crds()
 chart_cfg = check_chart()
 check_examples(crds, chart_cfg)
 check_dashboards()
+check_dockerfile()
 print(f"{checked['objects']} objects, {checked['schema validations']} schema validations, {len(failures)} failures")
 if failures:
     print(f"{len(failures)} failed:")

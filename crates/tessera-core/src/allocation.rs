@@ -143,6 +143,105 @@ pub enum AllocationError {
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// The keys a signed annotation is checked against: [`KeyRing`], or one bare key
+/// (`&[u8]`, `Vec<u8>`, `b"…"`).
+pub trait VerifyingKeys {
+    /// Every key that verifies, the signing key first.
+    fn verifying_keys(&self) -> Vec<&[u8]>;
+}
+
+impl VerifyingKeys for [u8] {
+    fn verifying_keys(&self) -> Vec<&[u8]> {
+        vec![self]
+    }
+}
+
+impl VerifyingKeys for Vec<u8> {
+    fn verifying_keys(&self) -> Vec<&[u8]> {
+        vec![self.as_slice()]
+    }
+}
+
+impl<const N: usize> VerifyingKeys for [u8; N] {
+    fn verifying_keys(&self) -> Vec<&[u8]> {
+        vec![self.as_slice()]
+    }
+}
+
+/// The scheduler's signing key and the keys that only verify.
+///
+/// Rotating the key must not orphan running grants: an annotation signed with
+/// the old key has to keep verifying, on the node agent (or the container's
+/// next `Allocate` is refused) and in the scheduler (or it stops counting the
+/// pod's GPUs and grants them again). So the old key stays as a verify-only
+/// key until every pod it signed for has ended; a new key can likewise be
+/// handed to the agents as verify-only before the scheduler signs with it.
+/// The scheduler signs with [`KeyRing::signing`] only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KeyRing {
+    signing: Vec<u8>,
+    verify_only: Vec<Vec<u8>>,
+}
+
+impl KeyRing {
+    /// A ring with one key that signs and verifies.
+    pub fn new(signing: Vec<u8>) -> KeyRing {
+        KeyRing {
+            signing,
+            verify_only: Vec::new(),
+        }
+    }
+
+    /// Adds keys that verify but never sign (empty ones are dropped).
+    pub fn with_verify_only(mut self, keys: impl IntoIterator<Item = Vec<u8>>) -> KeyRing {
+        self.verify_only
+            .extend(keys.into_iter().filter(|k| !k.is_empty()));
+        self
+    }
+
+    /// The key new annotations are signed with.
+    pub fn signing(&self) -> &[u8] {
+        &self.signing
+    }
+
+    /// How many keys verify (the signing key included).
+    pub fn len(&self) -> usize {
+        usize::from(!self.signing.is_empty()) + self.verify_only.len()
+    }
+
+    /// No key at all (a read-only tool that decodes without verifying).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Vec<u8>> for KeyRing {
+    fn from(signing: Vec<u8>) -> KeyRing {
+        KeyRing::new(signing)
+    }
+}
+
+/// Never prints key bytes (they end up in logs).
+impl std::fmt::Debug for KeyRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "KeyRing {{ signing: <{} bytes>, verify_only: {} key(s) }}",
+            self.signing.len(),
+            self.verify_only.len()
+        )
+    }
+}
+
+impl VerifyingKeys for KeyRing {
+    fn verifying_keys(&self) -> Vec<&[u8]> {
+        std::iter::once(self.signing.as_slice())
+            .filter(|k| !k.is_empty())
+            .chain(self.verify_only.iter().map(Vec::as_slice))
+            .collect()
+    }
+}
+
 impl Allocation {
     /// The bytes the signature covers: the JSON of the allocation without its signature.
     fn canonical_payload(&self) -> Vec<u8> {
@@ -180,10 +279,11 @@ impl Allocation {
         Ok(allocation)
     }
 
-    /// Parses an annotation value and checks that the scheduler wrote it for this pod on this node.
-    pub fn decode_verified(
+    /// Parses an annotation value and checks that the scheduler wrote it for this
+    /// pod on this node, signed with any of `keys`.
+    pub fn decode_verified<K: VerifyingKeys + ?Sized>(
         value: &str,
-        key: &[u8],
+        keys: &K,
         pod_uid: &str,
         node: &str,
     ) -> Result<Allocation, AllocationError> {
@@ -194,10 +294,15 @@ impl Allocation {
         let given = base64::engine::general_purpose::STANDARD
             .decode(&allocation.signature)
             .map_err(|_| AllocationError::BadSignature)?;
-        allocation
-            .mac(key)
-            .verify_slice(&given)
-            .map_err(|_| AllocationError::BadSignature)?;
+        // `verify_slice` compares in constant time; trying each key in turn leaks
+        // only which position matched, not the key.
+        let signed_by_one = keys
+            .verifying_keys()
+            .into_iter()
+            .any(|key| allocation.mac(key).verify_slice(&given).is_ok());
+        if !signed_by_one {
+            return Err(AllocationError::BadSignature);
+        }
         if allocation.pod_uid != pod_uid {
             return Err(AllocationError::WrongPod {
                 expected: pod_uid.to_string(),
@@ -389,6 +494,42 @@ mod tests {
             Allocation::decode_verified(&dropped, b"secret", "uid-1", "gpu-node-1"),
             Err(AllocationError::BadSignature)
         );
+    }
+
+    #[test]
+    fn a_grant_signed_with_the_old_key_verifies_after_rotation_and_a_forged_one_does_not() {
+        let old_key = b"old-signing-key-0123".to_vec();
+        let new_key = b"new-signing-key-4567".to_vec();
+        let running = sample().encode_signed(&old_key);
+        // After the rotation the scheduler signs with the new key and keeps the
+        // old one to verify the grants it signed before.
+        let rotated = KeyRing::new(new_key.clone()).with_verify_only([old_key.clone()]);
+        assert_eq!(rotated.len(), 2);
+        assert_eq!(rotated.signing(), new_key.as_slice());
+        let back = Allocation::decode_verified(&running, &rotated, "uid-1", "gpu-node-1").unwrap();
+        assert_eq!(back.gpus, sample().gpus);
+        let fresh = sample().encode_signed(rotated.signing());
+        assert!(Allocation::decode_verified(&fresh, &rotated, "uid-1", "gpu-node-1").is_ok());
+        // A key no ring holds verifies nothing, nor does an edit under an old signature.
+        let forged = sample().encode_signed(b"a-guessed-key-000000");
+        assert_eq!(
+            Allocation::decode_verified(&forged, &rotated, "uid-1", "gpu-node-1"),
+            Err(AllocationError::BadSignature)
+        );
+        let tampered = running.replace("\"coresMilli\":400", "\"coresMilli\":1000");
+        assert_ne!(tampered, running);
+        assert_eq!(
+            Allocation::decode_verified(&tampered, &rotated, "uid-1", "gpu-node-1"),
+            Err(AllocationError::BadSignature)
+        );
+        // Once the old key is dropped from the ring, its grants no longer verify.
+        let dropped = KeyRing::new(new_key);
+        assert_eq!(
+            Allocation::decode_verified(&running, &dropped, "uid-1", "gpu-node-1"),
+            Err(AllocationError::BadSignature)
+        );
+        // Key bytes never reach a log line.
+        assert!(!format!("{rotated:?}").contains("signing-key"));
     }
 
     #[test]

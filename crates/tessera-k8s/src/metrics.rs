@@ -52,6 +52,7 @@ pub struct Metrics {
     queue_pending: Family<Labels, Gauge>,
     preemptions: Family<Labels, Counter>,
     preempted_gpu_seconds: Family<Labels, Counter<f64, AtomicU64>>,
+    bind_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -121,6 +122,12 @@ impl Metrics {
         let learned_generation = Gauge::default();
         let shape_weight = Family::<Labels, Gauge<f64, AtomicU64>>::default();
         let model_pressure = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let bind_failures = Counter::default();
+        registry.register(
+            "bind_failures",
+            "Binds that failed (the API refused the Binding, a precondition no longer held, or this replica may not bind); the pod is retried",
+            bind_failures.clone(),
+        );
         registry.register(
             "learned_workload_pods",
             "Pods the target workload has learned since start (after a restart: the pods listed)",
@@ -198,7 +205,13 @@ impl Metrics {
             learned_generation,
             shape_weight,
             model_pressure,
+            bind_failures,
         }
+    }
+
+    /// Counts a failed bind (extender or standalone).
+    pub fn bind_failed(&self) {
+        self.bind_failures.inc();
     }
 
     /// Leadership, election errors and cache sync, as of now.
@@ -391,6 +404,18 @@ mod tests {
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// The chart's TesseraBindsFailing alert reads this counter (issue 27 item 10).
+    #[test]
+    fn failed_binds_are_counted() {
+        let metrics = Metrics::new();
+        let before = metrics.encode().unwrap();
+        assert!(before.contains("tessera_bind_failures_total 0"), "{before}");
+        metrics.bind_failed();
+        metrics.bind_failed();
+        let text = metrics.encode().unwrap();
+        assert!(text.contains("tessera_bind_failures_total 2"), "{text}");
     }
 
     /// A granted MIG instance counts as its share of the GPU's compute.

@@ -969,5 +969,81 @@ fn a_mig_gpu_held_through_another_plugin_takes_no_instance() {
         live.lock().problems().is_empty(),
         "{:?}",
         live.lock().problems()
+
+/// Issue 27 item 7: rotating the signing key must not make the scheduler forget the
+/// GPUs of pods granted under the old key (it would grant them again). A scheduler
+/// that signs with a new key and keeps the old one verify-only counts them; one that
+/// was given only the new key does not (the failure the rotation procedure avoids),
+/// and a grant under a key it never held is refused either way.
+#[test]
+fn after_a_key_rotation_grants_signed_with_the_old_key_still_hold_their_gpus() {
+    use tessera_core::allocation::KeyRing;
+    use tessera_core::policy::{PolicyArgs, by_name};
+    use tessera_k8s::mirror::{Mirror, SharedMirror};
+
+    let (nodes, inv) = cluster();
+    // Before the rotation: the scheduler signs with KEY.
+    let before = mirror("tessera", nodes.clone(), inv.clone(), vec![]);
+    let p = pod("ml", "running", "uid-running", &[("tessera.io/gpu", "2")]);
+    let Reservation::Write { annotation } = before.lock().reserve(&p, "a100-1").unwrap() else {
+        panic!("fresh pod")
+    };
+    let running = as_bound(p, "a100-1", annotation);
+    let mut forged = Allocation::decode_unverified(
+        running.metadata.annotations.as_ref().unwrap()[ANNOTATION].as_str(),
+    )
+    .unwrap();
+    forged.pod_uid = "uid-forged".into();
+    let forged = as_bound(
+        pod("ml", "forged", "uid-forged", &[("tessera.io/gpu", "2")]),
+        "a100-1",
+        Some(forged.encode_signed(b"a-key-nobody-holds-0")),
+    );
+
+    let restarted = |keys: KeyRing| {
+        let policy = by_name("tessera", &PolicyArgs::default()).unwrap();
+        SharedMirror::new(Mirror::from_objects(
+            policy,
+            keys,
+            nodes.clone(),
+            inv.clone(),
+            vec![running.clone(), forged.clone()],
+        ))
+    };
+    let exclusive = |m: &SharedMirror| {
+        m.lock().usage()["a100-1"]
+            .gpus
+            .iter()
+            .filter(|g| g.exclusive)
+            .count()
+    };
+    let new_key = b"the-new-signing-key-2026".to_vec();
+
+    let rotated = restarted(KeyRing::new(new_key.clone()).with_verify_only([KEY.to_vec()]));
+    assert_eq!(
+        exclusive(&rotated),
+        2,
+        "the old-key grant holds its two GPUs"
+    );
+    assert_eq!(
+        rotated.lock().key(),
+        new_key.as_slice(),
+        "new decisions use the new key"
+    );
+    assert!(
+        rotated
+            .lock()
+            .problems()
+            .iter()
+            .any(|p| p.contains("ml/forged") && p.contains("signature does not match")),
+        "{:?}",
+        rotated.lock().problems()
+    );
+
+    let old_key_dropped = restarted(KeyRing::new(new_key));
+    assert_eq!(
+        exclusive(&old_key_dropped),
+        0,
+        "without the old key its grant is not counted"
     );
 }

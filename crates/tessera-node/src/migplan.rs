@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tessera_core::allocation::Allocation;
+use tessera_core::allocation::{Allocation, VerifyingKeys};
 use tokio::sync::watch;
 
 use crate::backend::{BackendError, GpuBackend};
@@ -301,10 +301,10 @@ impl MigPlanner {
     /// Destroys created instances no live pod's decision (verified with `key`) has
     /// held for the grace period; switches GPUs it put in MIG mode back when empty.
     /// Returns how many instances were destroyed.
-    pub fn reap(
+    pub fn reap<K: VerifyingKeys + ?Sized>(
         &self,
         pods: &[PodInfo],
-        key: &[u8],
+        key: &K,
         node: &str,
         now: Instant,
     ) -> Result<usize, BackendError> {

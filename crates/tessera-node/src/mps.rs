@@ -33,6 +33,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use tessera_core::allocation::VerifyingKeys;
 use tessera_core::request::Isolation;
 
 use crate::deviceplugin::NodeView;
@@ -462,9 +463,9 @@ fn reap_exit(d: &mut Daemon) -> bool {
 }
 
 /// The GPU sets (UUIDs) that live pods' verified MPS decisions hold on `node`.
-pub fn held_sets(
+pub fn held_sets<K: VerifyingKeys + ?Sized>(
     pods: &[PodInfo],
-    key: &[u8],
+    key: &K,
     node: &str,
     view: &NodeView,
 ) -> BTreeSet<Vec<String>> {

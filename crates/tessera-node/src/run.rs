@@ -44,8 +44,9 @@ pub struct AgentConfig {
     pub quiet_period: Duration,
     /// How often the backend is probed for health.
     pub health_interval: Duration,
-    /// HMAC key shared with the scheduler.
-    pub allocation_key: Vec<u8>,
+    /// HMAC key shared with the scheduler, and keys that verify only (a rotation's
+    /// previous or next key).
+    pub allocation_key: tessera_core::allocation::KeyRing,
     pub mps: MpsConfig,
     /// How devices are handed to containers (`--device-list-strategy`).
     pub device_list: DeviceList,

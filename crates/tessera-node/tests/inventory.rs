@@ -183,7 +183,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         xid_policy: XidPolicy::default(),
         quiet_period: Duration::from_secs(3600),
         health_interval: Duration::from_millis(50),
-        allocation_key: b"k".to_vec(),
+        allocation_key: b"k".to_vec().into(),
         mps: MpsConfig::default(),
         device_list: Default::default(),
         nvidia_gpu: true,

@@ -269,6 +269,7 @@ async fn bind(State(st): State<ExtenderState>, body: Bytes) -> Response {
     };
     st.metrics.observe_decision("bind", started.elapsed());
     if !error.is_empty() {
+        st.metrics.bind_failed();
         tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, %error, "bind failed");
     }
     json(&ExtenderBindingResult { error })

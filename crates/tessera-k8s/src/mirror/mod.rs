@@ -34,6 +34,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rustc_hash::FxHashMap;
 use tessera_api::GpuNode;
+use tessera_core::allocation::KeyRing;
 use tessera_core::ledger::NodeUse;
 use tessera_core::model::Catalog;
 use tessera_core::{Cluster, Ledger, NodeId, Policy};
@@ -65,7 +66,8 @@ pub use verdicts::{FilterOutcome, resolvable};
 
 /// Nodes, pods and inventory, and the core state derived from them.
 pub struct Mirror {
-    key: Vec<u8>,
+    /// Signs new decisions; verifies the annotations of bound pods with any of its keys.
+    key: KeyRing,
     policy: Box<dyn Policy>,
     /// The workload a learning policy is built from (see [`learning`]).
     learning: learning::Learning,
@@ -116,8 +118,10 @@ pub struct Mirror {
 }
 
 impl Mirror {
-    /// An empty mirror deciding with `policy` and verifying annotations with `key`.
-    pub fn new(policy: Box<dyn Policy>, key: Vec<u8>) -> Mirror {
+    /// An empty mirror deciding with `policy` and verifying annotations with `key`
+    /// (one key, or a [`KeyRing`] with verify-only keys during a rotation).
+    pub fn new(policy: Box<dyn Policy>, key: impl Into<KeyRing>) -> Mirror {
+        let key = key.into();
         let cluster = Cluster::default();
         let ledger = Ledger::new(&cluster);
         let mut m = Mirror {
@@ -157,7 +161,7 @@ impl Mirror {
     /// A mirror built from complete lists of objects (what a fresh process sees on start).
     pub fn from_objects(
         policy: Box<dyn Policy>,
-        key: Vec<u8>,
+        key: impl Into<KeyRing>,
         nodes: impl IntoIterator<Item = KubeNode>,
         inventory: impl IntoIterator<Item = GpuNode>,
         pods: impl IntoIterator<Item = Pod>,
@@ -320,8 +324,9 @@ impl Mirror {
         v
     }
 
+    /// The key new decisions are signed with.
     pub fn key(&self) -> &[u8] {
-        &self.key
+        self.key.signing()
     }
 
     /// A pod by namespace and name.

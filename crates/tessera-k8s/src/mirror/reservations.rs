@@ -228,7 +228,9 @@ impl Mirror {
         let allocation = (!placement.grants.is_empty()).then(|| {
             convert::allocation_of(&placement, &self.cluster, pod, &req, self.policy.name())
         });
-        let annotation = allocation.as_ref().map(|a| a.encode_signed(&self.key));
+        let annotation = allocation
+            .as_ref()
+            .map(|a| a.encode_signed(self.key.signing()));
         self.insert_held(
             uid,
             Held {

@@ -29,6 +29,10 @@ pub struct RawConfig {
     pub metrics_listen: Option<String>,
     pub policy: Option<String>,
     pub signing_key_file: Option<PathBuf>,
+    /// A directory whose `verify*` files are keys that verify allocation
+    /// annotations but never sign (a rotation's previous or next key): a Secret
+    /// mounted whole, `key` signing, `verify-<when>` verifying.
+    pub verify_key_dir: Option<PathBuf>,
     pub scheduler_name: Option<String>,
     /// More `schedulerName`s whose pods the extender judges and binds (a
     /// kube-scheduler profile other than `scheduler_name` wired to Tessera).
@@ -107,6 +111,8 @@ pub struct Config {
     pub metrics_listen: SocketAddr,
     pub policy: String,
     pub signing_key: Vec<u8>,
+    /// Keys that verify annotations but never sign (see [`read_verify_keys`]).
+    pub verify_keys: Vec<Vec<u8>>,
     pub scheduler_name: String,
     /// Every `schedulerName` whose pods are judged and bound (`scheduler_name` first).
     pub scheduler_names: Vec<String>,
@@ -206,6 +212,14 @@ impl RawConfig {
                 ),
             ));
         }
+        let verify_keys = match &self.verify_key_dir {
+            Some(dir) => read_verify_keys(dir)
+                .map_err(|e| invalid("verify-key-dir", e.to_string()))?
+                .into_iter()
+                .map(|(_, k)| k)
+                .collect(),
+            None => Vec::new(),
+        };
         let scheduler_name = self.scheduler_name.unwrap_or_else(|| "tessera".into());
         if scheduler_name.is_empty() {
             return Err(invalid("scheduler-name", "must not be empty"));
@@ -354,6 +368,7 @@ impl RawConfig {
             metrics_listen,
             policy,
             signing_key,
+            verify_keys,
             scheduler_name,
             scheduler_names,
             lease,
@@ -401,6 +416,56 @@ pub fn parse_gpu_equivalents(text: &str) -> Result<tessera_core::queue::GpuEquiv
         1.0,
     )
     .map_err(|e| e.to_string())
+}
+
+/// Why a verification key directory was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyKeyError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: key has {len} bytes, at least 16 are needed", path.display())]
+    Short { path: PathBuf, len: usize },
+}
+
+/// The verify-only keys in `dir`: every file whose name starts with `verify`
+/// (`verify-2026-06`, …), in name order, each trimmed of surrounding ASCII
+/// whitespace and at least 16 bytes long. Hidden entries (a mounted Secret's
+/// `..data` links) are skipped; symbolic links are followed. The scheduler and
+/// the node agent both read keys this way.
+pub fn read_verify_keys(dir: &std::path::Path) -> Result<Vec<(PathBuf, Vec<u8>)>, VerifyKeyError> {
+    let read_err = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| VerifyKeyError::Read { path, source }
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read_err(dir))? {
+        let entry = entry.map_err(read_err(dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("verify") && !name.starts_with('.') {
+            paths.push(entry.path());
+        }
+    }
+    paths.sort();
+    let mut keys = Vec::new();
+    for path in paths {
+        if !std::fs::metadata(&path).map_err(read_err(&path))?.is_file() {
+            continue;
+        }
+        let raw = std::fs::read(&path).map_err(read_err(&path))?;
+        let key = trim_ascii(&raw).to_vec();
+        if key.len() < 16 {
+            return Err(VerifyKeyError::Short {
+                path,
+                len: key.len(),
+            });
+        }
+        keys.push((path, key));
+    }
+    Ok(keys)
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {
@@ -456,6 +521,56 @@ mod tests {
             identity: Some("pod-0".into()),
             ..RawConfig::default()
         }
+    }
+
+    #[test]
+    fn verify_keys_come_from_the_verify_files_of_a_mounted_secret() {
+        let err = |r: RawConfig| match r.resolve() {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("expected an error"),
+        };
+        let (dir, key) = key_file(b"0123456789abcdef0123\n");
+        // A Secret volume: files are links into a hidden timestamped directory.
+        let data = dir.path.join("..2026_12_03_08_00_00.1");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("verify-2026-06"), b"old-key-0123456789ab\n").unwrap();
+        std::fs::write(data.join("verify-2026-12"), b"next-key-0123456789a").unwrap();
+        std::fs::write(data.join("notes"), b"not a key").unwrap();
+        std::os::unix::fs::symlink(data.join("verify-2026-06"), dir.path.join("verify-2026-06"))
+            .unwrap();
+        std::os::unix::fs::symlink(data.join("verify-2026-12"), dir.path.join("verify-2026-12"))
+            .unwrap();
+        std::os::unix::fs::symlink(data.join("notes"), dir.path.join("notes")).unwrap();
+        let c = RawConfig {
+            verify_key_dir: Some(dir.path.clone()),
+            ..raw(key.clone())
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(c.signing_key, b"0123456789abcdef0123");
+        assert_eq!(
+            c.verify_keys,
+            [
+                b"old-key-0123456789ab".to_vec(),
+                b"next-key-0123456789a".to_vec()
+            ]
+        );
+        // Without the flag: no verify-only key.
+        assert!(raw(key.clone()).resolve().unwrap().verify_keys.is_empty());
+        // A short verify key is refused, naming the file.
+        std::fs::write(data.join("verify-2026-12"), b"short").unwrap();
+        let e = err(RawConfig {
+            verify_key_dir: Some(dir.path.clone()),
+            ..raw(key.clone())
+        });
+        assert!(e.starts_with("verify-key-dir: "), "{e}");
+        assert!(e.contains("verify-2026-12: key has 5 bytes"), "{e}");
+        // A directory that is not there is refused too.
+        let e = err(RawConfig {
+            verify_key_dir: Some(dir.path.join("missing")),
+            ..raw(key)
+        });
+        assert!(e.starts_with("verify-key-dir: "), "{e}");
     }
 
     #[test]

@@ -27,7 +27,10 @@ use crate::tls::{TlsError, TlsListener};
 use crate::webhook::{self};
 
 mod config;
-pub use config::{Config, ConfigError, Mode, RawConfig, WebhookServe, parse_gpu_equivalents};
+pub use config::{
+    Config, ConfigError, Mode, RawConfig, VerifyKeyError, WebhookServe, parse_gpu_equivalents,
+    read_verify_keys,
+};
 
 /// Why the scheduler stopped.
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +130,9 @@ pub async fn run(
     };
     let policy = policy::by_name(&config.policy, &PolicyArgs::default())
         .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
-    let mut m = Mirror::new(policy, config.signing_key.clone());
+    let keys = tessera_core::allocation::KeyRing::new(config.signing_key.clone())
+        .with_verify_only(config.verify_keys.clone());
+    let mut m = Mirror::new(policy, keys);
     m.set_gpu_equivalents(config.gpu_equivalents.clone());
     if let Some((half_life, weight)) = config.usage_history {
         m.set_usage_history(half_life, weight);

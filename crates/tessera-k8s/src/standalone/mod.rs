@@ -256,7 +256,10 @@ impl Standalone {
                     format!("Successfully assigned {} to {node}", convert::pod_key(&pod)),
                 );
             }
-            Err(e) => self.failed(&pod, e.to_string(), "bind failed".into()),
+            Err(e) => {
+                self.metrics.bind_failed();
+                self.failed(&pod, e.to_string(), "bind failed".into())
+            }
         }
     }
 

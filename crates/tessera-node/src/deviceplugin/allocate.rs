@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tessera_core::allocation::{ANNOTATION, Allocation, AllocationError};
+use tessera_core::allocation::{ANNOTATION, Allocation, AllocationError, KeyRing, VerifyingKeys};
 use tessera_core::containers;
 pub use tessera_core::containers::{Container, ContainerKind};
 use tessera_core::request::{Isolation, RequestError};
@@ -71,9 +71,9 @@ impl PodInfo {
 
     /// The decisions (verified with `key` for this pod and `node`) of the pods in
     /// `pods` that still hold their GPUs: every phase but Succeeded and Failed.
-    pub fn live_decisions<'a>(
+    pub fn live_decisions<'a, K: VerifyingKeys + ?Sized>(
         pods: &'a [PodInfo],
-        key: &'a [u8],
+        key: &'a K,
         node: &'a str,
     ) -> impl Iterator<Item = Allocation> + 'a {
         pods.iter()
@@ -290,7 +290,7 @@ impl AllocateError {
 /// Answers `Allocate` for one node.
 pub struct Allocator {
     pub node: String,
-    key: Vec<u8>,
+    key: KeyRing,
     pods: Arc<dyn PodSource>,
     pub handover: Handover,
     state: Mutex<Answered>,
@@ -396,10 +396,15 @@ impl std::fmt::Debug for Allocator {
 }
 
 impl Allocator {
-    pub fn new(node: String, key: Vec<u8>, pods: Arc<dyn PodSource>, handover: Handover) -> Self {
+    pub fn new(
+        node: String,
+        key: impl Into<KeyRing>,
+        pods: Arc<dyn PodSource>,
+        handover: Handover,
+    ) -> Self {
         Allocator {
             node,
-            key,
+            key: key.into(),
             pods,
             handover,
             state: Mutex::new(Answered::default()),

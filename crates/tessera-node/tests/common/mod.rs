@@ -171,7 +171,7 @@ pub fn start_agent_tweaked(
         xid_policy: XidPolicy::default(),
         quiet_period: quiet,
         health_interval: Duration::from_millis(50),
-        allocation_key: KEY.to_vec(),
+        allocation_key: KEY.to_vec().into(),
         mps: MpsConfig::default(),
         device_list: device_list.parse().unwrap(),
         nvidia_gpu: true,

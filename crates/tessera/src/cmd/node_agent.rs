@@ -98,6 +98,10 @@ pub struct NodeAgentArgs {
     /// File holding the HMAC key shared with the scheduler (required unless --once).
     #[arg(long, value_name = "FILE")]
     allocation_key_file: Option<PathBuf>,
+    /// Directory whose `verify*` files are more keys that verify the scheduler's
+    /// decisions (a key rotation's previous or next key; the Secret mounted whole).
+    #[arg(long, value_name = "DIR")]
+    verify_key_dir: Option<PathBuf>,
     /// Host directory of the MPS control daemons (their pipe directories and shm/).
     #[arg(long, default_value = "/run/tessera/mps", value_name = "DIR")]
     mps_root: String,
@@ -427,6 +431,19 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_BAD_CONFIG));
         }
     };
+
+    let verify_keys = match &args.verify_key_dir {
+        Some(dir) => match tessera_k8s::run::read_verify_keys(dir) {
+            Ok(keys) => keys.into_iter().map(|(_, k)| k).collect(),
+            Err(e) => {
+                eprintln!("error: --verify-key-dir: {e}");
+                return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+            }
+        },
+        None => Vec::new(),
+    };
+    let allocation_key =
+        tessera_core::allocation::KeyRing::new(allocation_key).with_verify_only(verify_keys);
 
     let mut xid_policy = XidPolicy::default();
     if let Some(extra) = &args.xid_ignore {

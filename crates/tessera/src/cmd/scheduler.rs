@@ -40,6 +40,10 @@ pub struct SchedulerArgs {
     /// File holding the HMAC key that signs allocation annotations (the Secret shared with the node agents).
     #[arg(long)]
     pub signing_key_file: Option<PathBuf>,
+    /// Directory whose `verify*` files are keys that verify allocation annotations but
+    /// never sign (a key rotation's previous or next key; the Secret mounted whole).
+    #[arg(long, value_name = "DIR")]
+    pub verify_key_dir: Option<PathBuf>,
     /// The schedulerName this scheduler owns (standalone mode; webhook mutation).
     #[arg(long, default_value = "tessera")]
     pub scheduler_name: String,
@@ -137,6 +141,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         advertise_url: a.advertise_url,
         policy: Some(a.policy),
         signing_key_file: a.signing_key_file,
+        verify_key_dir: a.verify_key_dir,
         scheduler_name: Some(a.scheduler_name),
         leader_elect: Some(a.leader_elect),
         lease_namespace: Some(a.lease_namespace),
