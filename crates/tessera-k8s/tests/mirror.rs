@@ -969,6 +969,8 @@ fn a_mig_gpu_held_through_another_plugin_takes_no_instance() {
         live.lock().problems().is_empty(),
         "{:?}",
         live.lock().problems()
+    );
+}
 
 /// Issue 27 item 7: rotating the signing key must not make the scheduler forget the
 /// GPUs of pods granted under the old key (it would grant them again). A scheduler
