@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tessera_api::{ContainerDevices, PodResourcesReport};
-use tessera_core::allocation::{ANNOTATION, Allocation};
+use tessera_core::allocation::{ANNOTATION, Allocation, KeyRing};
 
 use crate::deviceplugin::NodeView;
 use crate::deviceplugin::allocate::PodInfo;
@@ -167,7 +167,7 @@ pub fn report(
     kubelet: &[KubeletPod],
     pods: &[PodInfo],
     view: &NodeView,
-    key: &[u8],
+    key: &KeyRing,
     node: &str,
     observed_at: String,
 ) -> PodResourcesReport {
@@ -236,7 +236,7 @@ fn granted_gpus(
     container: &str,
     pods: &[PodInfo],
     view: &NodeView,
-    key: &[u8],
+    key: &KeyRing,
     node: &str,
 ) -> Option<Vec<String>> {
     let pod = pods
@@ -323,7 +323,7 @@ mod tests {
             &kubelet,
             &[tess],
             &view,
-            b"k",
+            &KeyRing::new(b"k".to_vec()),
             "n",
             "2026-12-03T08:00:00Z".into(),
         );

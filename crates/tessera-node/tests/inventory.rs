@@ -322,7 +322,7 @@ async fn status_carries_pod_resources_from_the_kubelet() {
         xid_policy: XidPolicy::default(),
         quiet_period: Duration::from_secs(3600),
         health_interval: Duration::from_millis(50),
-        allocation_key: b"k".to_vec(),
+        allocation_key: b"k".to_vec().into(),
         mps: MpsConfig::default(),
         device_list: Default::default(),
         nvidia_gpu: true,
