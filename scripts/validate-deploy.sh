@@ -1100,6 +1100,60 @@ def check_monitoring(objs, where, values):
                 fail(where, f"{describe(pr)}: no alert {need}")
 
 
+# What each component's code asks the API server for (group, resource) -> verbs: the
+# node agent (crates/tessera-node: pods.rs watches its node's pods, inventory.rs applies
+# the GpuNode and its status and merge-patches the Node's labels) and the scheduler
+# (crates/tessera-k8s: the mirror's watches, the binder, preemption, events). A verb the
+# code needs and the ClusterRole lacks is refused on a real cluster (403), which no
+# schema catches.
+RBAC_NEEDS = {
+    "node-agent": {
+        ("", "pods"): {"list", "watch"},
+        ("", "nodes"): {"patch"},
+        ("tessera.io", "gpunodes"): {"create", "patch"},
+        ("tessera.io", "gpunodes/status"): {"patch"},
+    },
+    "scheduler": {
+        ("", "nodes"): {"list", "watch"},
+        ("", "pods"): {"get", "list", "watch"},
+        ("", "pods/binding"): {"create"},
+        ("", "pods/eviction"): {"create"},
+        ("", "namespaces"): {"list", "watch"},
+        ("tessera.io", "gpunodes"): {"list", "watch"},
+        ("tessera.io", "gpuqueues"): {"list", "watch"},
+        ("tessera.io", "gpuqueues/status"): {"patch"},
+        ("policy", "poddisruptionbudgets"): {"list", "watch"},
+        ("scheduling.x-k8s.io", "podgroups"): {"list", "watch"},
+        ("events.k8s.io", "events"): {"create", "patch"},
+    },
+}
+
+
+def check_rbac(objs, where):
+    """Every verb the code needs is granted by the component's ClusterRole."""
+    workloads = {"node-agent": "DaemonSet", "scheduler": "Deployment"}
+    for component, needs in RBAC_NEEDS.items():
+        if not any(o["kind"] == workloads[component] for o in objs):
+            continue  # not installed in this scenario
+        roles = [o for o in objs if o["kind"] == "ClusterRole"
+                 and (o["metadata"]["name"].endswith(f"-{component}")
+                      or (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == component)]
+        if not roles:
+            fail(where, f"no ClusterRole for the {component}")
+            continue
+        granted = {}
+        for r in roles:
+            for rule in r.get("rules") or []:
+                for g in rule.get("apiGroups") or []:
+                    for res in rule.get("resources") or []:
+                        granted.setdefault((g, res), set()).update(rule.get("verbs") or [])
+        for (g, res), verbs in needs.items():
+            have = granted.get((g, res), set())
+            missing = set() if "*" in have else verbs - have
+            if missing:
+                fail(where, f"{component} ClusterRole: {res} ({g or 'core'}) lacks {sorted(missing)}, which the code uses")
+
+
 def check_agent_update_strategy(objs, where, values):
     """Item 10: per-gpu MPS daemons end with the agent's container, so a rolling update
     would cut every MPS pod off its daemon: the default must then be OnDelete."""
@@ -1232,6 +1286,7 @@ def check_chart():
         check_gitops_render(values, where, manifest)
         check_monitoring(objs, where, values)
         check_agent_update_strategy(objs, where, values)
+        check_rbac(objs, where)
         if name.startswith("GPU Operator coexistence"):
             check_gpu_operator(objs, where, values)
         kinds = sorted({o["kind"] for o in objs})

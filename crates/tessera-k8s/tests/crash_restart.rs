@@ -72,6 +72,9 @@ fn config(mode: Mode, key_file: &std::path::Path) -> tessera_k8s::run::Config {
             Mode::Extender => "extender".into(),
         }),
         listen: Some("127.0.0.1:0".into()),
+        // Port 0: the harness picks a free one (the default 0.0.0.0:9090 is
+        // taken as soon as two schedulers run at once).
+        metrics_listen: Some("127.0.0.1:0".into()),
         signing_key_file: Some(key_file.to_path_buf()),
         scheduler_name: Some("tessera".into()),
         leader_elect: Some(false),

@@ -218,6 +218,9 @@ async fn only_certified_clients() {
     let config = RawConfig {
         mode: Some("extender".into()),
         listen: Some("127.0.0.1:0".into()),
+        // Port 0: the harness picks a free one (the default 0.0.0.0:9090 is
+        // taken as soon as two schedulers run at once).
+        metrics_listen: Some("127.0.0.1:0".into()),
         extender_cert: Some(write(dir.path(), "tls.crt", &server_cert.cert_pem)),
         extender_key: Some(write(
             dir.path(),

@@ -15,9 +15,12 @@
 //!   on the Lease ([`crate::leader::PEER_ANNOTATION`]) in the same update that
 //!   takes or renews it; followers read it with every Lease read.
 //! - **Waiting**: with no live leader (the Lease of a killed one has not lapsed
-//!   yet) or an unreachable one, a bind waits, retrying, up to [`FORWARD_WAIT`]
-//!   (below kube-scheduler's 10 s `httpTimeout`), and binds itself if this
-//!   replica takes over meanwhile. Retrying is safe: the Binding carries the
+//!   yet) or an unreachable one, a bind waits, retrying, as long as a failover
+//!   can take ([`Peers::with_lease`]: the Lease's duration plus two reads, 19 s
+//!   with the defaults; kube-scheduler's extender `httpTimeout` must be longer,
+//!   30 s in docs/kubernetes.md's "Existing kube-scheduler"), and binds itself if this replica takes
+//!   over meanwhile. A fixed wait shorter than the Lease failed every bind that
+//!   arrived in the first seconds after a leader crashed. Retrying is safe: the Binding carries the
 //!   pod's UID and resourceVersion as preconditions, so the API server binds a
 //!   pod once whatever reaches it twice.
 //! - **Authentication**: the hop goes to the leader's ops port (plain HTTP,
@@ -52,9 +55,9 @@ pub const TIME_HEADER: &str = "x-tessera-peer-time";
 pub const MAC_HEADER: &str = "x-tessera-peer-mac";
 /// Largest difference between the signer's clock and ours.
 pub const MAX_SKEW_S: u64 = 30;
-/// Longest a bind waits for a leader to take it (kube-scheduler's extender
-/// `httpTimeout` is 10 s in the chart and its examples).
-pub const FORWARD_WAIT: Duration = Duration::from_secs(8);
+/// Longest a bind waits for a leader to take it when no Lease is known
+/// (the default Lease's 15 s plus two 2 s reads; see [`Peers::with_lease`]).
+pub const FORWARD_WAIT: Duration = Duration::from_secs(19);
 /// Largest forwarded answer read back.
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
@@ -74,6 +77,7 @@ pub enum Forwarded {
 pub struct Peers {
     key: Arc<[u8]>,
     client: Client<HttpConnector, Body>,
+    wait: Duration,
 }
 
 fn now_s() -> u64 {
@@ -107,7 +111,25 @@ impl Peers {
         connector.set_connect_timeout(Some(Duration::from_secs(1)));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
-        Peers { key, client }
+        Peers {
+            key,
+            client,
+            wait: FORWARD_WAIT,
+        }
+    }
+
+    /// Waits for a leader as long as a failover under this Lease can take: a
+    /// crashed leader's Lease lapses `duration` after its last renewal, a
+    /// follower sees that at its next read (`retry_period` later) and takes it
+    /// with one more write.
+    pub fn with_lease(mut self, duration: Duration, retry_period: Duration) -> Peers {
+        self.wait = duration + 2 * retry_period;
+        self
+    }
+
+    /// How long a bind waits for a leader to take it.
+    pub fn wait(&self) -> Duration {
+        self.wait
     }
 
     fn mac(&self, time_s: u64, path: &str, body: &[u8]) -> HmacSha256 {

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
-use super::forward::{FORWARD_WAIT, Forwarded, PEER_BIND_PATH, Peers};
+use super::forward::{Forwarded, PEER_BIND_PATH, Peers};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
     ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority, NodeList, NodeMessages, Text,
@@ -290,7 +290,7 @@ const FORWARD_RETRY: Duration = Duration::from_millis(100);
 
 /// Binds here while this replica leads, else forwards to the leader the Lease
 /// names; with neither (a failover in progress), waits and tries again up to
-/// [`FORWARD_WAIT`]. Returns the error text ("" when bound).
+/// [`Peers::wait`]. Returns the error text ("" when bound).
 async fn bind_anywhere(
     st: &ExtenderState,
     b: &Binder,
@@ -298,7 +298,7 @@ async fn bind_anywhere(
     args: &ExtenderBindingArgs,
     body: &Bytes,
 ) -> String {
-    let deadline = Instant::now() + FORWARD_WAIT;
+    let deadline = Instant::now() + peers.wait();
     let mut last = String::from("no replica leads");
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -324,8 +324,8 @@ async fn bind_anywhere(
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return format!(
-                "this replica does not lead and no leader took the bind within {} s ({last}); kube-scheduler retries it",
-                FORWARD_WAIT.as_secs()
+                "this replica does not lead and no leader took the bind within {:.1} s ({last}); kube-scheduler retries it",
+                peers.wait().as_secs_f64()
             );
         }
         st.leader.changed_within(FORWARD_RETRY.min(left)).await;

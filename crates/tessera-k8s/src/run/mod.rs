@@ -258,12 +258,14 @@ pub async fn run(
         // Behind a Service any replica may get `bind`: followers forward it to
         // the elected leader (extender mode; `follow` leads with its own
         // kube-scheduler, which calls it on loopback).
-        peers: (config.mode == Mode::Extender
-            && config
-                .lease
-                .as_ref()
-                .is_some_and(|l| l.role == leader::LeaseRole::Elect))
-        .then(|| crate::extender::forward::Peers::new(&config.signing_key)),
+        peers: config
+            .lease
+            .as_ref()
+            .filter(|l| config.mode == Mode::Extender && l.role == leader::LeaseRole::Elect)
+            .map(|l| {
+                crate::extender::forward::Peers::new(&config.signing_key)
+                    .with_lease(l.duration, l.retry_period)
+            }),
     };
     let bind = |addr: SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)
