@@ -21,3 +21,4 @@ pub mod pods;
 pub mod proto;
 pub mod run;
 pub mod snapshot;
+pub mod startup;

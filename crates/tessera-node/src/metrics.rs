@@ -515,7 +515,9 @@ impl Collector {
         out
     }
 
-    /// `GET /metrics` (and `/healthz`).
+    /// `GET /metrics`, `/healthz` (alive) and `/readyz`: 503 while the agent
+    /// serves no GPU (the backend found none), so an agent with nothing to
+    /// serve is not Ready.
     pub fn router(self: Arc<Self>) -> axum::Router {
         use axum::routing::get;
         axum::Router::new()
@@ -534,6 +536,26 @@ impl Collector {
                 ),
             )
             .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/readyz",
+                get(
+                    |axum::extract::State(c): axum::extract::State<Arc<Collector>>| async move {
+                        let gpus = c.view.borrow().gpus.len();
+                        if gpus == 0 {
+                            (
+                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                format!(
+                                    "backend {} found no GPU on {}: nothing to serve\n",
+                                    c.backend.name(),
+                                    c.node
+                                ),
+                            )
+                        } else {
+                            (axum::http::StatusCode::OK, format!("ok: {gpus} GPUs\n"))
+                        }
+                    },
+                ),
+            )
             .with_state(self)
     }
 }

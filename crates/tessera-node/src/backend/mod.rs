@@ -231,9 +231,9 @@ pub trait GpuBackend: Send + Sync {
     }
 }
 
-/// A backend with no GPUs, used when NVML cannot be loaded so that the agent
-/// still starts (and says why it serves nothing) instead of crash-looping on a
-/// node without a driver.
+/// A backend with no GPUs, for tools that report on a node whose NVML cannot
+/// be loaded (`tessera doctor snapshot`). The agent does not serve with it: it
+/// retries NVML, not Ready meanwhile ([`crate::startup::wait_for_backend`]).
 #[derive(Debug, Clone)]
 pub struct Unavailable {
     pub reason: String,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tessera_node::backend::fake::Fake;
 use tessera_node::backend::nvml::Nvml;
-use tessera_node::backend::{GpuBackend, HostProc, ProcReader, Unavailable};
+use tessera_node::backend::{GpuBackend, HostProc, ProcReader};
 use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods, PodSource};
 use tessera_node::deviceplugin::handover::DeviceList;
 use tessera_node::deviceplugin::registration::PluginConfig;
@@ -342,17 +342,30 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
             match Nvml::init() {
                 Ok(n) => (Arc::new(n), procs),
                 Err(e) => {
-                    if args.once || args.mig_create.is_some() || args.mig_destroy.is_some() {
+                    if args.once
+                        || args.print_inventory
+                        || args.mig_create.is_some()
+                        || args.mig_destroy.is_some()
+                    {
                         eprintln!("error: backend nvml: {e}");
                         return Ok(ExitCode::from(1));
                     }
-                    eprintln!("tessera node-agent: backend nvml: {e}; serving no GPUs");
-                    (
-                        Arc::new(Unavailable {
-                            reason: e.to_string(),
-                        }),
-                        procs,
-                    )
+                    // Not Ready, retried: an agent that stayed Ready serving no GPU
+                    // hid a node without a driver (issue 27 item 10).
+                    let waited = tokio::runtime::Builder::new_multi_thread()
+                        .enable_all()
+                        .build()?
+                        .block_on(tessera_node::startup::wait_for_backend(
+                            "nvml",
+                            Nvml::init,
+                            metrics_addr,
+                            tessera_node::startup::Retry::default(),
+                            signalled(),
+                        ))?;
+                    match waited {
+                        Some(n) => (Arc::new(n), procs),
+                        None => return Ok(ExitCode::SUCCESS),
+                    }
                 }
             }
         }

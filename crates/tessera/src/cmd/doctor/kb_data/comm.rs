@@ -236,7 +236,7 @@ pub(super) const CODES: &[Code] = &[
         Node,
         "libnvidia-ml.so could not be found: no driver on the node, or it is not mounted into the container. The NVIDIA container runtime mounts libnvidia-ml and nvidia-smi together (driver capability utility), so `nvidia-smi: command not found` in a container has the same cause.",
         "Install the driver; run the pod with the NVIDIA runtime and a GPU granted, with NVIDIA_DRIVER_CAPABILITIES including utility (the default compute,utility does).",
-        "The node agent falls back to serving no GPUs and says why; `tessera doctor snapshot` records the error; `tessera doctor pod` shows whether the pod was granted GPUs.",
+        "The node agent is not Ready and retries NVML (5 s doubling to 60 s), its /readyz saying why; `tessera doctor snapshot` records the error; `tessera doctor pod` shows whether the pod was granted GPUs.",
     ),
     c(
         Nvml,
