@@ -1,6 +1,9 @@
 //! `tessera explain NAMESPACE/POD`: where a pod went and why, or why it is
-//! pending, computed from the live cluster (a one-shot list of nodes,
-//! `GpuNode`s and pods; nothing is written).
+//! pending, computed from the live cluster: a one-shot list of what the
+//! scheduler's watches feed its mirror (nodes, `GpuNode`s, pods, `GpuQueue`s,
+//! the namespaces' queue label and annotation, `PodGroup`s), fed through the
+//! same mirror calls, so a pod its queue refuses or whose gang is short says so.
+//! Nothing is written.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use tessera_core::allocation::{ANNOTATION, Allocation};
 use tessera_core::policy::{PolicyArgs, by_name};
+use tessera_core::queue::GpuEquivalents;
 
 use crate::convert;
 use crate::mirror::{Mirror, WorkloadReport};
@@ -161,6 +165,7 @@ pub async fn explain_live(
     namespace: &str,
     name: &str,
     policy: &str,
+    ge: GpuEquivalents,
 ) -> Result<Explained, ExplainError> {
     let client = kube::Client::try_default()
         .await
@@ -168,33 +173,37 @@ pub async fn explain_live(
             what: "a connection",
             source,
         })?;
-    explain(client, namespace, name, policy).await
+    explain(client, namespace, name, policy, ge).await
 }
 
 /// Explains `namespace/name` as of now, judging pending pods with `policy`
 /// against the workload learned from the pods listed (as the scheduler rebuilds
-/// it after a restart).
+/// it after a restart), and quotas with `ge` (the scheduler's `--gpu-equivalents`).
 pub async fn explain(
     client: kube::Client,
     namespace: &str,
     name: &str,
     policy: &str,
+    ge: GpuEquivalents,
 ) -> Result<Explained, ExplainError> {
     let policy =
         by_name(policy, &PolicyArgs::default()).map_err(|e| ExplainError::Policy(e.to_string()))?;
-    let (nodes, inventory, pods) =
-        crate::view::read_cluster(&client)
-            .await
-            .map_err(|e| ExplainError::List {
-                what: e.what,
-                source: e.source,
-            })?;
+    let listed = |e: crate::view::ListFailed| ExplainError::List {
+        what: e.what,
+        source: e.source,
+    };
+    let (nodes, inventory, pods) = crate::view::read_cluster(&client).await.map_err(listed)?;
+    let queues_and_gangs = crate::view::read_queues_and_gangs(&client)
+        .await
+        .map_err(listed)?;
     let key = format!("{namespace}/{name}");
     let target = convert::find_pod(&pods, namespace, name)
         .cloned()
         .ok_or_else(|| ExplainError::NotFound(key.clone()))?;
     // No key: annotations are read as the API holds them (display only).
     let mut mirror = Mirror::from_objects(policy, Vec::new(), nodes, inventory, pods);
+    mirror.set_gpu_equivalents(ge);
+    queues_and_gangs.feed(&mut mirror);
     Ok(Explained {
         report: report(&mut mirror, &target),
         workload: mirror.workload_report(),

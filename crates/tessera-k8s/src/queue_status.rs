@@ -124,33 +124,14 @@ pub async fn read(
     client: &kube::Client,
     ge: tessera_core::queue::GpuEquivalents,
 ) -> Result<(Vec<QueueFigures>, Vec<String>), ViewError> {
-    use k8s_openapi::api::core::v1::Namespace;
-    use kube::api::ListParams;
-    let lp = ListParams::default();
-    let queues = match Api::<GpuQueue>::all(client.clone()).list(&lp).await {
-        Ok(l) => l.items,
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-        Err(source) => {
-            return Err(ViewError::List {
-                what: "gpuqueues",
-                source,
-            });
-        }
-    };
+    let (queues, namespaces) = crate::view::read_queues(client).await?;
     if queues.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
-    let namespaces = Api::<Namespace>::all(client.clone())
-        .list(&lp)
-        .await
-        .map_err(|source| ViewError::List {
-            what: "namespaces",
-            source,
-        })?;
     let (nodes, inventory, pods) = crate::view::read_cluster(client).await?;
     let mut m = crate::view::mirror(nodes, inventory, pods);
     m.set_gpu_equivalents(ge);
     m.replace_queues(queues);
-    m.replace_namespaces(namespaces.items);
+    m.replace_namespaces(namespaces);
     Ok((m.queue_report(), m.queue_problems()))
 }

@@ -11,10 +11,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
-use tessera_api::{GpuHealth, GpuNode};
+use tessera_api::{GpuHealth, GpuNode, GpuQueue, PodGroup};
 use tessera_core::allocation::{ANNOTATION, Allocation};
 use tessera_core::frag::{FragNode, node_frag};
 use tessera_core::policy::{PolicyArgs, by_name};
@@ -320,6 +320,81 @@ pub(crate) async fn read_cluster(
         .await
         .map_err(failed("pods"))?;
     Ok((nodes.items, inventory, pods.items))
+}
+
+/// What decides a pending pod besides nodes, GpuNodes and pods, as the
+/// scheduler's watches feed its mirror: the `GpuQueue`s, the namespaces' queue
+/// label and annotation, and the gangs' `PodGroup`s.
+#[derive(Debug, Default)]
+pub(crate) struct QueuesAndGangs {
+    pub queues: Vec<GpuQueue>,
+    pub namespaces: Vec<Namespace>,
+    pub groups: Vec<PodGroup>,
+}
+
+impl QueuesAndGangs {
+    /// Into `m` through the same calls the scheduler's watches make on a relist.
+    pub(crate) fn feed(self, m: &mut Mirror) {
+        m.replace_queues(self.queues);
+        m.replace_namespaces(self.namespaces);
+        m.replace_pod_groups(self.groups);
+    }
+}
+
+/// Every `GpuQueue` and, when there is one, every namespace (without queues a
+/// namespace decides nothing). No GpuQueue CRD: no queues, as the scheduler
+/// runs without quotas then.
+pub(crate) async fn read_queues(
+    client: &kube::Client,
+) -> Result<(Vec<GpuQueue>, Vec<Namespace>), ListFailed> {
+    let lp = ListParams::default();
+    let queues = match Api::<GpuQueue>::all(client.clone()).list(&lp).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok((Vec::new(), Vec::new())),
+        Err(source) => {
+            return Err(ListFailed {
+                what: "gpuqueues",
+                source,
+            });
+        }
+    };
+    if queues.is_empty() {
+        return Ok((queues, Vec::new()));
+    }
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list(&lp)
+        .await
+        .map_err(|source| ListFailed {
+            what: "namespaces",
+            source,
+        })?;
+    Ok((queues, namespaces.items))
+}
+
+/// [`read_queues`] and every `PodGroup` (no PodGroup CRD: none, and gang pods
+/// wait for a group that does not exist, as the scheduler has them).
+pub(crate) async fn read_queues_and_gangs(
+    client: &kube::Client,
+) -> Result<QueuesAndGangs, ListFailed> {
+    let (queues, namespaces) = read_queues(client).await?;
+    let groups = match Api::<PodGroup>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(source) => {
+            return Err(ListFailed {
+                what: "podgroups",
+                source,
+            });
+        }
+    };
+    Ok(QueuesAndGangs {
+        queues,
+        namespaces,
+        groups,
+    })
 }
 
 pub(crate) fn mirror(nodes: Vec<Node>, inventory: Vec<GpuNode>, pods: Vec<Pod>) -> Mirror {

@@ -12,6 +12,9 @@ pub struct ExplainArgs {
     /// Policy to judge a pending pod with (the scheduler's).
     #[arg(long, default_value = "tessera")]
     pub policy: String,
+    /// How GPU models count against quotas (the scheduler's --gpu-equivalents), e.g. `H100-80GB=1,T4=0.1`.
+    #[arg(long)]
+    pub gpu_equivalents: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -25,10 +28,16 @@ pub fn run(a: ExplainArgs) -> anyhow::Result<ExitCode> {
     if ns.is_empty() || name.is_empty() || name.contains('/') {
         return bad_input(format!("{:?}: expected NAMESPACE/POD", a.pod));
     }
+    let ge = match super::kubectl::gpu_equivalents(a.gpu_equivalents.as_deref()) {
+        Ok(ge) => ge,
+        Err(e) => return bad_input(e),
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = rt.block_on(tessera_k8s::explain::explain_live(&ns, &name, &a.policy));
+    let report = rt.block_on(tessera_k8s::explain::explain_live(
+        &ns, &name, &a.policy, ge,
+    ));
     match report {
         Ok(r) if a.json => println!("{}", serde_json::to_string_pretty(&r)?),
         Ok(r) => println!("{r}"),

@@ -85,6 +85,9 @@ pub struct ExplainArgs {
     /// Policy to judge a pending pod with (the scheduler's).
     #[arg(long, default_value = "tessera")]
     pub policy: String,
+    /// How GPU models count against quotas (the scheduler's --gpu-equivalents), e.g. `H100-80GB=1,T4=0.1`.
+    #[arg(long)]
+    pub gpu_equivalents: Option<String>,
     /// Output format: json (default: text).
     #[arg(short = 'o', long)]
     pub output: Option<Output>,
@@ -174,7 +177,11 @@ async fn explain(
             EXIT_BAD_INPUT,
         );
     }
-    match tessera_k8s::explain::explain(client, ns, name, &a.policy).await {
+    let ge = match gpu_equivalents(a.gpu_equivalents.as_deref()) {
+        Ok(ge) => ge,
+        Err(e) => return (Err(e), EXIT_BAD_INPUT),
+    };
+    match tessera_k8s::explain::explain(client, ns, name, &a.policy, ge).await {
         Ok(r) if a.output == Some(Output::Json) => match serde_json::to_string_pretty(&r) {
             Ok(s) => (Ok(s + "\n"), 0),
             Err(e) => (Err(e.to_string()), 1),
@@ -188,12 +195,9 @@ async fn explain(
 }
 
 async fn queues(client: kube::Client, a: &QueuesArgs) -> (Result<String, String>, u8) {
-    let ge = match a.gpu_equivalents.as_deref() {
-        None => Default::default(),
-        Some(t) => match tessera_k8s::run::parse_gpu_equivalents(t) {
-            Ok(ge) => ge,
-            Err(e) => return (Err(format!("--gpu-equivalents: {e}")), EXIT_BAD_INPUT),
-        },
+    let ge = match gpu_equivalents(a.gpu_equivalents.as_deref()) {
+        Ok(ge) => ge,
+        Err(e) => return (Err(e), EXIT_BAD_INPUT),
     };
     match tessera_k8s::queue_status::read(&client, ge).await {
         Ok((rows, problems)) => match render_queues(&rows, &problems, a.output) {
@@ -202,6 +206,17 @@ async fn queues(client: kube::Client, a: &QueuesArgs) -> (Result<String, String>
         },
         Err(e) => (Err(e.to_string()), 1),
     }
+}
+
+/// `--gpu-equivalents`, read as the scheduler reads it (factor 1 for every model without it).
+pub fn gpu_equivalents(flag: Option<&str>) -> Result<tessera_core::queue::GpuEquivalents, String> {
+    flag.map_or_else(
+        || Ok(Default::default()),
+        |t| {
+            tessera_k8s::run::parse_gpu_equivalents(t)
+                .map_err(|e| format!("--gpu-equivalents: {e}"))
+        },
+    )
 }
 
 /// The queue tree as a table (children indented under their parent), or JSON.

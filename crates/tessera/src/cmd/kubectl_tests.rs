@@ -183,6 +183,114 @@ async fn explain_reuses_tessera_explain() {
     assert!(text.contains("not found"), "{text}");
 }
 
+/// Namespace `ml` in queue `ml-q`, guaranteed 1.5 GPU-equivalents and not borrowing:
+/// ml/train (1 GPU) and ml/infer (500m) hold all of it.
+fn ml_queue_full(mut c: crate::cmd::testkit::MockCluster) -> crate::cmd::testkit::MockCluster {
+    c.gpuqueues = vec![
+        serde_json::json!({"apiVersion": "tessera.io/v1alpha1", "kind": "GpuQueue",
+        "metadata": {"name": "ml-q"},
+        "spec": {"guaranteed": {"gpus": "1500m"}, "borrow": false}}),
+    ];
+    c.namespaces = vec![serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "ml", "labels": {"tessera.io/queue": "ml-q"}}})];
+    c
+}
+
+/// ml/small asks 100m of a GPU, which fits on gpu-b (800m of its GPU is granted).
+fn small(c: &mut crate::cmd::testkit::MockCluster) {
+    c.pods.push(crate::cmd::testkit::pod(
+        "ml",
+        "small",
+        &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "100")],
+        None,
+        None,
+    ));
+}
+
+/// A pod whose queue is full waits for the queue, with the mirror's quota sentence,
+/// whatever the nodes have free; GpuQueues and namespaces are read as the scheduler reads them.
+#[tokio::test]
+async fn explain_says_a_pod_waits_for_its_full_queue() {
+    let mut free = cluster();
+    small(&mut free);
+    let (text, code, _) = run(&["explain", "ml/small"], free.clone()).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.starts_with("ml/small is pending, but fits now"),
+        "{text}"
+    );
+
+    let mut full = ml_queue_full(free);
+    let (text, code, seen) = run(&["explain", "ml/small"], full.clone()).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.starts_with(
+            "ml/small is pending: it waits for its queue's quota: queue ml-q would pass its guaranteed quota and does not borrow"
+        ) && text.contains("holds 1.500)"),
+        "{text}"
+    );
+    for listed in [
+        "/apis/tessera.io/v1alpha1/gpuqueues?",
+        "/api/v1/namespaces?",
+        "/apis/scheduling.x-k8s.io/v1alpha1/podgroups?",
+    ] {
+        assert!(seen.iter().any(|s| s == listed), "{listed} in {seen:?}");
+    }
+    let (json, _, _) = run(&["explain", "ml/small", "-o", "json"], full.clone()).await;
+    let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(v["state"], "waitsForQueue", "{v}");
+    // An H100 factor does not change what A100s count: still full. A bad factor is a usage error.
+    let (text, _, _) = run(
+        &["explain", "ml/small", "--gpu-equivalents", "H100-80GB=2"],
+        full.clone(),
+    )
+    .await;
+    assert!(text.contains("waits for its queue's quota"), "{text}");
+    let (text, code, _) = run(
+        &["explain", "ml/small", "--gpu-equivalents", "Z9=1"],
+        full.clone(),
+    )
+    .await;
+    assert_eq!(code, EXIT_BAD_INPUT, "{text}");
+    // Its namespace out of the queue: no quota applies.
+    full.namespaces.clear();
+    let (text, _, _) = run(&["explain", "ml/small"], full).await;
+    assert!(
+        text.starts_with("ml/small is pending, but fits now"),
+        "{text}"
+    );
+}
+
+/// A gang member says how far its PodGroup is; without the PodGroup CRD (404) explain
+/// still answers, and the group does not exist, as the scheduler sees it.
+#[tokio::test]
+async fn explain_reads_the_gangs_podgroup() {
+    let mut c = cluster();
+    small(&mut c);
+    let member = c.pods.last_mut().expect("ml/small");
+    member["metadata"]["labels"] = serde_json::json!({"scheduling.x-k8s.io/pod-group": "train"});
+    c.podgroups = vec![
+        serde_json::json!({"apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup", "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"minMember": 3}}),
+    ];
+    let (text, code, _) = run(&["explain", "ml/small"], c.clone()).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.starts_with(
+            "ml/small is pending: it is placed only with its gang ml/train: minMember 3: 0 placed, 1 waiting"
+        ),
+        "{text}"
+    );
+    c.no_crd = true;
+    let (text, code, _) = run(&["explain", "ml/small"], c).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("its gang ml/train: PodGroup ml/train does not exist"),
+        "{text}"
+    );
+}
+
 #[test]
 fn bad_flags_are_usage_errors() {
     assert!(KubectlCli::try_parse_from(["kubectl-tessera", "top", "-o", "yaml"]).is_err());

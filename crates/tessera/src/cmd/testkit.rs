@@ -23,7 +23,8 @@ pub struct MockCluster {
     pub events: Vec<Value>,
     pub gpuqueues: Vec<Value>,
     pub namespaces: Vec<Value>,
-    /// Answer 404 for GpuNodes and GpuQueues, as a cluster without the CRDs does.
+    pub podgroups: Vec<Value>,
+    /// Answer 404 for GpuNodes, GpuQueues and PodGroups, as a cluster without the CRDs does.
     pub no_crd: bool,
 }
 
@@ -78,6 +79,14 @@ impl MockCluster {
                     "GpuQueueList",
                     "tessera.io/v1alpha1",
                     self.gpuqueues.clone(),
+                ),
+            ),
+            ["apis", "scheduling.x-k8s.io", "v1alpha1", "podgroups"] if !self.no_crd => (
+                200,
+                list(
+                    "PodGroupList",
+                    "scheduling.x-k8s.io/v1alpha1",
+                    self.podgroups.clone(),
                 ),
             ),
             ["apis", "tessera.io", "v1alpha1", "gpunodes"] if !self.no_crd => (
@@ -264,5 +273,6 @@ pub fn cluster() -> MockCluster {
         no_crd: false,
         gpuqueues: Vec::new(),
         namespaces: Vec::new(),
+        podgroups: Vec::new(),
     }
 }

@@ -204,10 +204,13 @@ pub async fn diagnose(
 ) -> Result<Diagnosis, ViewError> {
     let facts = view::pod_facts(&client, namespace, name).await?;
     let pending = match facts.pod.node {
-        None => tessera_k8s::explain::explain(client, namespace, name, "tessera")
-            .await
-            .ok()
-            .map(|r| r.report.to_string()),
+        // The built-in policy and factor 1 per GPU model, the scheduler's defaults.
+        None => {
+            tessera_k8s::explain::explain(client, namespace, name, "tessera", Default::default())
+                .await
+                .ok()
+                .map(|r| r.report.to_string())
+        }
         Some(_) => None,
     };
     Ok(judge(facts, pending))
@@ -519,6 +522,37 @@ mod tests {
         let (client, _) = cluster().client();
         let e = diagnose(client, "ml", "ghost").await.unwrap_err();
         assert!(e.to_string().contains("ml/ghost not found"), "{e}");
+    }
+
+    /// A pending pod whose queue is full: the verdict is the quota, not a node that fits.
+    #[tokio::test]
+    async fn a_pod_in_a_full_queue_is_pending_for_its_quota() {
+        let mut mock = cluster();
+        // ml/small (100m) fits on gpu-b; queue ml-q's 1.5 GPU-equivalents are held
+        // by ml/train (1) and ml/infer (500m), and it does not borrow.
+        mock.pods.push(crate::cmd::testkit::pod(
+            "ml",
+            "small",
+            &[("tessera.io/gpu", "1"), ("tessera.io/gpu-milli", "100")],
+            None,
+            None,
+        ));
+        mock.gpuqueues = vec![
+            json!({"apiVersion": "tessera.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "ml-q"},
+            "spec": {"guaranteed": {"gpus": "1500m"}, "borrow": false}}),
+        ];
+        mock.namespaces = vec![json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "ml", "labels": {"tessera.io/queue": "ml-q"}}})];
+        let (client, _) = mock.client();
+        let d = diagnose(client, "ml", "small").await.unwrap();
+        assert!(
+            d.verdict.starts_with(
+                "Pending: ml/small is pending: it waits for its queue's quota: queue ml-q"
+            ),
+            "{}",
+            d.verdict
+        );
     }
 
     #[tokio::test]
