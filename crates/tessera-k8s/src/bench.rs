@@ -43,6 +43,16 @@ pub struct BenchReport {
     /// milliseconds, and how long it held the mirror's lock (the verbs wait for it).
     pub ui_tick_ms: f64,
     pub ui_lock_ms: f64,
+    /// Pods waiting that kube-scheduler marked Unschedulable (none fit), and the
+    /// extender-mode preemption rounds run over them while timing, one every
+    /// `preemption_every_ms` as on the leader (0: back to back, the worst case
+    /// for the verbs, which wait for the mirror's lock the rounds take).
+    pub unschedulable: usize,
+    pub preemption_every_ms: u64,
+    pub preemption_rounds: usize,
+    /// Median time of one round, and the longest it held the mirror's lock at once.
+    pub preemption_round_ms: f64,
+    pub preemption_lock_max_ms: f64,
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -146,6 +156,8 @@ pub async fn extender_latency(
     iterations: usize,
     policy: &str,
     status_updates_per_sec: f64,
+    unschedulable: usize,
+    preemption_every: std::time::Duration,
 ) -> Result<BenchReport, String> {
     let policy_box =
         tessera_core::policy::by_name(policy, &Default::default()).map_err(|e| e.to_string())?;
@@ -179,8 +191,22 @@ pub async fn extender_latency(
             }
         }
     }
+    // Pods kube-scheduler found no node for: whole 8-GPU asks on a cluster where
+    // every node holds four pods, some of them pinned to a model.
+    let stuck = [
+        json!({"cpu": "8", "tessera.io/gpu": "8"}),
+        json!({"cpu": "8", "tessera.io/gpu": "8", "tessera.io/gpu-model": "H100-80GB"}),
+        json!({"cpu": "4", "tessera.io/gpu": "8", "tessera.io/gpu-milli": "900"}),
+    ];
+    for i in 0..unschedulable {
+        mirror.upsert_pod(unschedulable_pod(
+            &format!("stuck-{i}"),
+            stuck[i % stuck.len()].clone(),
+        ));
+    }
     let gpus = mirror.cluster().gpu_count();
     let mirror = SharedMirror::new(mirror);
+    let rounds = (unschedulable > 0).then(|| preemption_rounds(mirror.clone(), preemption_every));
     let observer = crate::ui::Observer::new(mirror.clone(), Arc::new(Metrics::new()));
     let (mut ticks, mut locks): (Vec<f64>, Vec<f64>) = (0..5u64)
         .map(|i| {
@@ -296,6 +322,14 @@ pub async fn extender_latency(
             total_us.push((t2 - t0).as_secs_f64() * 1e6);
         }
     }
+    let (rounds_run, mut round_ms, lock_max_ms) = match rounds {
+        Some((stop, task)) => {
+            let _ = stop.send(true);
+            task.await.map_err(|e| e.to_string())?
+        }
+        None => (0, Vec::new(), 0.0),
+    };
+    round_ms.sort_by(f64::total_cmp);
     for v in [
         &mut filter_us,
         &mut prio_us,
@@ -324,5 +358,79 @@ pub async fn extender_latency(
         status_updates: updates,
         ui_tick_ms: ticks[ticks.len() / 2],
         ui_lock_ms: locks[locks.len() / 2],
+        unschedulable,
+        preemption_every_ms: u64::try_from(preemption_every.as_millis()).unwrap_or(u64::MAX),
+        preemption_rounds: rounds_run,
+        preemption_round_ms: quantile(&round_ms, 0.5),
+        preemption_lock_max_ms: lock_max_ms,
     })
+}
+
+/// A pending pod of the `tessera` profile that kube-scheduler marked
+/// Unschedulable (the condition v1.28 writes), ten seconds old, priority 1000.
+pub(crate) fn unschedulable_pod(
+    uid: &str,
+    resources: serde_json::Value,
+) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "bench", "uid": uid},
+        "spec": {
+            "schedulerName": "tessera",
+            "priority": 1000,
+            "containers": [{"name": "c", "resources": {"requests": resources}}]
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [{
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/5000 nodes are available: 5000 Insufficient tessera.io/gpu.",
+                "lastTransitionTime": "2026-12-01T00:00:00Z"
+            }]
+        }
+    }))
+    .unwrap_or_default()
+}
+
+/// Extender-mode preemption rounds on their own task, one every `every` (as the
+/// leader runs them; zero: back to back), until told to stop: (rounds run,
+/// each round's milliseconds, the longest lock hold).
+/// Evictions go to an address where nothing listens (refused at once): the
+/// bench times the rounds' planning, as the leader's rounds would hold the lock.
+#[allow(clippy::type_complexity)]
+fn preemption_rounds(
+    mirror: SharedMirror,
+    every: std::time::Duration,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<(usize, Vec<f64>, f64)>,
+) {
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        let config = kube::Config::new(http::Uri::from_static("http://127.0.0.1:9"));
+        let Ok(client) = kube::Client::try_from(config) else {
+            return (0, Vec::new(), 0.0);
+        };
+        let mut p = crate::preemptor::Preemptor::new(mirror.clone(), client, None);
+        let names = vec!["tessera".to_string()];
+        let mut times = Vec::new();
+        let mut lock_max = 0.0f64;
+        while !*stop_rx.borrow() {
+            let t = Instant::now();
+            crate::preemptor::extender_round(&mut p, &names).await;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            lock_max = lock_max.max(p.longest_lock_hold().as_secs_f64() * 1e3);
+            if every.is_zero() {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::select! {
+                    _ = stop_rx.changed() => {}
+                    _ = tokio::time::sleep(every) => {}
+                }
+            }
+        }
+        (times.len(), times, lock_max)
+    });
+    (stop_tx, task)
 }

@@ -7,6 +7,7 @@
 //! so they never drift from the ledger. A granted MIG instance counts as its share of the GPU's compute
 //! slices (the ledger holds MIG grants that way: 3g of 7 is 428 milli-GPU).
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -53,6 +54,74 @@ pub struct Metrics {
     preemptions: Family<Labels, Counter>,
     preempted_gpu_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     bind_failures: Counter,
+    /// Held while a scrape sets the cluster gauges ([`Metrics::apply_cluster`]).
+    scrape: std::sync::Mutex<()>,
+}
+
+/// What a scrape reads off the mirror under its lock: copies only; the
+/// fragmentation is computed from them afterwards ([`Metrics::apply_cluster`]).
+pub struct ClusterFigures {
+    nodes: Vec<NodeFigures>,
+    workload: Arc<tessera_core::frag::TargetWorkload>,
+    workload_report: crate::mirror::WorkloadReport,
+    queues: Vec<crate::mirror::QueueFigures>,
+}
+
+struct NodeFigures {
+    name: String,
+    model: tessera_core::model::ModelId,
+    model_name: String,
+    /// Free compute per healthy GPU (0 for an unhealthy one), milli-GPU.
+    free: Vec<u32>,
+    used_milli: u64,
+    free_cpu_milli: u64,
+}
+
+impl ClusterFigures {
+    /// Reads the figures (call it holding the mirror's lock; it is linear in
+    /// the nodes and copies a few numbers each).
+    pub fn read(mirror: &mut Mirror) -> ClusterFigures {
+        mirror.refresh();
+        let workload_report = mirror.workload_report();
+        let workload = mirror.target_workload();
+        let usage = mirror.usage();
+        let cluster = mirror.cluster();
+        let mut nodes = Vec::with_capacity(cluster.nodes().len());
+        for node in cluster.nodes() {
+            let Some(used) = usage.get(&node.name) else {
+                continue;
+            };
+            let Some(model) = node.primary_model() else {
+                continue;
+            };
+            nodes.push(NodeFigures {
+                name: node.name.clone(),
+                model,
+                model_name: cluster.catalog.spec(model).name.clone(),
+                free: node
+                    .gpus
+                    .iter()
+                    .zip(used.gpus.iter())
+                    .map(|(g, u)| {
+                        if g.health == tessera_core::model::Health::Healthy {
+                            u.free_cores_milli
+                        } else {
+                            0
+                        }
+                    })
+                    .collect(),
+                used_milli: used.used_milli(),
+                free_cpu_milli: used.free_cpu_milli,
+            });
+        }
+        let queues = mirror.queue_report();
+        ClusterFigures {
+            nodes,
+            workload,
+            workload_report,
+            queues,
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -206,6 +275,7 @@ impl Metrics {
             shape_weight,
             model_pressure,
             bind_failures,
+            scrape: std::sync::Mutex::new(()),
         }
     }
 
@@ -240,64 +310,49 @@ impl Metrics {
 
     /// Recomputes the per-node GPU gauges from the mirror.
     pub fn update_cluster(&self, mirror: &mut Mirror) {
+        self.apply_cluster(ClusterFigures::read(mirror));
+    }
+
+    /// Sets the cluster gauges from figures read off the mirror, computing
+    /// each node's fragmentation here: call it without the mirror's lock (and
+    /// off the async workers), since that is the costly part of a scrape.
+    /// Concurrent scrapes take turns, so one scrape's gauges are never mixed
+    /// with another's.
+    pub fn apply_cluster(&self, figures: ClusterFigures) {
+        let _turn = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         self.allocated_milli.clear();
         self.free_milli.clear();
         self.fragmentation.clear();
-        mirror.refresh();
-        self.update_workload(mirror);
-        let workload = mirror.target_workload();
-        let usage = mirror.usage();
-        let cluster = mirror.cluster();
+        self.update_workload(&figures.workload_report);
         let mut total = 0.0;
-        for node in cluster.nodes() {
-            let Some(used) = usage.get(&node.name) else {
-                continue;
-            };
-            let Some(model) = node.primary_model() else {
-                continue;
-            };
+        for n in &figures.nodes {
             let labels = vec![
-                ("node".to_string(), node.name.clone()),
-                (
-                    "model".to_string(),
-                    cluster.catalog.spec(model).name.clone(),
-                ),
+                ("node".to_string(), n.name.clone()),
+                ("model".to_string(), n.model_name.clone()),
             ];
-            let free: Vec<u32> = node
-                .gpus
-                .iter()
-                .zip(used.gpus.iter())
-                .map(|(g, u)| {
-                    if g.health == tessera_core::model::Health::Healthy {
-                        u.free_cores_milli
-                    } else {
-                        0
-                    }
-                })
-                .collect();
             self.allocated_milli
                 .get_or_create(&labels)
-                .set(used.used_milli() as i64);
+                .set(n.used_milli as i64);
             self.free_milli
                 .get_or_create(&labels)
-                .set(free.iter().map(|&f| i64::from(f)).sum());
+                .set(n.free.iter().map(|&f| i64::from(f)).sum());
             let frag = node_frag(
                 &FragNode {
-                    free_milli: &free,
-                    free_cpu_milli: used.free_cpu_milli,
-                    model: Some(model),
+                    free_milli: &n.free,
+                    free_cpu_milli: n.free_cpu_milli,
+                    model: Some(n.model),
                 },
-                &workload,
+                &figures.workload,
             );
             total += frag;
             self.fragmentation
-                .get_or_create(&vec![("node".to_string(), node.name.clone())])
+                .get_or_create(&vec![("node".to_string(), n.name.clone())])
                 .set(frag);
         }
         self.cluster_fragmentation.set(total);
         self.queue_gpus.clear();
         self.queue_pending.clear();
-        for q in mirror.queue_report() {
+        for q in &figures.queues {
             let queue = ("queue".to_string(), q.name.clone());
             for (kind, r) in [
                 ("guaranteed", q.guaranteed),
@@ -316,8 +371,7 @@ impl Metrics {
     }
 
     /// The target workload's figures ([`Mirror::workload_report`]).
-    fn update_workload(&self, mirror: &mut Mirror) {
-        let w = mirror.workload_report();
+    fn update_workload(&self, w: &crate::mirror::WorkloadReport) {
         self.learned_pods
             .set(i64::try_from(w.pods_learned).unwrap_or(i64::MAX));
         self.learned_generation

@@ -61,6 +61,9 @@ pub struct Preemptor {
     /// The last line logged per candidate (extender mode), so a line is
     /// repeated only when what happens to that pod changes.
     said: HashMap<String, String>,
+    /// The longest the last extender round held the mirror's lock at once
+    /// (the verbs wait for it meanwhile).
+    lock_hold: Duration,
 }
 
 impl Preemptor {
@@ -73,7 +76,13 @@ impl Preemptor {
             min_runtime: DEFAULT_MIN_RUNTIME,
             metrics: None,
             said: HashMap::new(),
+            lock_hold: Duration::ZERO,
         }
+    }
+
+    /// The longest the last extender-mode round held the mirror's lock at once.
+    pub fn longest_lock_hold(&self) -> Duration {
+        self.lock_hold
     }
 
     /// Logs `line` for `pod` at info unless it is what was said last time.
@@ -122,6 +131,7 @@ impl Preemptor {
             .map_or(0, |d| d.as_secs());
         let plan = {
             let mut m = self.mirror.lock();
+            let _held = HoldTimer::new(&mut self.lock_hold);
             if let Some((victims, until)) = self.preempting.get(&uid) {
                 let left = victims.iter().filter(|v| m.pod(v).is_some()).count();
                 if left > 0 && Instant::now() < *until {
@@ -233,6 +243,8 @@ impl Preemptor {
 
 /// Most pods tried per round in extender mode (each try may plan on a copy of the ledger).
 const ROUND_LIMIT: usize = 16;
+/// Candidates judged per hold of the mirror's lock in an extender-mode round.
+const JUDGE_CHUNK: usize = 64;
 
 /// Whether kube-scheduler has tried `pod` and found no node (`PodScheduled`
 /// False, reason `Unschedulable`).
@@ -255,55 +267,78 @@ fn marked_unschedulable(pod: &Pod) -> bool {
 /// Each candidate's outcome is logged at info when it changes (a pod waiting
 /// for minutes does not repeat its line every round).
 pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
-    let mut skipped: Vec<(Pod, String)> = Vec::new();
-    let mut todo: Vec<(Pod, String)> = {
-        let mut m = p.mirror.lock();
-        let waiting: Vec<Pod> = m
-            .waiting_pods()
+    p.lock_hold = Duration::ZERO;
+    // Which pods are candidates: one short pass under the lock, UIDs only.
+    let uids: Vec<String> = {
+        let m = p.mirror.lock();
+        let _held = HoldTimer::new(&mut p.lock_hold);
+        m.waiting_pods()
             .filter(|pod| {
                 names.iter().any(|n| n == convert::scheduler_name(pod))
                     && !convert::is_gated(pod)
                     && marked_unschedulable(pod)
             })
-            .cloned()
-            .collect();
-        let catalog = m.cluster().catalog.clone();
-        let mut out = Vec::new();
-        for pod in waiting {
-            let asks = convert::pod_asks(&pod, &catalog);
-            let (req, host) = match (asks.request, asks.host) {
-                (Ok(r), Ok(h)) => (r, h),
-                (Err(e), _) => {
-                    skipped.push((pod, format!("its request does not read: {e}")));
+            .map(|pod| convert::pod_uid(pod).to_string())
+            .collect()
+    };
+    // Judged a chunk per hold of the lock, the verbs served between chunks: a
+    // round over 10,000 waiting pods held the lock for all of them at once
+    // (issue 28 item 9). Pods of one shape share one decision per round.
+    let mut skipped: Vec<(Pod, String)> = Vec::new();
+    let mut todo: Vec<(Pod, String)> = Vec::new();
+    let mut fits: HashMap<
+        (tessera_core::request::Request, crate::hostfit::HostAsk),
+        Option<String>,
+    > = HashMap::new();
+    for chunk in uids.chunks(JUDGE_CHUNK) {
+        {
+            let mut m = p.mirror.lock();
+            let _held = HoldTimer::new(&mut p.lock_hold);
+            let catalog = m.cluster().catalog.clone();
+            for uid in chunk {
+                let Some(pod) = m.pod(uid).cloned() else {
+                    continue; // gone since the first pass
+                };
+                let asks = convert::pod_asks(&pod, &catalog);
+                let (req, host) = match (asks.request, asks.host) {
+                    (Ok(r), Ok(h)) => (r, h),
+                    (Err(e), _) => {
+                        skipped.push((pod, format!("its request does not read: {e}")));
+                        continue;
+                    }
+                    (_, Err(e)) => {
+                        skipped.push((pod, format!("its CPU or memory does not read: {e}")));
+                        continue;
+                    }
+                };
+                if let crate::mirror::QuotaCheck::Refused(why) = m.quota(&pod, &req) {
+                    skipped.push((pod, format!("its queue may not take more: {why}")));
                     continue;
                 }
-                (_, Err(e)) => {
-                    skipped.push((pod, format!("its CPU or memory does not read: {e}")));
-                    continue;
-                }
-            };
-            if let crate::mirror::QuotaCheck::Refused(why) = m.quota(&pod, &req) {
-                skipped.push((pod, format!("its queue may not take more: {why}")));
-                continue;
-            }
-            // kube-scheduler judges the node side; a pod that fits now is retried by it.
-            match m.decide(&req, &host, |_| Ok(())) {
-                Ok(_) => skipped.push((
-                    pod,
-                    "it fits a node now; kube-scheduler's next attempt places it".into(),
-                )),
-                Err(e) => {
-                    let reason = e
-                        .ranked()
-                        .first()
-                        .map(|(r, _)| r.to_string())
-                        .unwrap_or_default();
-                    out.push((pod, reason));
+                // kube-scheduler judges the node side; a pod that fits now is retried by it.
+                let outcome = fits
+                    .entry((req, host))
+                    .or_insert_with_key(|(req, host)| match m.decide(req, host, |_| Ok(())) {
+                        Ok(_) => None,
+                        Err(e) => Some(
+                            e.ranked()
+                                .first()
+                                .map(|(r, _)| r.to_string())
+                                .unwrap_or_default(),
+                        ),
+                    })
+                    .clone();
+                match outcome {
+                    None => skipped.push((
+                        pod,
+                        "it fits a node now; kube-scheduler's next attempt places it".into(),
+                    )),
+                    Some(reason) => todo.push((pod, reason)),
                 }
             }
         }
-        out
-    };
+        tokio::task::yield_now().await;
+    }
     let live: std::collections::HashSet<String> = todo
         .iter()
         .chain(&skipped)
@@ -372,5 +407,89 @@ pub async fn run_for_extender(
                 }
             }
         }
+    }
+}
+
+/// Raises `*longest` to how long it lived, when dropped (put it right after
+/// taking a lock, to time the hold).
+struct HoldTimer<'a> {
+    since: Instant,
+    longest: &'a mut Duration,
+}
+
+impl<'a> HoldTimer<'a> {
+    fn new(longest: &'a mut Duration) -> HoldTimer<'a> {
+        HoldTimer {
+            since: Instant::now(),
+            longest,
+        }
+    }
+}
+
+impl Drop for HoldTimer<'_> {
+    fn drop(&mut self) {
+        *self.longest = (*self.longest).max(self.since.elapsed());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::mirror::{Mirror, SharedMirror};
+
+    /// Issue 28 item 9: a round over many waiting pods judged them all under
+    /// one hold of the mirror's lock, with no await between them, so the verbs
+    /// (which need the lock) waited for the whole round. Now the round yields
+    /// between chunks: on a one-thread runtime another task runs meanwhile.
+    /// Before, the probe below ran 0 times during the round.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_round_over_many_waiting_pods_lets_other_work_in_between() {
+        let (kn, gn) = crate::bench::synthetic_objects(4);
+        let policy = tessera_core::policy::by_name("tessera", &Default::default()).expect("policy");
+        let mut m =
+            Mirror::from_objects(policy, b"preemptor-test-key".to_vec(), kn, gn, Vec::new());
+        let waiting = 10 * JUDGE_CHUNK;
+        for i in 0..waiting {
+            // Nine GPUs on nodes of eight: fits nowhere, and no eviction can help.
+            m.upsert_pod(crate::bench::unschedulable_pod(
+                &format!("stuck-{i}"),
+                json!({"cpu": "1", "tessera.io/gpu": "9"}),
+            ));
+        }
+        let mirror = SharedMirror::new(m);
+        let client = kube::Client::try_from(kube::Config::new(http::Uri::from_static(
+            "http://127.0.0.1:9",
+        )))
+        .expect("client");
+        let mut p = Preemptor::new(mirror, client, None);
+
+        let ran = Arc::new(AtomicUsize::new(0));
+        let probe = {
+            let ran = ran.clone();
+            tokio::spawn(async move {
+                loop {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        tokio::task::yield_now().await; // the probe starts
+        let before = ran.load(Ordering::SeqCst);
+        let acted = extender_round(&mut p, &["tessera".to_string()]).await;
+        let during = ran.load(Ordering::SeqCst) - before;
+        probe.abort();
+        assert_eq!(
+            acted, 0,
+            "nothing can be evicted for a pod that fits nowhere"
+        );
+        assert!(
+            during >= 9,
+            "other work ran {during} times while {waiting} pods were judged in chunks of {JUDGE_CHUNK}"
+        );
     }
 }

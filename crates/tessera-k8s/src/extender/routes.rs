@@ -424,16 +424,29 @@ async fn ready(State(st): State<ExtenderState>) -> Response {
 }
 
 async fn metrics(State(st): State<ExtenderState>) -> Response {
-    {
+    // Under the lock only copies; the fragmentation of every node is computed
+    // after, on a blocking thread (issue 28 item 9: it ran under the lock on an
+    // async worker, and the verbs waited for it).
+    let figures = {
         let mut m = st.mirror.lock();
-        st.metrics.update_cluster(&mut m);
-        st.metrics.set_state(
-            st.leader.is_leader(),
-            st.leader.errors(),
-            st.gate.is_synced(),
-        );
-    }
-    match st.metrics.encode() {
+        crate::metrics::ClusterFigures::read(&mut m)
+    };
+    st.metrics.set_state(
+        st.leader.is_leader(),
+        st.leader.errors(),
+        st.gate.is_synced(),
+    );
+    let metrics = st.metrics.clone();
+    let encoded = tokio::task::spawn_blocking(move || {
+        metrics.apply_cluster(figures);
+        metrics.encode()
+    })
+    .await;
+    let encoded = match encoded {
+        Ok(e) => e,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    match encoded {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,
