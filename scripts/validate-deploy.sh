@@ -1382,6 +1382,12 @@ def check_dashboards():
             q = v.get("query")
             exprs.append((f"variable {v.get('name')}", q.get("query", "") if isinstance(q, dict) else ""))
         for pid, expr in exprs:
+            # Where dcgm-exporter runs too, every GPU has two copies of each DCGM_FI_*
+            # series (its and the agent's, unless monitoring.dropDcgmSeries): a panel
+            # must take one per GPU before it counts, sums or averages.
+            if "DCGM_FI_" in expr and not str(pid).startswith("variable ") \
+                    and not re.search(r"\bmax by \(UUID\b", expr):
+                fail(where, f"{pid}: {expr!r} reads DCGM_FI_* without one series per GPU (max by (UUID, ...)): double-counts beside dcgm-exporter")
             for var in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expr):
                 if var not in variables and not var.startswith("__"):
                     fail(where, f"{pid}: uses undefined variable ${var}")
