@@ -1049,3 +1049,33 @@ fn after_a_key_rotation_grants_signed_with_the_old_key_still_hold_their_gpus() {
         "without the old key its grant is not counted"
     );
 }
+
+/// Issue 28 item 9: the agents republish their GpuNode status every minute
+/// (83 a second at 5,000 nodes); only a change placement reads (spec, health,
+/// the kubelet's report) is worth a scheduling pass.
+#[test]
+fn only_a_placement_change_to_a_gpunode_is_worth_a_pass() {
+    let policy = tessera_core::policy::by_name("tessera", &Default::default()).unwrap();
+    let mut m = tessera_k8s::mirror::Mirror::from_objects(
+        policy,
+        b"k".to_vec(),
+        vec![common::kube_node("n1", "32", "64Gi")],
+        Vec::new(),
+        Vec::new(),
+    );
+    let gn = common::gpu_node("n1", "A100-80GB", 81_920, 2);
+    assert!(m.upsert_inventory(gn.clone()), "a new GpuNode");
+    let mut republished = gn.clone();
+    republished.status = Some(tessera_api::GpuNodeStatus {
+        free_memory_mib: 12_345,
+        last_update: Some("2026-12-04T00:01:00Z".into()),
+        ..Default::default()
+    });
+    assert!(
+        !m.upsert_inventory(republished.clone()),
+        "status figures only"
+    );
+    let mut bigger = republished;
+    bigger.spec.gpus.pop();
+    assert!(m.upsert_inventory(bigger), "a GPU gone");
+}

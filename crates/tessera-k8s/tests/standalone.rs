@@ -264,3 +264,54 @@ async fn pods_needing_checks_this_mode_does_not_make_are_refused_clearly() {
     assert!(note.contains("does not evaluate host ports"), "{note}");
     assert!(!seen.iter().any(|s| s.path.ends_with("/binding")));
 }
+
+/// Issue 28 item 9: a pass ran on every watch event and copied every waiting
+/// pod, those waiting out a backoff included (10,000 unschedulable pods were
+/// copied for each of the agents' 83 status updates a second). Now a pass
+/// copies only the pods due for a try (without queues), while every waiting
+/// pod stays known, so none loses its backoff.
+#[tokio::test]
+async fn a_pass_copies_only_the_pods_due_for_a_try() {
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 8)];
+    // Nine GPUs on a node of eight: none fits, all go into backoff.
+    let stuck: Vec<Pod> = (0..50)
+        .map(|i| {
+            ours(
+                pod(
+                    "ml",
+                    &format!("stuck-{i}"),
+                    &format!("uid-stuck-{i}"),
+                    &[("tessera.io/gpu", "9")],
+                ),
+                None,
+            )
+        })
+        .collect();
+    let m = mirror("tessera", nodes, inv, stuck);
+    let (client, _api) = mock_api(answer);
+    let leader = Leadership::always();
+    let mut s = Standalone::new(
+        "tessera".into(),
+        m.clone(),
+        Binder::new(client, m.clone(), leader.clone()),
+        leader,
+        Arc::new(Metrics::new()),
+        None,
+        Default::default(),
+    );
+    let (first, live) = s.to_try(std::time::Instant::now());
+    assert_eq!((first.len(), live.len()), (50, 50), "all due at first");
+    assert!(s.pass().await.is_some(), "they wait for a retry");
+    let (due, live) = s.to_try(std::time::Instant::now());
+    assert!(due.is_empty(), "{} pods copied while in backoff", due.len());
+    assert_eq!(live.len(), 50, "all still waiting");
+    assert_eq!(
+        s.pending().len(),
+        50,
+        "pending() still lists every waiting pod"
+    );
+    // Once their backoff is over they are due again.
+    let later = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    assert_eq!(s.to_try(later).0.len(), 50);
+}

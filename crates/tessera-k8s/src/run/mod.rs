@@ -54,8 +54,27 @@ pub async fn connect() -> Result<kube::Client, kube::Error> {
     crate::client::connect().await
 }
 
+/// Whether applying a change is worth a scheduling pass: `()` always is; a
+/// `bool` says (false for updates placement does not read, such as the agents'
+/// status republishing and nodes' heartbeats).
+trait Wakes {
+    fn wakes(self) -> bool;
+}
+
+impl Wakes for () {
+    fn wakes(self) -> bool {
+        true
+    }
+}
+
+impl Wakes for bool {
+    fn wakes(self) -> bool {
+        self
+    }
+}
+
 /// Feeds one kind of object into the mirror until the stream ends (it does not: the watcher retries).
-async fn feed<K, F>(
+async fn feed<K, F, W>(
     api: Api<K>,
     mirror: SharedMirror,
     wake: Arc<Notify>,
@@ -63,7 +82,8 @@ async fn feed<K, F>(
     apply: F,
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    F: Fn(&mut Mirror, Change<K>),
+    F: Fn(&mut Mirror, Change<K>) -> W,
+    W: Wakes,
 {
     let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream.into_stream());
@@ -74,16 +94,17 @@ async fn feed<K, F>(
             Ok(Event::InitApply(o)) => buffer.push(o),
             Ok(Event::InitDone) => {
                 let all = std::mem::take(&mut buffer);
-                apply(&mut mirror.lock(), Change::Replace(all));
+                let _ = apply(&mut mirror.lock(), Change::Replace(all));
                 gate.0.mark(gate.1);
                 wake.notify_one();
             }
             Ok(Event::Apply(o)) => {
-                apply(&mut mirror.lock(), Change::Upsert(o));
-                wake.notify_one();
+                if apply(&mut mirror.lock(), Change::Upsert(o)).wakes() {
+                    wake.notify_one();
+                }
             }
             Ok(Event::Delete(o)) => {
-                apply(&mut mirror.lock(), Change::Delete(o));
+                let _ = apply(&mut mirror.lock(), Change::Delete(o));
                 wake.notify_one();
             }
             Err(e) => tracing::warn!(error = %e, "watch failed; retrying"),
@@ -153,9 +174,15 @@ pub async fn run(
         wake.clone(),
         (gate.clone(), Kind::Nodes),
         |m, c| match c {
-            Change::Replace(v) => m.replace_nodes(v),
+            Change::Replace(v) => {
+                m.replace_nodes(v);
+                true
+            }
             Change::Upsert(n) => m.upsert_node(n),
-            Change::Delete(n) => m.remove_node(n.metadata.name.as_deref().unwrap_or("")),
+            Change::Delete(n) => {
+                m.remove_node(n.metadata.name.as_deref().unwrap_or(""));
+                true
+            }
         },
     ));
     tasks.spawn(feed(
@@ -164,9 +191,15 @@ pub async fn run(
         wake.clone(),
         (gate.clone(), Kind::Inventory),
         |m, c| match c {
-            Change::Replace(v) => m.replace_inventory(v),
+            Change::Replace(v) => {
+                m.replace_inventory(v);
+                true
+            }
             Change::Upsert(n) => m.upsert_inventory(n),
-            Change::Delete(n) => m.remove_inventory(n.metadata.name.as_deref().unwrap_or("")),
+            Change::Delete(n) => {
+                m.remove_inventory(n.metadata.name.as_deref().unwrap_or(""));
+                true
+            }
         },
     ));
     tasks.spawn(feed(

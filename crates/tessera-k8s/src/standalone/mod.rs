@@ -21,7 +21,7 @@
 //! `PodGroup`, so coscheduling manifests work unchanged) are placed all or
 //! nothing, at least `minMember` of them together; see [`Standalone::pass`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,6 +136,27 @@ pub struct Standalone {
     preemptor: Preemptor,
 }
 
+/// `pods` tried in order: by their queue keys (lower first) when queues are
+/// defined, then highest priority, then oldest, then by name.
+fn in_order(pods: Vec<Pod>, keys: Option<Vec<Vec<f64>>>) -> Vec<Pod> {
+    let mut order: Vec<(Vec<f64>, Pod)> = match keys {
+        Some(k) => k.into_iter().zip(pods).collect(),
+        None => pods.into_iter().map(|p| (Vec::new(), p)).collect(),
+    };
+    order.sort_by(|(ka, a), (kb, b)| {
+        ka.partial_cmp(kb)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then_with(|| priority(b).cmp(&priority(a)))
+            .then_with(|| {
+                a.metadata
+                    .creation_timestamp
+                    .cmp(&b.metadata.creation_timestamp)
+            })
+            .then_with(|| convert::pod_key(a).cmp(&convert::pod_key(b)))
+    });
+    order.into_iter().map(|(_, p)| p).collect()
+}
+
 impl Standalone {
     /// A scheduler loop; with a `recorder`, its events are published by a task
     /// spawned on the current runtime.
@@ -186,29 +207,46 @@ impl Standalone {
     /// gates (Kueue's admission, for one) is not ours to place until they are gone.
     pub fn pending(&self) -> Vec<Pod> {
         let mut m = self.mirror.lock();
-        let pods: Vec<Pod> = m
-            .waiting_pods()
-            .filter(|p| convert::scheduler_name(p) == self.scheduler_name && !convert::is_gated(p))
-            .cloned()
-            .collect();
+        let pods: Vec<Pod> = m.waiting_pods().filter(|p| self.ours(p)).cloned().collect();
         let keys = m.queue_order(&pods);
         drop(m);
-        let mut order: Vec<(Vec<f64>, Pod)> = match keys {
-            Some(k) => k.into_iter().zip(pods).collect(),
-            None => pods.into_iter().map(|p| (Vec::new(), p)).collect(),
+        in_order(pods, keys)
+    }
+
+    fn ours(&self, p: &Pod) -> bool {
+        convert::scheduler_name(p) == self.scheduler_name && !convert::is_gated(p)
+    }
+
+    /// What a pass tries, in [`Standalone::pending`]'s order, and the UIDs of
+    /// every pod of ours still waiting. Without queues a pod in its backoff
+    /// (and in no gang) is not copied: a pass runs on every placement change,
+    /// and copying 10,000 pods that wait for a retry on each was most of its
+    /// work (issue 28 item 9). With queues every waiting pod counts towards
+    /// its queue's demand, so all are listed as before.
+    pub fn to_try(&self, now: Instant) -> (Vec<Pod>, HashSet<String>) {
+        let mut m = self.mirror.lock();
+        let live: HashSet<String> = m
+            .waiting_pods()
+            .filter(|p| self.ours(p))
+            .map(|p| convert::pod_uid(p).to_string())
+            .collect();
+        let queued = m.queue_tree().is_some();
+        let due = |p: &Pod| {
+            queued
+                || gang_of(p).is_some()
+                || self
+                    .retries
+                    .get(convert::pod_uid(p))
+                    .is_none_or(|(_, at, _)| *at <= now)
         };
-        order.sort_by(|(ka, a), (kb, b)| {
-            ka.partial_cmp(kb)
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then_with(|| priority(b).cmp(&priority(a)))
-                .then_with(|| {
-                    a.metadata
-                        .creation_timestamp
-                        .cmp(&b.metadata.creation_timestamp)
-                })
-                .then_with(|| convert::pod_key(a).cmp(&convert::pod_key(b)))
-        });
-        order.into_iter().map(|(_, p)| p).collect()
+        let pods: Vec<Pod> = m
+            .waiting_pods()
+            .filter(|p| self.ours(p) && due(p))
+            .cloned()
+            .collect();
+        let keys = if queued { m.queue_order(&pods) } else { None };
+        drop(m);
+        (in_order(pods, keys), live)
     }
 
     /// Decides a pod's node and holds the placement in the mirror, in one
@@ -276,11 +314,7 @@ impl Standalone {
         // Binds with an unknown outcome past their deadline: the server says how they ended.
         self.binder.settle_expired().await;
         let now = Instant::now();
-        let pending = self.pending();
-        let live: std::collections::HashSet<String> = pending
-            .iter()
-            .map(|p| convert::pod_uid(p).to_string())
-            .collect();
+        let (pending, live) = self.to_try(now);
         self.retries.retain(|uid, _| live.contains(uid));
         self.preemptor.retain(|uid| live.contains(uid));
         // A gang's waiting members, in the order of the pending list; the gang is
