@@ -132,6 +132,11 @@ impl Preemptor {
         let plan = {
             let mut m = self.mirror.lock();
             let _held = HoldTimer::new(&mut self.lock_hold);
+            // Judged with the lock released since (a chunk of an extender
+            // round, a standalone decision): it may have been placed meanwhile.
+            if !m.pod(&uid).is_some_and(|p| m.is_waiting(p)) {
+                return Err("it is no longer waiting (placed, held or gone)".into());
+            }
             if let Some((victims, until)) = self.preempting.get(&uid) {
                 let left = victims.iter().filter(|v| m.pod(v).is_some()).count();
                 if left > 0 && Instant::now() < *until {
@@ -269,15 +274,16 @@ fn marked_unschedulable(pod: &Pod) -> bool {
 pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
     p.lock_hold = Duration::ZERO;
     // Which pods are candidates: one short pass under the lock, UIDs only.
+    let candidate = |pod: &Pod| {
+        names.iter().any(|n| n == convert::scheduler_name(pod))
+            && !convert::is_gated(pod)
+            && marked_unschedulable(pod)
+    };
     let uids: Vec<String> = {
         let m = p.mirror.lock();
         let _held = HoldTimer::new(&mut p.lock_hold);
         m.waiting_pods()
-            .filter(|pod| {
-                names.iter().any(|n| n == convert::scheduler_name(pod))
-                    && !convert::is_gated(pod)
-                    && marked_unschedulable(pod)
-            })
+            .filter(|pod| candidate(pod))
             .map(|pod| convert::pod_uid(pod).to_string())
             .collect()
     };
@@ -296,8 +302,13 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
             let _held = HoldTimer::new(&mut p.lock_hold);
             let catalog = m.cluster().catalog.clone();
             for uid in chunk {
-                let Some(pod) = m.pod(uid).cloned() else {
-                    continue; // gone since the first pass
+                // Bound, gone or retried since the first pass: not a candidate now.
+                let Some(pod) = m
+                    .pod(uid)
+                    .filter(|pod| m.is_waiting(pod) && candidate(pod))
+                    .cloned()
+                else {
+                    continue;
                 };
                 let asks = convert::pod_asks(&pod, &catalog);
                 let (req, host) = match (asks.request, asks.host) {

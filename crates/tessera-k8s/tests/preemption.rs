@@ -377,6 +377,27 @@ async fn a_skipped_candidate_says_why() {
     assert!(evictions(&finish(w).await).is_empty());
 }
 
+/// A candidate judged with the lock released (a chunk of an extender round)
+/// may be placed before its preemption is tried: nothing is evicted for a pod
+/// that no longer waits.
+#[tokio::test]
+async fn nothing_is_evicted_for_a_pod_that_no_longer_waits() {
+    use tessera_k8s::preemptor::Preemptor;
+    let mut high = gpu_pod("ml", "high", 1000);
+    high.spec.as_mut().unwrap().node_name = Some("n1".into());
+    let w = world(gpu_pod("ml", "low", 0), high.clone(), Some(vec![]));
+    let client = w.s.binder.client().clone();
+    let mut p = Preemptor::new(w.m.clone(), client, None);
+    p.min_runtime = Duration::ZERO;
+    let why = p
+        .try_explained(&high, "not enough idle GPUs")
+        .await
+        .unwrap_err();
+    assert!(why.contains("no longer waiting"), "{why}");
+    drop(p);
+    assert!(evictions(&finish(w).await).is_empty());
+}
+
 /// Room is never made on a node the pod may not go to: the only victim sits on
 /// a node tainted against the preemptor, so nothing is evicted.
 #[tokio::test]

@@ -442,12 +442,10 @@ async fn metrics(State(st): State<ExtenderState>) -> Response {
         metrics.encode()
     })
     .await;
-    let encoded = match encoded {
-        Ok(e) => e,
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    };
     match encoded {
-        Ok(text) => (
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Ok(Ok(text)) => (
             [(
                 header::CONTENT_TYPE,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -455,6 +453,5 @@ async fn metrics(State(st): State<ExtenderState>) -> Response {
             text,
         )
             .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }

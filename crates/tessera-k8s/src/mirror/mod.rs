@@ -289,12 +289,15 @@ impl Mirror {
     /// Pods waiting for a node that nothing holds: unbound, not finished,
     /// not being deleted, with no reservation of ours.
     pub fn waiting_pods(&self) -> impl Iterator<Item = &Pod> {
-        self.pods.values().filter(|p| {
-            convert::pod_node(p).is_none()
-                && !convert::is_terminal(p)
-                && p.metadata.deletion_timestamp.is_none()
-                && !self.held.contains_key(convert::pod_uid(p))
-        })
+        self.pods.values().filter(|p| self.is_waiting(p))
+    }
+
+    /// Whether `pod` is one of [`Mirror::waiting_pods`].
+    pub fn is_waiting(&self, pod: &Pod) -> bool {
+        convert::pod_node(pod).is_none()
+            && !convert::is_terminal(pod)
+            && pod.metadata.deletion_timestamp.is_none()
+            && !self.held.contains_key(convert::pod_uid(pod))
     }
 
     pub fn held(&self, uid: &str) -> Option<&Held> {

@@ -424,9 +424,7 @@ impl Mirror {
     /// Every queue as of now: guarantee, holdings, fair share, borrowed amount
     /// and waiting pods (for metrics, `GpuQueue` status and the operator's view).
     pub fn queue_report(&mut self) -> Vec<QueueFigures> {
-        self.refresh();
-        self.queues.rebuild();
-        if self.queues.tree.is_none() {
+        if self.queue_tree().is_none() {
             // No GpuQueue: nothing to report, and no copy of every waiting pod
             // (10,000 of them held the lock for ~150 ms on every scrape and
             // every web view tick).

@@ -244,7 +244,7 @@ impl Standalone {
             .filter(|p| self.ours(p) && due(p))
             .cloned()
             .collect();
-        let keys = if queued { m.queue_order(&pods) } else { None };
+        let keys = m.queue_order(&pods);
         drop(m);
         (in_order(pods, keys), live)
     }
