@@ -16,6 +16,7 @@ pub mod inventory;
 pub mod metrics;
 pub mod migplan;
 pub mod mps;
+pub mod nodesettings;
 pub mod podresources;
 pub mod pods;
 pub mod proto;

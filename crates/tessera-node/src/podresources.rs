@@ -159,7 +159,8 @@ pub fn is_gpu_resource(resource: &str) -> bool {
 /// Device IDs resolve by their shape (NVIDIA's plugin and Tessera's own
 /// `nvidia.com/gpu` and MIG resources): `GPU-…` is the GPU, `GPU-…::N` a
 /// time-slicing replica of it, `MIG-…` an instance of the GPU in `view` that
-/// has it. `tessera.io/gpu` slot IDs are tokens only: the GPUs are those the
+/// has it. `tessera.io/gpu` slot IDs and the MIG tokens of GPUs where the agent
+/// creates instances (`GPU-…::<profile>-<k>`) are tokens only: the GPUs are those the
 /// pod's verified decision grants the container (`key`, `node`: the decision's
 /// check). Where one device does not resolve, `gpu_uuids` is left empty, which
 /// the scheduler reads as "any GPU".
@@ -178,7 +179,9 @@ pub fn report(
                 if ids.is_empty() || !is_gpu_resource(resource) {
                     continue;
                 }
-                let gpus = if resource == tessera_core::request::RES_GPU {
+                let gpus = if resource == tessera_core::request::RES_GPU
+                    || ids.iter().any(|id| crate::deviceplugin::is_mig_token(id))
+                {
                     granted_gpus(p, &c.name, pods, view, key, node)
                 } else {
                     ids.iter()

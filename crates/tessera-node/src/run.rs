@@ -20,6 +20,7 @@ use crate::metrics::{Collector, PodResourcesSource, XidStats};
 use crate::migplan::MigPlanner;
 use crate::mps::{MpsDaemonConfig, MpsDaemons, held_sets};
 use crate::podresources::{KubeletPods, report};
+use tessera_core::fit::mig_layout::MigDynamic;
 
 /// How often the `GpuNode` status (free memory) is refreshed without a health change.
 const STATUS_REFRESH: Duration = Duration::from_secs(60);
@@ -80,6 +81,9 @@ pub struct AgentDeps {
     pub kubelet: Option<Arc<dyn KubeletPods>>,
     /// `None` when there is no API server (fake mode without a cluster).
     pub inventory: Option<Inventory>,
+    /// The Node's `tessera.io/mig-dynamic` setting
+    /// ([`crate::nodesettings::watch_mig_dynamic`]); `None`: off.
+    pub mig_dynamic: Option<watch::Receiver<MigDynamic>>,
 }
 
 /// Failures that stop the agent.
@@ -127,6 +131,20 @@ pub async fn run(
     let (view_tx, view_rx) = watch::channel(NodeView {
         gpus: gpus.clone(),
         health: tracker.all(),
+        mig_dynamic: deps
+            .mig_dynamic
+            .as_ref()
+            .map_or_else(Default::default, |rx| *rx.borrow()),
+    });
+    // The Node's MIG setting, into the view: the device plugins follow it.
+    let mig_dynamic_task = deps.mig_dynamic.clone().map(|mut rx| {
+        let tx = view_tx.clone();
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let now = *rx.borrow_and_update();
+                tx.send_if_modified(|v| std::mem::replace(&mut v.mig_dynamic, now) != now);
+            }
+        })
     });
     let view_tx_mig = view_tx.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -479,6 +497,9 @@ pub async fn run(
 
     let _ = stop_tx.send(true);
     halt.store(true, Ordering::Relaxed);
+    if let Some(t) = mig_dynamic_task {
+        t.abort();
+    }
     let _ = health_task.await;
     let _ = reap_task.await;
     if let Some(t) = report_task {
@@ -514,7 +535,7 @@ pub async fn once_report(
         })??;
     let view = NodeView {
         gpus: gpus.clone(),
-        health: Default::default(),
+        ..Default::default()
     };
     let labels = node_labels(
         &gpus,

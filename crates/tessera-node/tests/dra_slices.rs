@@ -21,6 +21,7 @@ fn node(yaml: &str) -> (NodeView, DriverVersions) {
     };
     (
         NodeView {
+            mig_dynamic: Default::default(),
             gpus: fake.discover().unwrap(),
             health: BTreeMap::new(),
         },

@@ -168,6 +168,7 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
     let spec = tessera_node::inventory::gpu_node_spec(
         NODE,
         &NodeView {
+            mig_dynamic: Default::default(),
             gpus: gpus.clone(),
             health: Default::default(),
         },
@@ -215,6 +216,94 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
     assert!(emptied.devices.is_empty(), "{:?}", emptied.devices);
     drop(stream);
     drop(mig_stream);
+    stop_agent(agent).await;
+    let _ = kubelet.stop.send(());
+}
+
+/// Issue 27 item 9, the node side: on a node labelled `tessera.io/mig-dynamic`,
+/// a pod that names a MIG profile with no instance on the node
+/// (`tessera.io/mig-3g.40gb: 1`) must be admitted by the kubelet, so the agent
+/// advertises every profile the GPU may get as tokens; `Allocate` then creates
+/// the instance the decision planned and answers with it. Before, the agent
+/// advertised only existing instances: no `tessera.io/mig-3g.40gb` plugin ever
+/// registered and the kubelet refused the pod (`OutOftessera.io/mig-3g.40gb`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_profile_without_an_instance_is_advertised_and_created_on_a_dynamic_node() {
+    use tessera_core::fit::mig_layout::MigDynamic;
+    use tessera_node::backend::GpuBackend;
+    use tessera_node::proto::deviceplugin as pb;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut kubelet = start_kubelet(dir.path());
+    let agent = start_agent(dir.path(), Duration::from_secs(3600));
+    let before: Vec<String> = registered(&mut kubelet, 4)
+        .await
+        .into_iter()
+        .map(|r| r.resource_name)
+        .collect();
+    assert!(!before.iter().any(|r| r.ends_with("3g.40gb")), "{before:?}");
+
+    // The operator labels the node; the agent's Node watch reports it.
+    agent.mig_dynamic.send(MigDynamic::Instances).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    while !seen.iter().any(|r: &String| r == "tessera.io/mig-3g.40gb") {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let reg = tokio::time::timeout(left, next_register(&mut kubelet))
+            .await
+            .unwrap_or_else(|_| panic!("no tessera.io/mig-3g.40gb plugin registered: {seen:?}"));
+        seen.push(reg.resource_name);
+    }
+    let mut mig = dial(&dir.path().join("tessera-mig-3g.40gb.sock"))
+        .await
+        .unwrap();
+    let mut listed = mig.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
+    let devices = listed.message().await.unwrap().unwrap().devices;
+    // GPU 2 is the one in MIG mode: an A100-80GB holds at most two 3g.40gb.
+    let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [format!("{GPU2}::3g.40gb-0"), format!("{GPU2}::3g.40gb-1")]
+    );
+    assert!(devices.iter().all(|d| d.health == "Healthy"));
+
+    // The scheduler planned a 3g.40gb at slice 4 of GPU 2 (beside its two 1g.10gb).
+    let mut g = grant(2, GPU2, 40_192, 428);
+    g.mig = Some(MigGrant {
+        profile: "3g.40gb".into(),
+        start: 4,
+        size: 4,
+        uuid: String::new(),
+        create: true,
+        enable_mig_mode: false,
+    });
+    let d = decision("uid-3g", NODE, Isolation::Mig, vec![g]);
+    let res = "tessera.io/mig-3g.40gb";
+    agent.pods.set(vec![pod(
+        "uid-3g",
+        "three",
+        1,
+        res,
+        1,
+        Some(d.encode_signed(KEY)),
+    )]);
+    agent.admitting("three", &[]);
+    let r = allocate(&mut mig, &[&ids[1]]).await.unwrap();
+    let gpu2 = agent.fake.discover().unwrap()[2].clone();
+    let made = gpu2
+        .mig_instances
+        .iter()
+        .find(|m| m.profile == "3g.40gb")
+        .unwrap_or_else(|| panic!("no 3g.40gb created: {gpu2:?}"));
+    assert_eq!(made.start, Some(4));
+    assert_eq!(mounted_devices(&r), [made.uuid.as_str()]);
+    // The list stays the same tokens with the instance in place.
+    let again = tokio::time::timeout(Duration::from_millis(500), listed.message()).await;
+    if let Ok(Ok(Some(m))) = again {
+        let now: Vec<String> = m.devices.into_iter().map(|d| d.id).collect();
+        assert_eq!(now, ids, "the token list changed with the layout");
+    }
+    drop(listed);
     stop_agent(agent).await;
     let _ = kubelet.stop.send(());
 }

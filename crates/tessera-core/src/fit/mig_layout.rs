@@ -42,7 +42,13 @@ impl MigDynamic {
     /// The node's setting. An unknown value means [`MigDynamic::Off`]: a typo must
     /// not let the scheduler re-partition GPUs nobody agreed to.
     pub fn of(node: &Node) -> MigDynamic {
-        match node.labels.get(LABEL_MIG_DYNAMIC).map(|v| v.trim()) {
+        MigDynamic::from_label(node.labels.get(LABEL_MIG_DYNAMIC).map(String::as_str))
+    }
+
+    /// The setting a [`LABEL_MIG_DYNAMIC`] value (`None`: no label) says, by the
+    /// same rule as [`MigDynamic::of`]; the node agent reads its Node's label with it.
+    pub fn from_label(value: Option<&str>) -> MigDynamic {
+        match value.map(str::trim) {
             Some("instances") => MigDynamic::Instances,
             Some("mode") => MigDynamic::Mode,
             _ => MigDynamic::Off,

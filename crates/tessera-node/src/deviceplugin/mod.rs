@@ -17,7 +17,15 @@
 //!   advertised `Unhealthy`, so the GPU's slots leave `allocatable`.
 //! - `tessera.io/mig-<profile>` (`+` written `.`, as NVIDIA's mixed strategy
 //!   does): one device per existing MIG instance, ID = its `MIG-…` UUID, health
-//!   = its parent GPU's.
+//!   = its parent GPU's. On a GPU where the agent may create instances (the
+//!   Node's `tessera.io/mig-dynamic` label: `instances` for a GPU in MIG mode,
+//!   `mode` for any MIG-capable GPU), every profile of the GPU's model is
+//!   advertised instead as that profile's most instances per GPU in tokens
+//!   `<GPU-uuid>::<profile>-<k>`, whatever exists now: the kubelet then admits a
+//!   pod whose profile has no instance yet, `Allocate` creates the instance the
+//!   decision planned and answers with it, and the list does not change as
+//!   instances come and go. As for `tessera.io/gpu`, the scheduler, not the
+//!   kubelet's count, guards what fits.
 //! - `nvidia.com/gpu` (optional, on by default): one device per GPU without MIG
 //!   mode, ID = its UUID, so pods written for NVIDIA's device plugin run on
 //!   Tessera's nodes. Answered from the decision like the others, for whole
@@ -42,6 +50,11 @@ pub mod service;
 
 use std::collections::BTreeMap;
 
+use std::sync::LazyLock;
+
+use tessera_core::fit::mig_layout::MigDynamic;
+use tessera_core::model::{Catalog, MigGeometry};
+
 use crate::backend::GpuInfo;
 use crate::health::GpuHealth;
 use crate::proto::deviceplugin as pb;
@@ -54,6 +67,8 @@ pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
 pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";
+/// The built-in models, for the MIG geometry of a GPU.
+static CATALOG: LazyLock<Catalog> = LazyLock::new(Catalog::default);
 /// Default number of `tessera.io/gpu` tokens per GPU.
 pub const DEFAULT_SLOTS: u32 = 16;
 
@@ -62,6 +77,9 @@ pub const DEFAULT_SLOTS: u32 = 16;
 pub struct NodeView {
     pub gpus: Vec<GpuInfo>,
     pub health: BTreeMap<String, GpuHealth>,
+    /// What the Node's `tessera.io/mig-dynamic` label lets the agent do to MIG
+    /// (off until the Node has been read).
+    pub mig_dynamic: MigDynamic,
 }
 
 impl NodeView {
@@ -71,6 +89,26 @@ impl NodeView {
 
     pub fn gpu(&self, uuid: &str) -> Option<&GpuInfo> {
         self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+
+    /// The MIG geometry of `gpu` when the agent may create instances on it now
+    /// (see [`MigDynamic`]): in MIG mode with `instances` or `mode`, out of it
+    /// with `mode`; never for a model the catalog does not know.
+    pub fn creatable(&self, gpu: &GpuInfo) -> Option<&'static MigGeometry> {
+        let allowed = match self.mig_dynamic {
+            MigDynamic::Off => false,
+            MigDynamic::Instances => gpu.mig_enabled,
+            MigDynamic::Mode => gpu.mig_capable || gpu.mig_enabled,
+        };
+        if !allowed {
+            return None;
+        }
+        let catalog = &*CATALOG;
+        let id = match &gpu.model {
+            Some(m) => catalog.find(m),
+            None => catalog.find_product(&gpu.product, gpu.memory_mib),
+        }?;
+        catalog.spec(id).mig.as_ref()
     }
 
     /// The GPU a decision's grant names: by UUID, or by NVML index when the
@@ -144,7 +182,14 @@ impl Resource {
         let mut profiles: Vec<String> = view
             .gpus
             .iter()
-            .flat_map(|g| g.mig_instances.iter().map(|m| m.profile.clone()))
+            .flat_map(|g| match view.creatable(g) {
+                Some(geo) => geo.profiles.iter().map(|p| p.name.clone()).collect(),
+                None => g
+                    .mig_instances
+                    .iter()
+                    .map(|m| m.profile.clone())
+                    .collect::<Vec<_>>(),
+            })
             .collect();
         profiles.sort();
         profiles.dedup();
@@ -188,6 +233,21 @@ impl Resource {
                         });
                     }
                 }
+                Resource::Mig { profile } | Resource::NvidiaMig { profile }
+                    if view.creatable(gpu).is_some() =>
+                {
+                    let most = view
+                        .creatable(gpu)
+                        .and_then(|geo| geo.profile(profile))
+                        .map_or(0, |(_, p)| p.max_instances);
+                    for k in 0..most {
+                        out.push(pb::Device {
+                            id: mig_token_id(&gpu.uuid, profile, k),
+                            health: health(gpu),
+                            topology: topo(gpu),
+                        });
+                    }
+                }
                 Resource::Mig { profile } | Resource::NvidiaMig { profile } => {
                     for m in gpu.mig_instances.iter().filter(|m| &m.profile == profile) {
                         out.push(pb::Device {
@@ -212,6 +272,20 @@ impl Resource {
 /// `<uuid>::<k>`.
 pub fn slot_id(uuid: &str, k: u32) -> String {
     format!("{uuid}::{k}")
+}
+
+/// `<uuid>::<profile>-<k>`: the `k`-th token of a MIG profile on a GPU where the
+/// agent may create instances (`+` written `.`, as in the resource name).
+pub fn mig_token_id(uuid: &str, profile: &str, k: u8) -> String {
+    format!("{uuid}::{}-{k}", profile.replace('+', "."))
+}
+
+/// Whether a device ID is a [`mig_token_id`]: it names a GPU, not an instance;
+/// the instance the container gets is in its pod's decision. (`<uuid>::<k>` with
+/// digits only is a share slot, or a time-slicing replica of NVIDIA's plugin.)
+pub fn is_mig_token(id: &str) -> bool {
+    id.split_once("::")
+        .is_some_and(|(_, k)| !k.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The GPU UUID of a device ID (strips a `::<k>` slot suffix).
@@ -239,6 +313,7 @@ gpus:
     )
     .expect("a valid fake node");
     NodeView {
+        mig_dynamic: Default::default(),
         gpus: fake.discover().expect("fake GPUs"),
         health: Default::default(),
     }
@@ -268,6 +343,7 @@ gpus:
         )
         .unwrap();
         let mut view = NodeView {
+            mig_dynamic: Default::default(),
             gpus: fake.discover().unwrap(),
             health: BTreeMap::new(),
         };
@@ -330,5 +406,60 @@ gpus:
         );
         assert_eq!(device_gpu("GPU-a::3"), "GPU-a");
         assert_eq!(device_gpu("MIG-1"), "MIG-1");
+    }
+
+    /// What the Node's `tessera.io/mig-dynamic` label lets the agent create is
+    /// what it advertises: off, existing instances only; `instances`, every
+    /// profile of the GPUs already in MIG mode as tokens; `mode`, also the GPUs
+    /// it may switch. The MIG tokens resolve to their GPU and are told apart from
+    /// share slots and NVIDIA's time-slicing replicas.
+    #[test]
+    fn mig_profiles_follow_the_nodes_mig_setting() {
+        let mut view = test_view();
+        let mig_names = |view: &NodeView| -> Vec<String> {
+            Resource::for_node(view, 4, false)
+                .iter()
+                .map(Resource::name)
+                .filter(|n| n.starts_with("tessera.io/mig-"))
+                .collect()
+        };
+        assert_eq!(mig_names(&view), ["tessera.io/mig-3g.40gb"]);
+        let three = Resource::Mig {
+            profile: "3g.40gb".into(),
+        };
+        let ids = |view: &NodeView, r: &Resource| -> Vec<String> {
+            r.devices(view).into_iter().map(|d| d.id).collect()
+        };
+        assert_eq!(ids(&view, &three), ["MIG-x"]);
+
+        view.mig_dynamic = MigDynamic::Instances;
+        let names = mig_names(&view);
+        assert!(
+            names.contains(&"tessera.io/mig-1g.10gb".to_string())
+                && names.contains(&"tessera.io/mig-7g.80gb".to_string()),
+            "{names:?}"
+        );
+        // The existing instance's GPU holds at most two 3g.40gb: two tokens,
+        // whatever exists; only GPU-4 is in MIG mode.
+        assert_eq!(ids(&view, &three), ["GPU-4::3g.40gb-0", "GPU-4::3g.40gb-1"]);
+        let one = Resource::Mig {
+            profile: "1g.10gb".into(),
+        };
+        assert_eq!(ids(&view, &one).len(), 7);
+
+        view.mig_dynamic = MigDynamic::Mode;
+        // Every A100 may be switched: five GPUs of two 3g.40gb each.
+        let all = ids(&view, &three);
+        assert_eq!(all.len(), 10, "{all:?}");
+        assert!(all.contains(&"GPU-0::3g.40gb-1".to_string()));
+        let me = Resource::Mig {
+            profile: "1g.10gb+me".into(),
+        };
+        assert_eq!(ids(&view, &me)[0], "GPU-0::1g.10gb.me-0");
+
+        assert!(is_mig_token("GPU-4::3g.40gb-0"));
+        assert!(!is_mig_token("GPU-4::3"), "a share slot");
+        assert!(!is_mig_token("MIG-x"));
+        assert_eq!(device_gpu("GPU-4::3g.40gb-0"), "GPU-4");
     }
 }

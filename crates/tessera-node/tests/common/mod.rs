@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_core::allocation::{ANNOTATION, AllocatedGpu, Allocation, VERSION};
+use tessera_core::fit::mig_layout::MigDynamic;
 use tessera_core::request::Isolation;
 use tessera_node::backend::fake::Fake;
 use tessera_node::deviceplugin::allocate::{
@@ -137,6 +138,9 @@ pub struct Agent {
     pub pods: StaticPods,
     /// The kubelet's PodResources API the agent reads (`Unavailable` until set).
     pub kubelet: FakePodResources,
+    /// The Node's `tessera.io/mig-dynamic` setting as the agent's Node watch
+    /// would report it (off at start).
+    pub mig_dynamic: tokio::sync::watch::Sender<MigDynamic>,
     pub stop: oneshot::Sender<()>,
     pub task: tokio::task::JoinHandle<()>,
 }
@@ -183,6 +187,7 @@ pub fn start_agent_tweaked(
     };
     let mut config = config;
     tweak(&mut config);
+    let (mig_dynamic, mig_dynamic_rx) = tokio::sync::watch::channel(MigDynamic::Off);
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),
@@ -190,6 +195,7 @@ pub fn start_agent_tweaked(
         pod_resources: None,
         kubelet: Some(Arc::new(PodResourcesClient { socket })),
         inventory: None,
+        mig_dynamic: Some(mig_dynamic_rx),
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -203,6 +209,7 @@ pub fn start_agent_tweaked(
         fake,
         pods,
         kubelet,
+        mig_dynamic,
         stop,
         task,
     }

@@ -492,17 +492,21 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     };
 
     rt.block_on(async move {
-        let (pods, inventory): (Arc<dyn PodSource>, Option<Inventory>) = if args.no_kube {
+        type MigSetting = tokio::sync::watch::Receiver<tessera_core::fit::mig_layout::MigDynamic>;
+        type FromApi = (Arc<dyn PodSource>, Option<Inventory>, Option<MigSetting>);
+        let (pods, inventory, mig_dynamic): FromApi = if args.no_kube {
             eprintln!("tessera node-agent: --no-kube: no inventory; Allocate refuses every pod (no decisions can be read)");
             (
                 Arc::new(NoPods("the agent runs with --no-kube: pods cannot be looked up".into())),
+                None,
                 None,
             )
         } else {
             match tessera_node::run::kube_client().await {
                 Ok(c) => (
                     Arc::new(KubePods::watch(c.clone(), &node_name)),
-                    Some(Inventory::new(c, node_name.clone())),
+                    Some(Inventory::new(c.clone(), node_name.clone())),
+                    Some(tessera_node::nodesettings::watch_mig_dynamic(c, &node_name)),
                 ),
                 Err(e) => {
                     eprintln!("error: cannot reach the Kubernetes API ({e}); use --no-kube to run without it");
@@ -533,6 +537,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
             pod_resources,
             kubelet,
             inventory,
+            mig_dynamic,
         };
         let shutdown = async {
             let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
