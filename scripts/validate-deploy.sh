@@ -1109,7 +1109,9 @@ def check_monitoring(objs, where, values):
 RBAC_NEEDS = {
     "node-agent": {
         ("", "pods"): {"list", "watch"},
-        ("", "nodes"): {"patch"},
+        # patch: GFD-style labels; list, watch: its own Node's tessera.io/mig-dynamic
+        # label (tessera_node::nodesettings), one watch by field selector.
+        ("", "nodes"): {"patch", "list", "watch"},
         ("tessera.io", "gpunodes"): {"create", "patch"},
         ("tessera.io", "gpunodes/status"): {"patch"},
     },
@@ -1224,6 +1226,36 @@ def check_gpu_operator(objs, where, values):
         fail(where, "ClusterPolicy patch: the operator's device plugin must stop using envvar, which the toolkit now ignores")
     if ((patch.get("spec") or {}).get("devicePlugin") or {}).get("enabled") is False:
         fail(where, "ClusterPolicy patch: do not turn the operator's device plugin off cluster-wide; label Tessera's nodes")
+    # --taint: the taint migrate-node.sh sets is tolerated by the pods the webhook
+    # hands to Tessera, by the agent and by the operator's DaemonSets; rollback removes it.
+    tm = re.search(r'^TAINT_KEY=(\S+)\nTAINT="\$TAINT_KEY=(\S*):(\w+)"', text, re.M)
+    if not tm:
+        fail(where, "migrate-node.sh: no TAINT_KEY/TAINT for --taint")
+    else:
+        key, value, effect = tm.groups()
+        if 'kubectl taint node "$NODE" "$TAINT" --overwrite' not in text \
+                or 'kubectl taint node "$NODE" "$TAINT_KEY:NoSchedule-"' not in text:
+            fail(where, "migrate-node.sh: --taint must taint the node and --rollback untaint it")
+
+        def tolerates(tols):
+            return any((t.get("key") in (None, "", key)) and t.get("operator") == "Exists"
+                       and t.get("effect") in (None, "", effect) or
+                       (t.get("key") == key and t.get("value") == value and t.get("effect") in (None, "", effect))
+                       for t in tols or [])
+        if not tolerates(spec.get("tolerations")):
+            fail(where, f"node agent does not tolerate {key}:{effect}: it would leave a tainted node")
+        sched = [c for o in objs if o["kind"] == "Deployment"
+                 for c in o["spec"]["template"]["spec"]["containers"] if c["name"] == "tessera"]
+        pod_tols = [a.split("=", 1)[1] for c in sched for a in c.get("args") or []
+                    if a.startswith("--pod-toleration=")]
+        if f"{key}={value}:{effect}" not in pod_tols and f"{key}:{effect}" not in pod_tols:
+            fail(where, f"the webhook adds no toleration for {key}={value}:{effect} (webhook.podTolerations: {pod_tols}): "
+                        "Tessera's pods would not land on nodes migrate-node.sh --taint tainted")
+        ds_tols = ((patch.get("spec") or {}).get("daemonsets") or {}).get("tolerations")
+        if not tolerates(ds_tols):
+            fail(where, f"ClusterPolicy patch: daemonsets.tolerations must tolerate {key}: the operator's driver and toolkit pods would not return to a tainted node")
+        if not any(t.get("key") == "nvidia.com/gpu" for t in ds_tols or []):
+            fail(where, "ClusterPolicy patch: daemonsets.tolerations replaces the operator's list: keep nvidia.com/gpu")
     pms = [o for o in objs if o["kind"] == "PodMonitor"]
     for pm in pms:
         drops = [r for ep in pm["spec"]["podMetricsEndpoints"] for r in ep.get("metricRelabelings") or []
@@ -1343,7 +1375,7 @@ PROMQL_WORDS = {"sum", "avg", "min", "max", "count", "by", "without", "or", "and
                 "bottomk", "group_left", "group_right", "offset", "histogram_quantile", "clamp_min",
                 "clamp_max", "abs", "time", "delta", "deriv", "changes", "resets", "avg_over_time",
                 "max_over_time", "min_over_time", "sum_over_time", "count_over_time", "quantile", "stddev",
-                "absent"}
+                "absent", "label_replace", "query_result"}
 
 
 def check_dashboards():
@@ -1388,6 +1420,11 @@ def check_dashboards():
             if "DCGM_FI_" in expr and not str(pid).startswith("variable ") \
                     and not re.search(r"\bmax by \(UUID\b", expr):
                 fail(where, f"{pid}: {expr!r} reads DCGM_FI_* without one series per GPU (max by (UUID, ...)): double-counts beside dcgm-exporter")
+            # dcgm-exporter renamed its node label Hostname -> hostname (2026-05); deployed
+            # exporters still write Hostname. A query that names the node must read both.
+            if "DCGM_FI_" in expr and re.search(r"\bhostname\b", expr) \
+                    and not re.search(r"\bHostname\b", expr):
+                fail(where, f"{pid}: {expr!r} names the node by hostname only: older dcgm-exporters write Hostname (label_replace it)")
             for var in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expr):
                 if var not in variables and not var.startswith("__"):
                     fail(where, f"{pid}: uses undefined variable ${var}")

@@ -2,6 +2,7 @@
 # Moves one GPU node from the GPU Operator's device plugin to Tessera, or back.
 #
 #   deploy/gpu-operator/migrate-node.sh NODE             # operator plugin -> Tessera
+#   deploy/gpu-operator/migrate-node.sh NODE --taint     # ... and keep stock pods off it
 #   deploy/gpu-operator/migrate-node.sh NODE --rollback  # Tessera -> operator plugin
 #
 # Steps (each waits for the previous one; stop anywhere and run --rollback):
@@ -13,7 +14,14 @@
 #      nvidia.com/gpu.deploy.device-plugin=false, starts (or the reverse);
 #   4. wait until the plugin that leaves is gone and the one that arrives is
 #      Ready (Tessera: its agent pod Ready and the node's GpuNode published);
-#   5. uncordon.
+#   5. with --taint: taint the node tessera.io/managed=true:NoSchedule, so the
+#      default scheduler sends no stock GPU pod there (Tessera's agent would refuse
+#      it: no grant); the pods Tessera places get the toleration from the webhook
+#      (webhook.podTolerations in deploy/gpu-operator/values.yaml). Refused unless
+#      the ClusterPolicy's daemonsets tolerate it (clusterpolicy-patch.yaml), so
+#      the operator's driver and toolkit pods keep landing there. --rollback
+#      removes the taint;
+#   6. uncordon.
 # Environment: TESSERA_NAMESPACE (tessera-system), OPERATOR_NAMESPACE (gpu-operator),
 # TIMEOUT (300s).
 set -euo pipefail
@@ -26,8 +34,23 @@ LABELS=(
     nvidia.com/gpu.deploy.mig-manager=false
 )
 
-NODE="${1:?usage: $0 NODE [--rollback]}"
-ROLLBACK="${2:-}"
+# The taint --taint sets (webhook.podTolerations in values.yaml tolerates it).
+TAINT_KEY=tessera.io/managed
+TAINT="$TAINT_KEY=true:NoSchedule"
+
+NODE="${1:?usage: $0 NODE [--taint | --rollback]}"
+ROLLBACK=""
+TAINT_NODE=""
+for arg in "${@:2}"; do
+    case "$arg" in
+        --rollback) ROLLBACK="--rollback" ;;
+        --taint) TAINT_NODE=1 ;;
+        *) echo "error: unknown argument $arg (usage: $0 NODE [--taint | --rollback])" >&2; exit 64 ;;
+    esac
+done
+if [[ -n "$ROLLBACK" && -n "$TAINT_NODE" ]]; then
+    echo "error: --taint and --rollback together (rollback removes the taint)" >&2; exit 64
+fi
 TESSERA_NS="${TESSERA_NAMESPACE:-tessera-system}"
 OPERATOR_NS="${OPERATOR_NAMESPACE:-gpu-operator}"
 TIMEOUT="${TIMEOUT:-300s}"
@@ -60,6 +83,15 @@ ready_on_node() {
     kubectl -n "$1" wait --for=condition=Ready pod -l "$2" --field-selector "spec.nodeName=$NODE" --timeout="$TIMEOUT"
 }
 
+if [[ -n "$TAINT_NODE" ]]; then
+    # Before anything changes: the operator's DaemonSets must tolerate the taint.
+    tolerated="$(kubectl get clusterpolicies.nvidia.com -o jsonpath='{range .items[*].spec.daemonsets.tolerations[*]}{.key}{"\n"}{end}')"
+    if ! grep -qx "$TAINT_KEY" <<<"$tolerated"; then
+        echo "error: the ClusterPolicy's daemonsets do not tolerate $TAINT_KEY: apply deploy/gpu-operator/clusterpolicy-patch.yaml first" >&2
+        exit 1
+    fi
+fi
+
 echo "== 1. cordon $NODE"
 kubectl cordon "$NODE"
 echo "== 2. evict the GPU pods on $NODE"
@@ -72,6 +104,10 @@ if [[ "$ROLLBACK" != "--rollback" ]]; then
         --field-selector "spec.nodeName=$NODE" --timeout="$TIMEOUT"
     ready_on_node "$TESSERA_NS" app.kubernetes.io/component=node-agent
     kubectl wait --for=jsonpath='{.metadata.name}'="$NODE" "gpunode/$NODE" --timeout="$TIMEOUT"
+    if [[ -n "$TAINT_NODE" ]]; then
+        echo "== 5. taint $NODE $TAINT: stock pods of the default scheduler stay off"
+        kubectl taint node "$NODE" "$TAINT" --overwrite
+    fi
 else
     echo "== 3. unlabel $NODE: the operator's components return"
     kubectl label node "$NODE" "${LABELS[@]/%=*/-}"
@@ -79,6 +115,10 @@ else
     kubectl -n "$TESSERA_NS" wait --for=delete pod -l app.kubernetes.io/component=node-agent \
         --field-selector "spec.nodeName=$NODE" --timeout="$TIMEOUT"
     ready_on_node "$OPERATOR_NS" app=nvidia-device-plugin-daemonset
+    if kubectl get node "$NODE" -o jsonpath='{.spec.taints[*].key}' | tr ' ' '\n' | grep -qx "$TAINT_KEY"; then
+        echo "== 5. untaint $NODE"
+        kubectl taint node "$NODE" "$TAINT_KEY:NoSchedule-"
+    fi
 fi
-echo "== 5. uncordon $NODE"
+echo "== 6. uncordon $NODE"
 kubectl uncordon "$NODE"

@@ -61,6 +61,9 @@ pub struct RawConfig {
     pub webhook_cert: Option<PathBuf>,
     pub webhook_key: Option<PathBuf>,
     pub webhook_set_scheduler_name: Option<bool>,
+    /// Tolerations the webhook adds to the pods it hands to Tessera, each
+    /// `KEY[=VALUE]:EFFECT` (the taint that keeps stock pods off Tessera's nodes).
+    pub pod_tolerations: Vec<String>,
     pub allocation_writers: Vec<String>,
     /// How GPU models count against queue quotas: `MODEL=FACTOR`, comma
     /// separated (`H100-80GB=1,A100-80GB=0.6,T4=0.1`); unnamed models count 1.
@@ -298,6 +301,18 @@ impl RawConfig {
         } else {
             None
         };
+        let pod_tolerations = self
+            .pod_tolerations
+            .iter()
+            .map(|t| webhook::toleration::parse_toleration(t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid("pod-toleration", e.to_string()))?;
+        if !pod_tolerations.is_empty() && self.webhook_set_scheduler_name != Some(true) {
+            return Err(invalid(
+                "pod-toleration",
+                "only the mutating webhook adds tolerations: needs --webhook-set-scheduler-name",
+            ));
+        }
         let webhook = match (self.webhook_listen, self.webhook_cert, self.webhook_key) {
             (None, None, None) => None,
             (listen, Some(cert), Some(key)) => {
@@ -319,6 +334,7 @@ impl RawConfig {
                         set_scheduler_name: self.webhook_set_scheduler_name.unwrap_or(false),
                         allocation_writers: self.allocation_writers,
                         catalog: Default::default(),
+                        pod_tolerations,
                     }),
                 })
             }
@@ -645,6 +661,17 @@ mod tests {
         let mut r = raw(key.clone());
         r.metrics_listen = Some("127.0.0.1:8888".into());
         assert!(err(r).starts_with("metrics-listen:"));
+        let mut r = raw(key.clone());
+        r.webhook_set_scheduler_name = Some(true);
+        r.pod_tolerations = vec!["tessera.io/managed=true:Never".into()];
+        let e = err(r);
+        assert!(
+            e.starts_with("pod-toleration:") && e.contains("\"Never\""),
+            "{e}"
+        );
+        let mut r = raw(key.clone());
+        r.pod_tolerations = vec!["tessera.io/managed=true:NoSchedule".into()];
+        assert!(err(r).contains("needs --webhook-set-scheduler-name"));
         let mut r = raw(key);
         r.webhook_cert = Some("/nonexistent/cert.pem".into());
         r.webhook_key = Some("/nonexistent/key.pem".into());

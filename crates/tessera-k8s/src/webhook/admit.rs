@@ -16,7 +16,7 @@ use tessera_core::allocation::ANNOTATION;
 use tessera_core::request;
 
 use super::device_access::{self, Breach};
-use super::{AdmissionRequest, AdmissionResponse, WebhookConfig};
+use super::{AdmissionRequest, AdmissionResponse, WebhookConfig, toleration};
 use crate::convert;
 
 /// Pod label by which a pod asking only for stock `nvidia.com/*` GPU resources
@@ -264,7 +264,9 @@ pub fn validate(config: &WebhookConfig, req: &AdmissionRequest) -> AdmissionResp
 /// Gives a pod CREATE our schedulerName when it is ours to place: it
 /// [`claims_tessera`] (or, with `all_gpu_pods`, asks for any GPU), uses the
 /// default scheduler, and this webhook is set to name one. Never changes a pod
-/// that names a scheduler of its own.
+/// that names a scheduler of its own. A pod so named, or one that claims
+/// Tessera under a name Tessera serves, also gets the configured
+/// [`WebhookConfig::pod_tolerations`] it lacks.
 pub fn mutate(
     config: &WebhookConfig,
     req: &AdmissionRequest,
@@ -288,14 +290,49 @@ pub fn mutate(
     };
     let ask = gpu_ask(&pod);
     let ours_to_place = claims_tessera(&pod) || (all_gpu_pods && ask.stock);
-    if !ours_to_place || !uses_default_scheduler(&pod) {
+    if !ours_to_place {
         return allow;
     }
-    let patch = json!([{"op": "add", "path": "/spec/schedulerName", "value": ours}]);
+    let mut ops = Vec::new();
+    if uses_default_scheduler(&pod) {
+        ops.push(json!({"op": "add", "path": "/spec/schedulerName", "value": ours}));
+    } else if !scheduled_by_us(config, &pod) {
+        return allow;
+    }
+    ops.extend(toleration_ops(config, &pod));
+    if ops.is_empty() {
+        return allow;
+    }
+    let patch = Value::Array(ops);
     AdmissionResponse {
         patch_type: Some("JSONPatch".into()),
         patch: Some(base64::engine::general_purpose::STANDARD.encode(patch.to_string())),
         ..allow
+    }
+}
+
+/// JSON-patch operations adding the configured tolerations the pod lacks.
+fn toleration_ops(config: &WebhookConfig, pod: &Pod) -> Vec<Value> {
+    let have = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default();
+    let missing: Vec<Value> = config
+        .pod_tolerations
+        .iter()
+        .filter(|want| !have.iter().any(|h| toleration::covers(h, want)))
+        .filter_map(|t| serde_json::to_value(t).ok())
+        .collect();
+    if missing.is_empty() {
+        Vec::new()
+    } else if pod.spec.as_ref().is_some_and(|s| s.tolerations.is_some()) {
+        missing
+            .into_iter()
+            .map(|t| json!({"op": "add", "path": "/spec/tolerations/-", "value": t}))
+            .collect()
+    } else {
+        vec![json!({"op": "add", "path": "/spec/tolerations", "value": missing})]
     }
 }
 

@@ -16,14 +16,17 @@
 //!     Tessera serves, `--serve-scheduler-name` included — may not choose its own
 //!     devices ([`device_access`]: `NVIDIA_VISIBLE_DEVICES`, `CUDA_MPS_*`, … in
 //!     `env` or through `envFrom`).
-//! * `/mutate` (pod CREATE, standalone mode): pods that claim Tessera — a
+//! * `/mutate` (pod CREATE): pods that claim Tessera — a
 //!   `tessera.io/*` resource, or a stock `nvidia.com/*` GPU resource with a
 //!   Tessera request annotation or the label `tessera.io/schedule: "true"` —
 //!   and left `schedulerName` at the default get ours. Plain stock GPU pods are
 //!   left to the default scheduler and the stock device plugin, so a mixed
 //!   cluster keeps working. `/mutate/all-gpu-pods` takes every GPU pod, stock
 //!   resources too: the chart points a second webhook entry there whose
-//!   `namespaceSelector` picks the namespaces that opted in as a whole.
+//!   `namespaceSelector` picks the namespaces that opted in as a whole. Those
+//!   pods, and the ones that claim Tessera under a name it serves already, also
+//!   get the configured tolerations ([`toleration`]) for the taint that keeps stock
+//!   pods off Tessera's nodes.
 //!
 //! [`answer`] turns a request body into the reply without a socket; [`router`]
 //! serves it over HTTP and [`serve`] adds TLS.
@@ -31,6 +34,7 @@
 mod admit;
 pub mod device_access;
 mod tls;
+pub mod toleration;
 
 use std::sync::Arc;
 
@@ -63,6 +67,9 @@ pub struct WebhookConfig {
     pub allocation_writers: Vec<String>,
     /// GPU models known to the parser (built-ins by default).
     pub catalog: Catalog,
+    /// Tolerations `/mutate` adds to the pods it hands to Tessera
+    /// (`--pod-toleration`; [`toleration`]).
+    pub pod_tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
 }
 
 /// `admission.k8s.io/v1` `AdmissionReview`, the parts we read and write.

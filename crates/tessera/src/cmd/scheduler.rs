@@ -83,6 +83,11 @@ pub struct SchedulerArgs {
     /// pods labelled tessera.io/schedule=true, or in a namespace so labelled) and use the default scheduler.
     #[arg(long)]
     pub webhook_set_scheduler_name: bool,
+    /// A toleration the webhook adds to the pods it hands to Tessera, as
+    /// `kubectl taint` writes the taint: KEY[=VALUE]:EFFECT, e.g.
+    /// `tessera.io/managed=true:NoSchedule` (repeatable; needs --webhook-set-scheduler-name).
+    #[arg(long = "pod-toleration")]
+    pub pod_tolerations: Vec<String>,
     /// A user allowed to write tessera.io/allocation (repeatable; the scheduler's service account).
     #[arg(long = "allocation-writer")]
     pub allocation_writers: Vec<String>,
@@ -151,6 +156,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         webhook_cert: a.webhook_cert,
         webhook_key: a.webhook_key,
         webhook_set_scheduler_name: Some(a.webhook_set_scheduler_name),
+        pod_tolerations: a.pod_tolerations,
         allocation_writers: a.allocation_writers,
         gpu_equivalents: a.gpu_equivalents,
         queue_usage_half_life: a.queue_usage_half_life.map(std::time::Duration::from_secs),

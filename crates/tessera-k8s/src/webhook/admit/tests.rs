@@ -39,6 +39,7 @@ fn config() -> WebhookConfig {
         set_scheduler_name: false,
         allocation_writers: vec![SA.into()],
         catalog: Catalog::default(),
+        pod_tolerations: Vec::new(),
     }
 }
 
@@ -590,4 +591,67 @@ fn cdi_annotations_naming_gpus_are_refused_on_every_pod() {
     );
     let r = validate(&c, &request("UPDATE", widened, Some(old), "alice"));
     assert!(message(&r).contains("names nvidia.com/gpu=all"), "{r:?}");
+}
+
+/// Issue 27 item 3: where Tessera's nodes are tainted to keep stock pods off
+/// them, the pods the webhook hands to Tessera get the matching toleration;
+/// pods that already tolerate it, stock pods left to the default scheduler and
+/// other schedulers' pods are not touched. Before, the webhook only set the
+/// schedulerName and such pods stayed Pending on tainted nodes.
+#[test]
+fn pods_handed_to_tessera_get_the_configured_toleration() {
+    let want = toleration::parse_toleration("tessera.io/managed=true:NoSchedule").unwrap();
+    let c = WebhookConfig {
+        pod_tolerations: vec![want.clone()],
+        ..standalone()
+    };
+    let want = serde_json::to_value(&want).unwrap();
+    let gpu = || pod(json!({"tessera.io/gpu": "1"}), json!({}));
+    let patch = |p: Value, all_gpu_pods: bool| {
+        let r = mutate(
+            &c,
+            &request("CREATE", p.clone(), None, "alice"),
+            all_gpu_pods,
+        );
+        assert!(r.allowed, "{p}: {r:?}");
+        patch_of(&r)
+    };
+    let name = json!({"op": "add", "path": "/spec/schedulerName", "value": "tessera"});
+
+    // No tolerations yet: the list is added with ours.
+    assert_eq!(
+        patch(gpu(), false),
+        Some(json!([name, {"op": "add", "path": "/spec/tolerations", "value": [want]}]))
+    );
+    // Tolerations of its own: ours is appended, theirs kept.
+    let other = json!([{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]);
+    assert_eq!(
+        patch(with(gpu(), "/spec/tolerations", other.clone()), false),
+        Some(json!([name, {"op": "add", "path": "/spec/tolerations/-", "value": want}]))
+    );
+    // Already tolerated (same key, or everything): only the name.
+    let wide = json!([{"key": "tessera.io/managed", "operator": "Exists"}]);
+    assert_eq!(
+        patch(with(gpu(), "/spec/tolerations", wide), false),
+        Some(json!([name]))
+    );
+    // Under our name already: the toleration alone.
+    assert_eq!(
+        patch(with(gpu(), "/spec/schedulerName", json!("tessera")), false),
+        Some(json!([{"op": "add", "path": "/spec/tolerations", "value": [want]}]))
+    );
+    // Another scheduler's pod, and a stock pod not opted in: untouched.
+    assert_eq!(
+        patch(with(gpu(), "/spec/schedulerName", json!("volcano")), false),
+        None
+    );
+    assert_eq!(
+        patch(pod(json!({"nvidia.com/gpu": "1"}), json!({})), false),
+        None
+    );
+    // A namespace that opted in as a whole: its stock pods too.
+    assert_eq!(
+        patch(pod(json!({"nvidia.com/gpu": "1"}), json!({})), true),
+        Some(json!([name, {"op": "add", "path": "/spec/tolerations", "value": [want]}]))
+    );
 }
