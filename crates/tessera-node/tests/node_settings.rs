@@ -1,0 +1,121 @@
+//! The agent reads its Node's `tessera.io/mig-dynamic` label from one watch of
+//! that Node (field selector on its name, the LIST from the watch cache), and
+//! follows the label as the operator changes it — checked against kube-rs's
+//! mock service answering as the API server does (a NodeList, then a held-open
+//! watch of MODIFIED events).
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::Channel;
+use kube::client::Body;
+use tessera_core::fit::mig_layout::MigDynamic;
+use tessera_node::nodesettings::watch_mig_dynamic;
+use tonic::codegen::Bytes;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn node(rv: u32, mig_dynamic: Option<&str>) -> serde_json::Value {
+    let mut labels = serde_json::json!({"kubernetes.io/hostname": "n1"});
+    if let Some(v) = mig_dynamic {
+        labels["tessera.io/mig-dynamic"] = v.into();
+    }
+    serde_json::json!({
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {"name": "n1", "uid": "node-uid-1", "resourceVersion": rv.to_string(), "labels": labels},
+        "spec": {}, "status": {}
+    })
+}
+
+fn line(kind: &str, object: &serde_json::Value) -> Bytes {
+    let mut v = serde_json::to_vec(&serde_json::json!({"type": kind, "object": object})).unwrap();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mig_setting_follows_the_nodes_label_from_one_watch() {
+    let (mock, mut handle) =
+        tower_test::mock::pair::<Request<Body>, Response<Channel<Bytes, Infallible>>>();
+    let client = kube::Client::new(mock, "default");
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+    let events_rx = std::sync::Arc::new(std::sync::Mutex::new(Some(events_rx)));
+    let server = tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let uri = req.uri().to_string();
+            let _ = seen_tx.send(uri.clone());
+            let (mut tx, body) = Channel::new(16);
+            send.send_response(Response::new(body));
+            let events_rx = events_rx.clone();
+            tokio::spawn(async move {
+                if uri.contains("watch=true") {
+                    let Some(mut events) = events_rx.lock().unwrap().take() else {
+                        return;
+                    };
+                    while let Some(ev) = events.recv().await {
+                        if tx.send_data(ev).await.is_err() {
+                            break;
+                        }
+                    }
+                    return;
+                }
+                // The LIST: the node as it is, labelled `instances`.
+                let list = serde_json::json!({
+                    "kind": "NodeList", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": "100"}, "items": [node(100, Some("instances"))]
+                });
+                let _ = tx
+                    .send_data(Bytes::from(serde_json::to_vec(&list).unwrap()))
+                    .await;
+            });
+        }
+    });
+
+    let mut setting = watch_mig_dynamic(client, "n1");
+    let until = |rx: &mut tokio::sync::watch::Receiver<MigDynamic>, want: MigDynamic| {
+        let mut rx = rx.clone();
+        async move {
+            tokio::time::timeout(WAIT, rx.wait_for(|v| *v == want))
+                .await
+                .unwrap_or_else(|_| panic!("the setting never became {want:?}"))
+                .map(|_| ())
+                .expect("the watch task is alive");
+        }
+    };
+    // Off until the Node is read, then what its label says.
+    until(&mut setting, MigDynamic::Instances).await;
+    // The operator switches to `mode`, then takes the label off.
+    events_tx
+        .send(line("MODIFIED", &node(101, Some("mode"))))
+        .unwrap();
+    until(&mut setting, MigDynamic::Mode).await;
+    // Status churn that leaves the label alone changes nothing.
+    events_tx
+        .send(line("MODIFIED", &node(102, Some("mode"))))
+        .unwrap();
+    events_tx.send(line("MODIFIED", &node(103, None))).unwrap();
+    until(&mut setting, MigDynamic::Off).await;
+    // A typo allows nothing, as on the scheduler's side.
+    events_tx
+        .send(line("MODIFIED", &node(104, Some("Instances"))))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(*setting.borrow(), MigDynamic::Off);
+
+    // One LIST from the watch cache and one WATCH, both on this Node only.
+    let mut uris = Vec::new();
+    while let Ok(u) = seen.try_recv() {
+        uris.push(u);
+    }
+    assert_eq!(uris.len(), 2, "{uris:?}");
+    assert!(uris[0].starts_with("/api/v1/nodes?"), "{uris:?}");
+    assert!(uris[0].contains("resourceVersion=0"), "{uris:?}");
+    assert!(uris[1].contains("watch=true"), "{uris:?}");
+    for u in &uris {
+        assert!(u.contains("fieldSelector=metadata.name%3Dn1"), "{u}");
+    }
+    drop(setting);
+    server.abort();
+}
