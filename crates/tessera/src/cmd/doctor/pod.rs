@@ -23,6 +23,10 @@ pub struct PodArgs {
     pub context: Option<String>,
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
+    /// How GPU models count against queue quotas (the scheduler's --gpu-equivalents),
+    /// e.g. `H100-80GB=1,T4=0.1`, so a pending pod is judged as the scheduler judges it.
+    #[arg(long)]
+    pub gpu_equivalents: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -196,21 +200,21 @@ fn verdict(facts: &PodFacts, findings: &[Finding], pending: Option<&str>) -> Str
     "No GPU problem found: the grant is valid, its GPUs are healthy and no known GPU error appears in the pod's status or events.".to_string()
 }
 
-/// Reads the facts (and, for a pending pod, the explanation) and judges them.
+/// Reads the facts (and, for a pending pod, the explanation with the
+/// scheduler's GPU equivalents `ge`) and judges them.
 pub async fn diagnose(
     client: kube::Client,
     namespace: &str,
     name: &str,
+    ge: tessera_core::queue::GpuEquivalents,
 ) -> Result<Diagnosis, ViewError> {
     let facts = view::pod_facts(&client, namespace, name).await?;
     let pending = match facts.pod.node {
-        // The built-in policy and factor 1 per GPU model, the scheduler's defaults.
-        None => {
-            tessera_k8s::explain::explain(client, namespace, name, "tessera", Default::default())
-                .await
-                .ok()
-                .map(|r| r.report.to_string())
-        }
+        // The built-in policy, the scheduler's default.
+        None => tessera_k8s::explain::explain(client, namespace, name, "tessera", ge)
+            .await
+            .ok()
+            .map(|r| r.report.to_string()),
         Some(_) => None,
     };
     Ok(judge(facts, pending))
@@ -357,6 +361,10 @@ pub fn run(a: PodArgs) -> anyhow::Result<ExitCode> {
     if ns.as_deref() == Some("") || name.is_empty() || name.contains('/') {
         return bad_input(format!("{:?}: expected NAMESPACE/POD or POD", a.pod));
     }
+    let ge = match crate::cmd::kubectl::gpu_equivalents(a.gpu_equivalents.as_deref()) {
+        Ok(ge) => ge,
+        Err(e) => return bad_input(e),
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -367,7 +375,7 @@ pub fn run(a: PodArgs) -> anyhow::Result<ExitCode> {
     let result = rt.block_on(async {
         let (client, context_ns) = connect.client().await?;
         let ns = ns.unwrap_or(context_ns);
-        diagnose(client, &ns, &name).await
+        diagnose(client, &ns, &name, ge).await
     });
     match result {
         Ok(d) if a.json => println!("{}", serde_json::to_string_pretty(&d)?),
@@ -414,7 +422,9 @@ mod tests {
             )),
         );
         let (client, seen) = mock.client();
-        let d = diagnose(client, "ml", "train").await.unwrap();
+        let d = diagnose(client, "ml", "train", Default::default())
+            .await
+            .unwrap();
         assert!(
             d.verdict
                 .starts_with("GPU 1 of node gpu-a is withdrawn (XID 79"),
@@ -456,7 +466,9 @@ mod tests {
         mock.events
             .push(event("other", "Warning", "Failed", "not about this pod"));
         let (client, _) = mock.client();
-        let d = diagnose(client, "ml", "infer").await.unwrap();
+        let d = diagnose(client, "ml", "infer", Default::default())
+            .await
+            .unwrap();
         assert!(
             d.verdict.starts_with("CUDA_ERROR_OUT_OF_MEMORY:"),
             "{}",
@@ -483,7 +495,9 @@ mod tests {
             mock
         };
         let (client, _) = with_daemon(false).client();
-        let d = diagnose(client, "ml", "infer").await.unwrap();
+        let d = diagnose(client, "ml", "infer", Default::default())
+            .await
+            .unwrap();
         assert!(
             d.verdict.starts_with(
                 "On node gpu-b the MPS control daemon for its GPUs is down (exit status: 1, 3 restart(s))"
@@ -501,7 +515,9 @@ mod tests {
         );
         // Up again: nothing to say about it.
         let (client, _) = with_daemon(true).client();
-        let d = diagnose(client, "ml", "infer").await.unwrap();
+        let d = diagnose(client, "ml", "infer", Default::default())
+            .await
+            .unwrap();
         assert!(
             d.findings.iter().all(|f| !f.source.starts_with("MPS")),
             "{:?}",
@@ -513,14 +529,18 @@ mod tests {
     #[tokio::test]
     async fn a_pending_pod_gets_its_reasons_and_a_missing_pod_an_error() {
         let (client, _) = cluster().client();
-        let d = diagnose(client, "ml", "waiting").await.unwrap();
+        let d = diagnose(client, "ml", "waiting", Default::default())
+            .await
+            .unwrap();
         assert!(
             d.verdict.starts_with("Pending: ml/waiting is pending"),
             "{}",
             d.verdict
         );
         let (client, _) = cluster().client();
-        let e = diagnose(client, "ml", "ghost").await.unwrap_err();
+        let e = diagnose(client, "ml", "ghost", Default::default())
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains("ml/ghost not found"), "{e}");
     }
 
@@ -540,16 +560,31 @@ mod tests {
         mock.gpuqueues = vec![
             json!({"apiVersion": "tessera.io/v1alpha1", "kind": "GpuQueue",
             "metadata": {"name": "ml-q"},
-            "spec": {"guaranteed": {"gpus": "1500m"}, "borrow": false}}),
+            // CPU and memory ample: only the GPUs can pass the guarantee.
+            "spec": {"guaranteed": {"gpus": "1500m", "cpu": "1000", "memory": "4Ti"}, "borrow": false}}),
         ];
         mock.namespaces = vec![json!({"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "ml", "labels": {"tessera.io/queue": "ml-q"}}})];
-        let (client, _) = mock.client();
-        let d = diagnose(client, "ml", "small").await.unwrap();
+        let (client, _) = mock.clone().client();
+        let d = diagnose(client, "ml", "small", Default::default())
+            .await
+            .unwrap();
         assert!(
             d.verdict.starts_with(
                 "Pending: ml/small is pending: it waits for its queue's quota: queue ml-q"
             ),
+            "{}",
+            d.verdict
+        );
+        // With the scheduler's --gpu-equivalents (an A100 counts half), the queue
+        // holds 0.75 of its 1.5 and ml/small fits: doctor judges as the scheduler
+        // does. Before, doctor pod always counted every model 1.
+        let ge = crate::cmd::kubectl::gpu_equivalents(Some("A100-80GB=0.5")).unwrap();
+        let (client, _) = mock.client();
+        let d = diagnose(client, "ml", "small", ge).await.unwrap();
+        assert!(
+            d.verdict
+                .starts_with("Pending: ml/small is pending, but fits now"),
             "{}",
             d.verdict
         );
@@ -558,7 +593,9 @@ mod tests {
     #[tokio::test]
     async fn a_healthy_pod_has_no_problem() {
         let (client, _) = cluster().client();
-        let d = diagnose(client, "team", "chat").await.unwrap();
+        let d = diagnose(client, "team", "chat", Default::default())
+            .await
+            .unwrap();
         assert!(
             d.verdict.starts_with("No GPU problem found"),
             "{}",
