@@ -39,7 +39,12 @@
 #     [[bin]]s built by the same cargo profile;
 #   - when a tessera binary is at hand ($TESSERA_BIN, $CARGO_TARGET_DIR or
 #     target/, debug or release), every flag the chart passes to
-#     `tessera scheduler` and `tessera node-agent` is one their --help lists.
+#     `tessera scheduler` and `tessera node-agent` is one their --help lists;
+#   - the DRA driver (nodeAgent.dra): a DaemonSet runs `node-agent --dra` with the
+#     kubelet's plugin registry, the driver's socket directory and the CDI directory
+#     mounted at the paths the code uses, on nodes the device-plugin agent leaves;
+#     its ClusterRole grants the resource.k8s.io verbs the code calls; the
+#     DeviceClasses select the driver's device types (CEL, evaluated).
 # Exits non-zero on any failure.
 set -euo pipefail
 
@@ -203,6 +208,18 @@ THIRD_PARTY = {
 }
 
 
+# API versions the chart renders only in scenarios that need a newer cluster (the DRA
+# driver's DeviceClasses: resource.k8s.io/v1 is served from Kubernetes 1.34, v1beta2 from
+# 1.33, v1beta1 from 1.32). Their objects are validated against the releases that serve
+# them; the older releases have no such kind (the chart's kubeVersion stays >=1.28 for
+# everything else), so those validations are skipped, not failed (check_dra says which).
+API_SINCE = {
+    ("resource.k8s.io/v1", "DeviceClass"): (1, 34),
+    ("resource.k8s.io/v1beta2", "DeviceClass"): (1, 33),
+    ("resource.k8s.io/v1beta1", "DeviceClass"): (1, 32),
+}
+
+
 def schema_check(obj, where):
     third = THIRD_PARTY.get((obj.get("apiVersion"), obj.get("kind")))
     if third is not None:
@@ -211,6 +228,8 @@ def schema_check(obj, where):
             fail(where, f"{describe(obj)}: {'.'.join(map(str, err.path))}: {err.message}")
         return
     for version in KUBE_VERSIONS:
+        if vtuple(version) < API_SINCE.get((obj.get("apiVersion"), obj.get("kind")), MIN_KUBE):
+            continue
         v = k8s_validator(obj.get("apiVersion", ""), obj.get("kind", ""), version)
         if v is None:
             fail(where, f"{describe(obj)}: no {obj.get('apiVersion')} {obj.get('kind')} in Kubernetes {version}")
@@ -379,7 +398,8 @@ def check_references(objs, where, values):
                         values.get("webhook", {}).get("existingTlsSecret"),
                         (values.get("nodeAgent", {}).get("allocationKeySecret") or {}).get("name")} - {None, ""}
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                      "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "PriorityClass"}
+                      "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "PriorityClass",
+                      "DeviceClass"}
     for o in objs:
         md = o.get("metadata") or {}
         ns = md.get("namespace")
@@ -713,6 +733,14 @@ SCENARIOS = {
                                                            "podMonitor": True, "serviceMonitor": True}},
     "grafana dashboards": {"grafanaDashboards": {"enabled": True, "namespace": "monitoring",
                                                  "annotations": {"grafana_folder": "GPUs"}}},
+    "DRA driver": {"nodeAgent": {"dra": {"enabled": True}}},
+    "DRA driver, another kubelet root": {"nodeAgent": {
+        "nodeSelector": {"nvidia.com/gpu.present": "true"}, "xidIgnore": "94",
+        "dra": {"enabled": True, "nodeLabel": "example.com/gpu-dra",
+                "features": "consumable-capacity,partitionable-mig,device-taints",
+                "registryDir": "/var/lib/k0s/kubelet/plugins_registry",
+                "pluginDir": "/var/lib/k0s/kubelet/plugins/gpu.tessera.io", "cdiDir": "/etc/cdi",
+                "deviceClasses": False, "updateStrategy": "OnDelete"}}},
     "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
                                      "nodeSelector": {"kubernetes.io/os": "linux"},
                                      "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
@@ -732,6 +760,10 @@ MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
     "an unknown agent update strategy": ({"nodeAgent": {"updateStrategy": "Recreate"}}, "nodeAgent.updateStrategy must be OnDelete or RollingUpdate"),
     "an unknown anti-affinity": ({"scheduler": {"antiAffinity": "maybe"}}, "scheduler.antiAffinity must be hard or soft"),
     "an unknown MPS daemon mode": ({"nodeAgent": {"mpsDaemons": "sidecar"}}, "nodeAgent.mpsDaemons must be per-gpu or external"),
+    "an unknown DRA agent update strategy": ({"nodeAgent": {"dra": {"enabled": True, "updateStrategy": "Recreate"}}},
+                                             "nodeAgent.dra.updateStrategy must be OnDelete or RollingUpdate"),
+    "a relative DRA socket directory": ({"nodeAgent": {"dra": {"enabled": True, "pluginDir": "plugins/gpu.tessera.io"}}},
+                                        "nodeAgent.dra.pluginDir must be an absolute path"),
 }
 
 
@@ -1009,6 +1041,8 @@ def check_signing_keys(objs, where, values):
             args = c.get("args") or []
             if not args or args[0] not in ("scheduler", "node-agent"):
                 continue
+            if "--dra" in args:
+                continue  # the DRA driver verifies no grant: the kubelet names the claim
             dirs = [a.split("=", 1)[1] for a in args if a.startswith("--verify-key-dir=")]
             if len(dirs) != 1:
                 fail(where, f"{describe(o)}/{c['name']}: expected one --verify-key-dir, found {dirs}")
@@ -1165,6 +1199,9 @@ def check_agent_update_strategy(objs, where, values):
             continue
         got = o["spec"].get("updateStrategy", {}).get("type", "RollingUpdate")
         want = na.get("updateStrategy") or ("OnDelete" if na.get("mpsDaemons", "per-gpu") == "per-gpu" else "RollingUpdate")
+        if any("--dra" in (c.get("args") or []) for c in o["spec"]["template"]["spec"]["containers"]):
+            # The DRA driver runs no MPS daemon (nodeAgent.dra.updateStrategy).
+            want = (na.get("dra") or {}).get("updateStrategy") or "RollingUpdate"
         if got != want:
             fail(where, f"{describe(o)}: updateStrategy {got}, expected {want} (mpsDaemons {na.get('mpsDaemons', 'per-gpu')})")
         for c in o["spec"]["template"]["spec"]["containers"]:
@@ -1265,6 +1302,201 @@ def check_gpu_operator(objs, where, values):
     print(f"ok   {where}: GPU Operator coexistence (labels {sorted(labels)}, ClusterPolicy patch, agent selector)")
 
 
+# What `tessera node-agent --dra` asks the API server for (crates/tessera-node/src/dra/
+# apiserver.rs), in whichever resource.k8s.io version answers (v1, v1beta2, v1beta1: RBAC
+# names the group, not the version). Checked only where nodeAgent.dra.enabled renders the
+# DRA driver; the device-plugin agent's needs stay in RBAC_NEEDS.
+RBAC_NEEDS_DRA = {
+    # SlicePublisher::publish: server-side apply of each slice (`api.patch` with
+    # Patch::Apply; an apply that creates the slice is authorized as create), `api.list`
+    # of the node's slices (fieldSelector spec.nodeName, spec.driver), `api.delete` of
+    # the stale ones with UID/resourceVersion preconditions.
+    ("resource.k8s.io", "resourceslices"): {"create", "patch", "list", "delete"},
+    # KubeClaims::get: NodePrepareResources reads the claim the kubelet names (`api.get`).
+    ("resource.k8s.io", "resourceclaims"): {"get"},
+}
+DRA_SRC = ROOT / "crates/tessera-node/src/dra"
+AGENT_CLI = ROOT / "crates/tessera/src/cmd/node_agent.rs"
+
+
+def dra_code_defaults():
+    """The driver name, the socket directories and the CDI directory as the code has them
+    (dra/mod.rs constants, the --cdi-dir default), and the device types slice.rs publishes."""
+    mod = (DRA_SRC / "mod.rs").read_text()
+    const = dict(re.findall(r'pub const ([A-Z_]+): &str = "([^"]+)";', mod))
+    cli = re.sub(r"\s+", " ", AGENT_CLI.read_text())
+    cdi = re.search(r'default_value = "([^"]+)"[^\]]*\)\] cdi_dir: PathBuf', cli)
+    plugin = re.search(r'default_value = "([^"]+)"[^\]]*\)\] dra_plugin_dir: PathBuf', cli)
+    types = set(re.findall(r'attributes\.insert\("type"\.into\(\), string_attr\("([a-z-]+)"\)\)',
+                           (DRA_SRC / "slice.rs").read_text()))
+    driver = const.get("DRIVER_NAME")
+    out = {"driver": driver, "registry": const.get("REGISTRY_DIR"),
+           "plugin": f"{const['PLUGINS_DIR']}/{driver}" if "PLUGINS_DIR" in const and driver else None,
+           "cdi": cdi.group(1) if cdi else None, "types": types}
+    if plugin and plugin.group(1) != out["plugin"]:
+        fail("dra", f"node_agent.rs --dra-plugin-dir default {plugin.group(1)!r} is not DraConfig's {out['plugin']!r}")
+    for k, v in out.items():
+        if not v:
+            fail("dra", f"cannot read the DRA {k} from the code (dra/mod.rs, dra/slice.rs, cmd/node_agent.rs)")
+    return out
+
+
+def daemonset_runs_on(ds, labels):
+    """Whether the DaemonSet's pods may run on a node with these labels: its nodeSelector
+    and its required node affinity (terms ORed, expressions ANDed)."""
+    pod = ds["spec"]["template"]["spec"]
+    if any(labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items()):
+        return False
+    req = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
+           .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = req.get("nodeSelectorTerms")
+    if terms is None:
+        return True
+    return any(selector_matches({"matchExpressions": t.get("matchExpressions") or []}, labels) for t in terms)
+
+
+def check_dra(objs, where, values):
+    """Issue 29, node side: with nodeAgent.dra.enabled the chart runs the agent as the DRA
+    driver. Its DaemonSet passes --dra and the directory flags, and mounts the kubelet's
+    plugin registry, the driver's socket directory and the CDI directory from the host at
+    the very paths the agent uses (the kubelet dials the socket path the agent announces);
+    it runs exactly on the nodes the device-plugin agent leaves (never both on a node); the
+    ClusterRole bound to its ServiceAccount grants RBAC_NEEDS_DRA; it has no HTTP probe
+    (the agent serves none in this mode); the DeviceClasses select every device type the
+    code publishes and nothing of another driver. With DRA off (the default) none of it
+    is rendered."""
+    na = values.get("nodeAgent") or {}
+    dra = na.get("dra") or {}
+    on = bool(dra.get("enabled")) and na.get("enabled", True) is not False
+    daemonsets = [o for o in objs if o["kind"] == "DaemonSet"]
+    drivers = [o for o in daemonsets if any("--dra" in (c.get("args") or [])
+                                             for c in o["spec"]["template"]["spec"]["containers"])]
+    classes = [o for o in objs if o["kind"] == "DeviceClass"]
+    if not on:
+        if drivers or classes:
+            fail(where, f"DRA: nodeAgent.dra is off, yet {[describe(o) for o in drivers + classes]} rendered")
+        return
+    code = dra_code_defaults()
+    if len(drivers) != 1:
+        fail(where, f"DRA: nodeAgent.dra.enabled, but {len(drivers)} DaemonSets run `tessera node-agent --dra` (expected 1)")
+        return
+    ds = drivers[0]
+    pod = ds["spec"]["template"]["spec"]
+    c = next(c for c in pod["containers"] if "--dra" in (c.get("args") or []))
+    args = c["args"]
+    if args[0] != "node-agent":
+        fail(where, f"DRA: {describe(ds)} runs `tessera {args[0]}`, not node-agent")
+
+    def flag(name):
+        vals = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+        if len(vals) > 1:
+            fail(where, f"DRA: {describe(ds)} passes --{name} {len(vals)} times")
+        return vals[-1] if vals else None
+    vols = {v["name"]: v for v in pod.get("volumes") or []}
+    mounts = {m["mountPath"].rstrip("/"): m for m in c.get("volumeMounts") or []}
+    for what, flag_name, value_key in (("plugin registry", "dra-registry-dir", "registryDir"),
+                                       ("driver socket directory", "dra-plugin-dir", "pluginDir"),
+                                       ("CDI directory", "cdi-dir", "cdiDir")):
+        code_default = code[{"registryDir": "registry", "pluginDir": "plugin", "cdiDir": "cdi"}[value_key]]
+        want = (dra.get(value_key) or code_default or "").rstrip("/")
+        used = (flag(flag_name) or code_default or "").rstrip("/")
+        if used != want:
+            fail(where, f"DRA: {describe(ds)}: the agent uses {used!r} as its {what} (--{flag_name}), expected {want!r}")
+        m = mounts.get(used)
+        host = ((vols.get(m["name"]) or {}).get("hostPath") or {}) if m else {}
+        if not m:
+            fail(where, f"DRA: {describe(ds)}: the {what} {used} (--{flag_name}) is not mounted")
+        elif (host.get("path") or "").rstrip("/") != used:
+            fail(where, f"DRA: {describe(ds)}: {used} is mounted from {host.get('path') or vols.get(m['name'])!r}, "
+                        f"not the host's {used} (the kubelet and the runtime look on the host)")
+        elif m.get("readOnly"):
+            fail(where, f"DRA: {describe(ds)}: the agent writes {used}, which is mounted read-only")
+    features = flag("dra-features") or ""
+    if features != (dra.get("features") or ""):
+        fail(where, f"DRA: --dra-features={features!r}, nodeAgent.dra.features is {dra.get('features')!r}")
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if (c.get(probe) or {}).get("httpGet"):
+            fail(where, f"DRA: {describe(ds)}: {probe} over HTTP, which `node-agent --dra` does not serve")
+    if (c.get("securityContext") or {}).get("runAsUser") != 0:
+        fail(where, f"DRA: {describe(ds)}: must run as root: the kubelet's plugin directories belong to root")
+    # Never both agents on one node: a GPU node labelled for DRA runs the driver only, an
+    # unlabelled one the device-plugin agent only.
+    label = dra.get("nodeLabel") or "tessera.io/dra"
+    others = [o for o in daemonsets if o is not ds]
+    base = {}
+    for o in [ds] + others:
+        base.update(o["spec"]["template"]["spec"].get("nodeSelector") or {})
+    base.pop(label, None)
+    for node, want_driver in (({**base, label: "true"}, True), (base, False)):
+        if daemonset_runs_on(ds, node) != want_driver:
+            fail(where, f"DRA: {describe(ds)} {'does not run' if want_driver else 'runs'} on a node labelled {node}")
+        for o in others:
+            if daemonset_runs_on(o, node) == want_driver:
+                fail(where, f"DRA: {describe(o)} {'runs' if want_driver else 'does not run'} on a node labelled {node}"
+                            f"{' beside the DRA driver (both would hand out its GPUs)' if want_driver else ''}")
+    # RBAC: what the ClusterRoles bound to the driver's ServiceAccount grant.
+    sa = pod.get("serviceAccountName")
+    role_names = {b["roleRef"]["name"] for b in objs if b["kind"] == "ClusterRoleBinding"
+                  and b["roleRef"].get("kind") == "ClusterRole"
+                  and any(s.get("kind") == "ServiceAccount" and s.get("name") == sa
+                          and s.get("namespace") == ds["metadata"].get("namespace") for s in b.get("subjects") or [])}
+    granted = {}
+    for r in objs:
+        if r["kind"] == "ClusterRole" and r["metadata"]["name"] in role_names:
+            for rule in r.get("rules") or []:
+                for g in rule.get("apiGroups") or []:
+                    for res in rule.get("resources") or []:
+                        granted.setdefault((g, res), set()).update(rule.get("verbs") or [])
+    for (g, res), verbs in RBAC_NEEDS_DRA.items():
+        have = granted.get((g, res), set()) | granted.get((g, "*"), set()) | granted.get(("*", res), set())
+        missing = set() if "*" in have else verbs - have
+        if missing:
+            fail(where, f"DRA: the ClusterRoles of ServiceAccount {sa!r} ({sorted(role_names)}): {res} ({g}) "
+                        f"lacks {sorted(missing)}, which the code uses")
+    # DeviceClasses: a class named after the driver for whole GPUs (docs/kubernetes.md §10),
+    # every device type slice.rs publishes selected by a class, another driver's by none.
+    if dra.get("deviceClasses", True) is False:
+        if classes:
+            fail(where, f"DRA: nodeAgent.dra.deviceClasses is false, yet {[describe(o) for o in classes]} rendered")
+        print(f"ok   {where}: DRA driver {describe(ds)} (no DeviceClass)")
+        return
+    names = {o["metadata"]["name"]: o for o in classes}
+    if code["driver"] not in names:
+        fail(where, f"DRA: no DeviceClass {code['driver']!r} (the class docs/kubernetes.md §10 names)")
+
+    def selects(cls, device):
+        act = {"device": celpy.json_to_cel(device)}
+        for s in (cls.get("spec") or {}).get("selectors") or []:
+            expr = (s.get("cel") or {}).get("expression", "")
+            try:
+                if not bool(_cel.program(_cel.compile(expr)).evaluate(act)):
+                    return False
+            except Exception as e:  # an error in a class selector fails the allocation
+                fail(where, f"DRA: {describe(cls)}: {expr!r} errors on {device} ({e.__class__.__name__}: {e})")
+                return False
+        return True
+    for t in sorted(code["types"]):
+        device = {"driver": code["driver"], "attributes": {code["driver"]: {"type": t}}, "capacity": {}}
+        picked = [n for n, cls in names.items() if selects(cls, device)]
+        if len(picked) != 1:
+            fail(where, f"DRA: a {t!r} device of {code['driver']} is selected by {picked or 'no'} DeviceClass (expected one)")
+        if t == "gpu" and code["driver"] not in picked:
+            fail(where, f"DRA: DeviceClass {code['driver']} does not select the driver's whole GPUs")
+    stranger = {"driver": "gpu.nvidia.com", "attributes": {"gpu.nvidia.com": {"type": "gpu"}}, "capacity": {}}
+    for n, cls in names.items():
+        if selects(cls, stranger):
+            fail(where, f"DRA: DeviceClass {n} selects another driver's devices")
+    # The same classes as a 1.32 (v1beta1) or 1.33 (v1beta2) cluster gets them (the chart
+    # picks the newest version the cluster serves; the body does not change).
+    for cls in classes:
+        if cls.get("apiVersion") == "resource.k8s.io/v1":
+            for older in ("resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"):
+                schema_check({**cls, "apiVersion": older}, f"{where} as {older}")
+    print(f"ok   {where}: DRA driver {describe(ds)} (--dra, {len(RBAC_NEEDS_DRA)} resource.k8s.io resources granted), "
+          f"DeviceClasses {sorted(names)} over device types {sorted(code['types'])}; DeviceClass schemas: "
+          f"v1 on Kubernetes 1.34+, v1beta2 on 1.33+, v1beta1 on 1.32+, none earlier (API_SINCE)")
+
+
 def check_chart():
     helps = {}
     if TESSERA_BIN:
@@ -1319,6 +1551,7 @@ def check_chart():
         check_monitoring(objs, where, values)
         check_agent_update_strategy(objs, where, values)
         check_rbac(objs, where)
+        check_dra(objs, where, values)
         if name.startswith("GPU Operator coexistence"):
             check_gpu_operator(objs, where, values)
         kinds = sorted({o["kind"] for o in objs})
