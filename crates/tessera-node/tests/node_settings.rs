@@ -4,15 +4,13 @@
 //! mock service answering as the API server does (a NodeList, then a held-open
 //! watch of MODIFIED events).
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use http::{Request, Response};
-use http_body_util::Channel;
-use kube::client::Body;
 use tessera_core::fit::mig_layout::MigDynamic;
 use tessera_node::nodesettings::watch_mig_dynamic;
-use tonic::codegen::Bytes;
+
+mod mock_api;
+use mock_api::line;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -28,52 +26,15 @@ fn node(rv: u32, mig_dynamic: Option<&str>) -> serde_json::Value {
     })
 }
 
-fn line(kind: &str, object: &serde_json::Value) -> Bytes {
-    let mut v = serde_json::to_vec(&serde_json::json!({"type": kind, "object": object})).unwrap();
-    v.push(b'\n');
-    Bytes::from(v)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mig_setting_follows_the_nodes_label_from_one_watch() {
-    let (mock, mut handle) =
-        tower_test::mock::pair::<Request<Body>, Response<Channel<Bytes, Infallible>>>();
-    let client = kube::Client::new(mock, "default");
-    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
-    let events_rx = std::sync::Arc::new(std::sync::Mutex::new(Some(events_rx)));
-    let server = tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let uri = req.uri().to_string();
-            let _ = seen_tx.send(uri.clone());
-            let (mut tx, body) = Channel::new(16);
-            send.send_response(Response::new(body));
-            let events_rx = events_rx.clone();
-            tokio::spawn(async move {
-                if uri.contains("watch=true") {
-                    let Some(mut events) = events_rx.lock().unwrap().take() else {
-                        return;
-                    };
-                    while let Some(ev) = events.recv().await {
-                        if tx.send_data(ev).await.is_err() {
-                            break;
-                        }
-                    }
-                    return;
-                }
-                // The LIST: the node as it is, labelled `instances`.
-                let list = serde_json::json!({
-                    "kind": "NodeList", "apiVersion": "v1",
-                    "metadata": {"resourceVersion": "100"}, "items": [node(100, Some("instances"))]
-                });
-                let _ = tx
-                    .send_data(Bytes::from(serde_json::to_vec(&list).unwrap()))
-                    .await;
-            });
-        }
-    });
-
-    let mut setting = watch_mig_dynamic(client, "n1");
+    // The LIST: the node as it is, labelled `instances`.
+    let mut api = mock_api::start(serde_json::json!({
+        "kind": "NodeList", "apiVersion": "v1",
+        "metadata": {"resourceVersion": "100"}, "items": [node(100, Some("instances"))]
+    }));
+    let events_tx = api.events.clone();
+    let mut setting = watch_mig_dynamic(api.client.clone(), "n1");
     let until = |rx: &mut tokio::sync::watch::Receiver<MigDynamic>, want: MigDynamic| {
         let mut rx = rx.clone();
         async move {
@@ -105,10 +66,7 @@ async fn the_mig_setting_follows_the_nodes_label_from_one_watch() {
     assert_eq!(*setting.borrow(), MigDynamic::Off);
 
     // One LIST from the watch cache and one WATCH, both on this Node only.
-    let mut uris = Vec::new();
-    while let Ok(u) = seen.try_recv() {
-        uris.push(u);
-    }
+    let uris = api.uris();
     assert_eq!(uris.len(), 2, "{uris:?}");
     assert!(uris[0].starts_with("/api/v1/nodes?"), "{uris:?}");
     assert!(uris[0].contains("resourceVersion=0"), "{uris:?}");
@@ -117,5 +75,5 @@ async fn the_mig_setting_follows_the_nodes_label_from_one_watch() {
         assert!(u.contains("fieldSelector=metadata.name%3Dn1"), "{u}");
     }
     drop(setting);
-    server.abort();
+    api.server.abort();
 }

@@ -2,15 +2,13 @@
 //! item 8), checked against kube-rs's mock service with the API server's own
 //! watch events (../shared/fixtures/kube-apiserver-v1.28/08-watch-pods.json).
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use http::{Request, Response};
-use http_body_util::Channel;
-use kube::client::Body;
 use tessera_node::deviceplugin::allocate::PodSource;
 use tessera_node::pods::KubePods;
-use tonic::codegen::Bytes;
+
+mod mock_api;
+use mock_api::line;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -30,59 +28,19 @@ fn recorded_p8() -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn line(kind: &str, object: &serde_json::Value) -> Bytes {
-    let mut v = serde_json::to_vec(&serde_json::json!({"type": kind, "object": object})).unwrap();
-    v.push(b'\n');
-    Bytes::from(v)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_come_from_one_watch_not_a_list_per_read() {
     let p8 = recorded_p8();
     // resourceVersions 430 (created), 431 (annotated), 432 (bound to n1), 433, 434 (deleted).
     let bound = p8[2].clone();
     assert_eq!(bound["spec"]["nodeName"], "n1");
-    let (mock, mut handle) =
-        tower_test::mock::pair::<Request<Body>, Response<Channel<Bytes, Infallible>>>();
-    let client = kube::Client::new(mock, "default");
-    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
-    let events_rx = std::sync::Arc::new(std::sync::Mutex::new(Some(events_rx)));
-    // The API server: each request answered on its own task, so a held-open
-    // watch does not hold up the others.
-    let server = tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let uri = req.uri().to_string();
-            let _ = seen_tx.send(uri.clone());
-            let (mut tx, body) = Channel::new(16);
-            send.send_response(Response::new(body));
-            let events_rx = events_rx.clone();
-            tokio::spawn(async move {
-                if uri.contains("watch=true") {
-                    // Held open: events arrive while the test runs.
-                    let Some(mut events) = events_rx.lock().unwrap().take() else {
-                        return;
-                    };
-                    while let Some(ev) = events.recv().await {
-                        if tx.send_data(ev).await.is_err() {
-                            break;
-                        }
-                    }
-                    return;
-                }
-                // A LIST: nothing on n1 yet (the node's pods before p8 is bound).
-                let list = serde_json::json!({
-                    "kind": "PodList", "apiVersion": "v1",
-                    "metadata": {"resourceVersion": "431"}, "items": []
-                });
-                let _ = tx
-                    .send_data(Bytes::from(serde_json::to_vec(&list).unwrap()))
-                    .await;
-            });
-        }
-    });
-
-    let pods = KubePods::watch(client, "n1");
+    // A LIST: nothing on n1 yet (the node's pods before p8 is bound).
+    let mut api = mock_api::start(serde_json::json!({
+        "kind": "PodList", "apiVersion": "v1",
+        "metadata": {"resourceVersion": "431"}, "items": []
+    }));
+    let events_tx = api.events.clone();
+    let pods = KubePods::watch(api.client.clone(), "n1");
     assert!(pods.pods_on_node("n1").await.unwrap().is_empty());
     // The binding reaches the node's watch as an ADDED (the pod enters the
     // field selector), then later changes as MODIFIED.
@@ -117,10 +75,7 @@ async fn pods_come_from_one_watch_not_a_list_per_read() {
 
     // Every read above was served from the store: one LIST, one WATCH, both
     // scoped to the node and the LIST from the watch cache.
-    let mut uris = Vec::new();
-    while let Ok(u) = seen.try_recv() {
-        uris.push(u);
-    }
+    let uris = api.uris();
     assert_eq!(uris.len(), 2, "{uris:?}");
     assert!(!uris[0].contains("watch="), "{uris:?}");
     assert!(uris[0].contains("resourceVersion=0"), "{uris:?}");
@@ -131,5 +86,5 @@ async fn pods_come_from_one_watch_not_a_list_per_read() {
     // Another node's pods are not this source's to answer.
     assert!(pods.pods_on_node("n2").await.is_err());
     drop(pods);
-    server.abort();
+    api.server.abort();
 }
