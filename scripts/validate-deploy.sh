@@ -45,6 +45,13 @@
 #     mounted at the paths the code uses, on nodes the device-plugin agent leaves;
 #     its ClusterRole grants the resource.k8s.io verbs the code calls; the
 #     DeviceClasses select the driver's device types (CEL, evaluated).
+#   - the DRA extended-resource mapping (nodeAgent.dra.extendedResourceName): the class
+#     gpu.tessera.io, and only it, carries spec.extendedResourceName exactly when it is
+#     set, as resource.k8s.io/v1, validated against the releases whose DeviceClass schema
+#     has the field (and shown unknown to the older releases the chart then refuses); the
+#     chart refuses what the API server's IsExtendedResourceName refuses (sample names
+#     rendered), tessera.io/* and MIG profile names; a stock pod asking the name is sent
+#     to no webhook, so it stays with the default scheduler the mapping serves.
 # Exits non-zero on any failure.
 set -euo pipefail
 
@@ -741,6 +748,11 @@ SCENARIOS = {
                 "registryDir": "/var/lib/k0s/kubelet/plugins_registry",
                 "pluginDir": "/var/lib/k0s/kubelet/plugins/gpu.tessera.io", "cdiDir": "/etc/cdi",
                 "deviceClasses": False, "updateStrategy": "OnDelete"}}},
+    "DRA driver, nvidia.com/gpu through the class": {"nodeAgent": {"dra": {
+        "enabled": True, "extendedResourceName": "nvidia.com/gpu"}}},
+    "DRA driver, an extended resource of your own": {"nodeAgent": {"dra": {
+        "enabled": True, "extendedResourceName": "example.com/gpu-whole",
+        "deviceClassApiVersion": "resource.k8s.io/v1", "features": "consumable-capacity"}}},
     "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
                                      "nodeSelector": {"kubernetes.io/os": "linux"},
                                      "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
@@ -764,6 +776,25 @@ MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
                                              "nodeAgent.dra.updateStrategy must be OnDelete or RollingUpdate"),
     "a relative DRA socket directory": ({"nodeAgent": {"dra": {"enabled": True, "pluginDir": "plugins/gpu.tessera.io"}}},
                                         "nodeAgent.dra.pluginDir must be an absolute path"),
+    "a DRA extended resource name without a domain": (
+        {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "gpu"}}},
+        'nodeAgent.dra.extendedResourceName "gpu" is not a valid extended resource name'),
+    "a DRA extended resource name in kubernetes.io": (
+        {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "gpu.kubernetes.io/gpu"}}},
+        "is not a valid extended resource name"),
+    "tessera.io/gpu as the DRA extended resource": (
+        {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "tessera.io/gpu"}}},
+        "tessera.io/* resources cannot be mapped to DRA"),
+    "a MIG profile as the DRA extended resource": (
+        {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/mig-1g.10gb"}}},
+        "names a MIG profile"),
+    "a DRA extended resource on v1beta2 DeviceClasses (Kubernetes 1.33)": (
+        {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu",
+                               "deviceClassApiVersion": "resource.k8s.io/v1beta2"}}},
+        "needs the DeviceClasses as resource.k8s.io/v1 (Kubernetes 1.34 or later, with the DRAExtendedResource feature gate"),
+    "a DRA extended resource without the chart's DeviceClasses": (
+        {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "deviceClasses": False}}},
+        "needs the chart's DeviceClasses, but nodeAgent.dra.deviceClasses is false"),
 }
 
 
@@ -1489,12 +1520,151 @@ def check_dra(objs, where, values):
     # The same classes as a 1.32 (v1beta1) or 1.33 (v1beta2) cluster gets them (the chart
     # picks the newest version the cluster serves; the body does not change).
     for cls in classes:
-        if cls.get("apiVersion") == "resource.k8s.io/v1":
+        # With extendedResourceName the chart refuses v1beta2/v1beta1 (check_dra_extended_resource).
+        if cls.get("apiVersion") == "resource.k8s.io/v1" and not (cls.get("spec") or {}).get("extendedResourceName"):
             for older in ("resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"):
                 schema_check({**cls, "apiVersion": older}, f"{where} as {older}")
     print(f"ok   {where}: DRA driver {describe(ds)} (--dra, {len(RBAC_NEEDS_DRA)} resource.k8s.io resources granted), "
           f"DeviceClasses {sorted(names)} over device types {sorted(code['types'])}; DeviceClass schemas: "
           f"v1 on Kubernetes 1.34+, v1beta2 on 1.33+, v1beta1 on 1.32+, none earlier (API_SINCE)")
+
+
+def extended_resource_name_errors(name):
+    """Why the API server refuses `name` as an extended resource name (IsExtendedResourceName,
+    k8s.io/kubernetes pkg/apis/core/helper, which DeviceClassSpec.extendedResourceName and a
+    device plugin's resource name both go through): no '/' or anything in kubernetes.io/
+    (native), a "requests." prefix (quota's), or "requests.<name>" not a qualified name."""
+    if "/" not in name or "kubernetes.io/" in name:
+        return ["is a native resource name (no domain, or in kubernetes.io/)"]
+    if name.startswith("requests."):
+        return ["starts with \"requests.\" (quota's prefix)"]
+    return qualified_name_errors(f"requests.{name}")
+
+
+# Names rendered once each: the chart must refuse exactly those the API server refuses
+# (plus tessera.io/* and MIG profile names, its own rules).
+ERN_SAMPLES = ["nvidia.com/gpu", "example.com/gpu-whole", "amd.com/gpu", "gpu.example.com/A100_80GB",
+               "nvidia.com/gpu.shared", "gpu", "kubernetes.io/gpu", "gpu.kubernetes.io/gpu",
+               "requests.example.com/gpu", "NVIDIA.com/gpu", "example.com/-gpu", "example.com/", "/gpu",
+               "a/b/c", "example.com/" + "g" * 64, "example.com/" + "g" * 63, "x" * 236 + ".io/gpu", "x" * 245 + ".io/gpu",
+               "tessera.io/gpu", "tessera.io/gpu-memory", "nvidia.com/mig-1g.10gb"]
+
+
+def ern_schema_releases():
+    """{release: {apiVersion of DeviceClass whose spec has extendedResourceName}}, from the
+    bundled strict schemas."""
+    out = {}
+    for version in KUBE_VERSIONS:
+        have = set()
+        for api in ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"):
+            v = k8s_validator(api, "DeviceClass", version)
+            if v is None:
+                continue
+            spec = {"selectors": [], "extendedResourceName": "example.com/gpu"}
+            probe = {"apiVersion": api, "kind": "DeviceClass", "metadata": {"name": "probe"}, "spec": spec}
+            if not any(list(e.path)[:2] == ["spec", "extendedResourceName"] or "extendedResourceName" in e.message
+                       for e in v.iter_errors(probe)):
+                have.add(api)
+        out[version] = have
+    return out
+
+
+def check_dra_extended_resource(objs, where, values):
+    """Issue 29 item 3: with nodeAgent.dra.extendedResourceName the DeviceClass gpu.tessera.io
+    carries spec.extendedResourceName (so kube-scheduler serves pods asking that resource on
+    nodes that do not advertise it, the DRA nodes, with whole GPUs of the class); without it
+    no class carries the field, and mig.tessera.io never does. The class is
+    resource.k8s.io/v1, whose every release (API_SINCE) has the field in its schema; the
+    v1beta2/v1beta1 releases before the field (1.32, 1.33) do not know it, so the chart must
+    refuse those versions (MUST_FAIL). A stock pod asking the name is sent to no webhook:
+    it stays with the default scheduler, the one the mapping serves."""
+    na = values.get("nodeAgent") or {}
+    dra = na.get("dra") or {}
+    if not (dra.get("enabled") and na.get("enabled", True) is not False):
+        return
+    ern = dra.get("extendedResourceName") or ""
+    classes = [o for o in objs if o["kind"] == "DeviceClass"]
+    driver = dra_code_defaults()["driver"]
+    for cls in classes:
+        got = (cls.get("spec") or {}).get("extendedResourceName")
+        want = (ern or None) if cls["metadata"]["name"] == driver else None
+        if got != want:
+            fail(where, f"DRA: {describe(cls)}: spec.extendedResourceName is {got!r}, expected {want!r} "
+                        f"(nodeAgent.dra.extendedResourceName {ern!r}; only {driver} carries it)")
+    if not ern:
+        return
+    gpu_cls = [c for c in classes if c["metadata"]["name"] == driver]
+    if not gpu_cls:
+        fail(where, f"DRA: nodeAgent.dra.extendedResourceName {ern!r}, but no DeviceClass {driver} carries it")
+        return
+    cls = gpu_cls[0]
+    for e in extended_resource_name_errors(ern):
+        fail(where, f"DRA: {describe(cls)}: extendedResourceName {ern!r} {e}: the API server refuses the class")
+    if ern.startswith("tessera.io/"):
+        fail(where, f"DRA: {describe(cls)}: maps {ern!r}, which Tessera's webhook hands to the Tessera scheduler")
+    if cls.get("apiVersion") != "resource.k8s.io/v1":
+        fail(where, f"DRA: {describe(cls)} is {cls.get('apiVersion')}: extendedResourceName needs resource.k8s.io/v1")
+    releases = ern_schema_releases()
+    since = API_SINCE[("resource.k8s.io/v1", "DeviceClass")]
+    with_field = [v for v in KUBE_VERSIONS if "resource.k8s.io/v1" in releases[v]]
+    serving = [v for v in KUBE_VERSIONS if vtuple(v) >= since]
+    if with_field != serving:
+        fail(where, f"DRA: DeviceClass resource.k8s.io/v1 has spec.extendedResourceName in {with_field}, "
+                    f"but is served in {serving}: the chart's v1-only rule no longer holds")
+    # The older versions, in the releases that serve them but lack the field: refused by
+    # their strict schema (the reason the chart renders the field only as v1).
+    lacking = []
+    for older in ("resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"):
+        for v in KUBE_VERSIONS:
+            if vtuple(v) < API_SINCE[(older, "DeviceClass")] or older in releases[v]:
+                continue
+            val = k8s_validator(older, "DeviceClass", v)
+            checked["schema validations"] += 1
+            replay = {**cls, "apiVersion": older, "spec": {**(cls.get("spec") or {}), "extendedResourceName": ern}}
+            if val is None or not any("extendedResourceName" in e.message for e in val.iter_errors(replay)):
+                fail(where, f"DRA: Kubernetes {v} accepts {describe(cls)} with extendedResourceName as {older}, "
+                            f"which the chart refuses: revisit the v1-only rule")
+            lacking.append((vtuple(v), f"{v} {older.rsplit('/', 1)[1]}"))
+    # Where the class's pods come from: a stock pod asking the name goes to no webhook.
+    hooks = [w for o in objs if o["kind"] in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+             for w in o.get("webhooks") or []]
+    pod = sample_pod("stock-ern", "default", {ern: "1"})
+    request = {"operation": "CREATE", "resource": "pods", "namespace": "default", "name": "stock-ern"}
+    sent = [w["name"] for w in hooks if webhook_sends(w, {"kubernetes.io/metadata.name": "default"}, request, pod, None, where)]
+    if sent:
+        fail(where, f"DRA: a stock pod asking {ern} is sent to {sent}: the mapping serves the default scheduler's pods")
+    print(f"ok   {where}: DRA extended resource {ern!r} on {describe(cls)} only; the field is in the "
+          f"v1 DeviceClass schema of {with_field[0]}..{with_field[-1]} (every release serving v1), unknown to "
+          f"{', '.join(x for _, x in sorted(lacking))}; a stock pod asking it goes to no webhook")
+
+
+def check_dra_extended_resource_names():
+    """The chart's name rule against IsExtendedResourceName (extended_resource_name_errors),
+    one render per ERN_SAMPLES name: valid names render (tessera.io/* and nvidia.com/mig-*
+    excepted: refused by the chart's own rules), invalid ones are refused."""
+    where = "chart[DRA extendedResourceName rule]"
+    agreed = 0
+    for name in ERN_SAMPLES:
+        valid = not extended_resource_name_errors(name)
+        own_rule = name.startswith("tessera.io/") or name.startswith("nvidia.com/mig-")
+        values = {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": name}}}
+        try:
+            with helm.Config(namespace=NAMESPACE) as cfg:
+                cfg.install(str(CHART), RELEASE, values, namespace=NAMESPACE, dry_run="client")
+            refused, why = False, ""
+        except helm.HelmError as e:
+            refused, why = True, str(e)
+        if valid and not own_rule and refused:
+            fail(where, f"{name!r} is a valid extended resource name, yet the chart refuses it: {why[:200]}")
+        elif not valid and not refused:
+            fail(where, f"{name!r} is not a valid extended resource name "
+                        f"({'; '.join(extended_resource_name_errors(name))}), yet the chart renders it")
+        elif own_rule and valid and not refused:
+            fail(where, f"{name!r} renders, but the chart must refuse tessera.io/* and MIG profile names")
+        else:
+            agreed += 1
+    print(f"ok   {where}: {agreed}/{len(ERN_SAMPLES)} sample names accepted or refused as the API server "
+          f"(IsExtendedResourceName) and the chart's own rules say")
 
 
 def check_chart():
@@ -1552,6 +1722,7 @@ def check_chart():
         check_agent_update_strategy(objs, where, values)
         check_rbac(objs, where)
         check_dra(objs, where, values)
+        check_dra_extended_resource(objs, where, values)
         if name.startswith("GPU Operator coexistence"):
             check_gpu_operator(objs, where, values)
         kinds = sorted({o["kind"] for o in objs})
@@ -1566,6 +1737,7 @@ def check_chart():
                 print(f"ok   chart[{name}]: refused as it must be")
             else:
                 fail(f"chart[{name}]", f"refused for another reason: {e}")
+    check_dra_extended_resource_names()
     return defaults_cfg
 
 
