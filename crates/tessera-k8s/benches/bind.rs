@@ -22,7 +22,10 @@
 //!   workload's name, UID, schedulerName and resources. The run prints the time
 //!   per phase (issue 30): the cycle (filter + prioritize, which kube-scheduler
 //!   waits for), each verb's round trip, the client's JSON encode, and the bind
-//!   (in the background).
+//!   (in the background). Before the runs, the same pods are sent once through
+//!   the router in process (`tessera_k8s::bench::verb_parts`, no socket) to
+//!   time each verb's server side apart: decode, candidate list, lock, judge,
+//!   answer (`TESSERA_BENCH_PARTS`, default 2,000 pods; 0 skips it).
 //! - `backlog`: every pod exists before Tessera starts; the clock runs from the
 //!   first bind to the last. `stream`: pods are created at `TESSERA_BENCH_RATE`
 //!   a second (default 1,000) while Tessera runs; the clock runs from the
@@ -108,9 +111,18 @@ fn workload(n: usize, scheduler: &str) -> Vec<Value> {
 type Http = HttpClient<HttpConnector, Full<axum::body::Bytes>>;
 
 async fn post(http: &Http, addr: SocketAddr, path: &str, body: &Value) -> Result<Value, String> {
+    post_bytes(http, addr, path, body.to_string().into_bytes()).await
+}
+
+async fn post_bytes(
+    http: &Http,
+    addr: SocketAddr,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<Value, String> {
     let req = http::Request::post(format!("http://{addr}{path}"))
         .header("content-type", "application/json")
-        .body(Full::new(axum::body::Bytes::from(body.to_string())))
+        .body(Full::new(axum::body::Bytes::from(body)))
         .map_err(|e| e.to_string())?;
     let resp = tokio::time::timeout(Duration::from_secs(30), http.request(req))
         .await
@@ -170,6 +182,23 @@ impl Phases {
             p99(&mut self.bind),
         )
     }
+}
+
+/// `ExtenderArgs` as kube-scheduler marshals it: encoded straight from what it
+/// holds, not through an intermediate JSON tree.
+#[derive(serde::Serialize)]
+struct Args<'a, N: serde::Serialize> {
+    #[serde(rename = "Pod")]
+    pod: &'a Value,
+    #[serde(rename = "Nodes")]
+    nodes: Option<()>,
+    #[serde(rename = "NodeNames")]
+    node_names: &'a [N],
+}
+
+/// Encodes `args` (the client's JSON encode, timed apart).
+fn encode<N: serde::Serialize>(args: &Args<'_, N>) -> Vec<u8> {
+    serde_json::to_vec(args).unwrap_or_default()
 }
 
 /// The Pod kube-scheduler v1.28 sent in the captured filter request, if the
@@ -234,12 +263,17 @@ async fn fake_kube_scheduler(
                 .gap
                 .push((cycle_start - end).as_secs_f64() * 1e6);
         }
+        // Each verb's time includes the client's encode of its body, as
+        // kube-scheduler's extender client marshals within the call.
         let t = Instant::now();
-        let args = json!({"Pod": sent, "Nodes": null, "NodeNames": nodes});
-        let body_bytes = args.to_string().len() as f64;
+        let body = encode(&Args {
+            pod: &sent,
+            nodes: None,
+            node_names: &nodes,
+        });
         let encode_us = t.elapsed().as_secs_f64() * 1e6;
-        let t = Instant::now();
-        let filtered = post(&http, addr, "/scheduler/filter", &args).await;
+        let body_bytes = body.len() as f64;
+        let filtered = post_bytes(&http, addr, "/scheduler/filter", body).await;
         let filter_us = t.elapsed().as_secs_f64() * 1e6;
         let passed: Vec<String> = match filtered {
             Ok(r) if r["Error"].as_str().unwrap_or_default().is_empty() => r["NodeNames"]
@@ -257,9 +291,13 @@ async fn fake_kube_scheduler(
             tokio::time::sleep(Duration::from_millis(1)).await;
             continue;
         }
-        let args = json!({"Pod": sent, "Nodes": null, "NodeNames": passed});
         let t = Instant::now();
-        let scored = post(&http, addr, "/scheduler/prioritize", &args).await;
+        let body = encode(&Args {
+            pod: &sent,
+            nodes: None,
+            node_names: &passed,
+        });
+        let scored = post_bytes(&http, addr, "/scheduler/prioritize", body).await;
         let prioritize_us = t.elapsed().as_secs_f64() * 1e6;
         last_end = Some(Instant::now());
         {
@@ -461,6 +499,25 @@ fn main() {
         lo.as_secs_f64() * 1e3,
         hi.as_secs_f64() * 1e3
     );
+    let parts: usize = env("TESSERA_BENCH_PARTS", "2000").parse().unwrap_or(2000);
+    if parts > 0
+        && list::<String>("TESSERA_BENCH_MODES", "standalone,extender")
+            .iter()
+            .any(|m| m == "extender")
+    {
+        let template = captured_pod();
+        let sent: Vec<Value> = workload(parts, "tessera")
+            .iter()
+            .map(|p| as_sent(template.as_ref(), p))
+            .collect();
+        match rt.block_on(tessera_k8s::bench::verb_parts(&sent, nodes)) {
+            Ok(r) => println!(
+                "extender verbs, server side in process (medians):\n  {}",
+                r.lines().replace('\n', "\n  ")
+            ),
+            Err(e) => println!("extender verbs, server side: failed: {e}"),
+        }
+    }
     println!(
         "{:<8} {:<11} {:<8} {:>6} {:>7} {:>9} {:>10} {:>13} {:>6}  requests",
         "client", "mode", "arrival", "pods", "bound", "secs", "binds/s", "max in flight", "conns"

@@ -434,3 +434,352 @@ fn preemption_rounds(
     });
     (stop_tx, task)
 }
+
+/// Where the server-side time of one `filter` and one `prioritize` goes
+/// (issue 30): medians in microseconds of each part of a verb, timed apart on
+/// the same bodies, and of the whole verb through the router (no socket: what
+/// a round trip adds beyond it is HTTP and the client).
+#[derive(Debug, Clone, Serialize)]
+pub struct VerbParts {
+    pub nodes: usize,
+    /// Cycles timed: parts on even ones, whole verbs on odd ones (through the
+    /// router and over a socket in turn), each after the previous pod was
+    /// bound (one node changed, as in a live cycle).
+    pub iterations: usize,
+    pub filter_body_bytes: usize,
+    pub filter_answer_bytes: usize,
+    /// The verbs' decode of a filter body (UTF-8 check, `ExtenderArgs`).
+    pub decode_us: f64,
+    /// The same body with the Pod decoded whole by k8s-openapi (managed fields
+    /// included), as the verbs did before issue 30.
+    pub decode_whole_pod_us: f64,
+    /// The same body with the Pod skipped: the node names alone.
+    pub decode_names_us: f64,
+    /// The candidate list (`ExtenderArgs::candidate_names`).
+    pub names_us: f64,
+    /// Taking and releasing the mirror's lock, uncontended.
+    pub lock_us: f64,
+    /// The decision under the lock (`ExtenderState::judge_filter`).
+    pub filter_judge_us: f64,
+    /// Building and encoding the answer.
+    pub filter_encode_us: f64,
+    pub prioritize_decode_us: f64,
+    pub prioritize_judge_us: f64,
+    pub prioritize_encode_us: f64,
+    /// Whole verbs through the router: body in, answer bytes out.
+    pub filter_us: f64,
+    pub prioritize_us: f64,
+    /// Whole verbs over loopback HTTP/1.1 with keep-alive (hyper's client,
+    /// the body encoded beforehand, the answer read as bytes), nothing else
+    /// running; and an empty `GET /healthz` on the same connection.
+    pub filter_http_us: f64,
+    pub prioritize_http_us: f64,
+    pub http_floor_us: f64,
+}
+
+impl VerbParts {
+    /// A line per verb and one for HTTP, for the benches' output.
+    pub fn lines(&self) -> String {
+        format!(
+            "filter {:.1} µs through the router ({} B body, {} B answer): decode {:.1} µs (Pod whole with managed fields {:.1} µs; node names alone {:.1} µs), candidate list {:.2} µs, lock {:.2} µs, judge {:.1} µs, answer {:.1} µs\n\
+             prioritize {:.1} µs through the router: decode {:.1} µs, judge {:.1} µs, answer {:.1} µs ({} nodes, {} cycles)\n\
+             over loopback HTTP/1.1 keep-alive, nothing else running: filter {:.1} µs, prioritize {:.1} µs; an empty GET {:.1} µs",
+            self.filter_us,
+            self.filter_body_bytes,
+            self.filter_answer_bytes,
+            self.decode_us,
+            self.decode_whole_pod_us,
+            self.decode_names_us,
+            self.names_us,
+            self.lock_us,
+            self.filter_judge_us,
+            self.filter_encode_us,
+            self.prioritize_us,
+            self.prioritize_decode_us,
+            self.prioritize_judge_us,
+            self.prioritize_encode_us,
+            self.nodes,
+            self.iterations,
+            self.filter_http_us,
+            self.prioritize_http_us,
+            self.http_floor_us,
+        )
+    }
+}
+
+/// `ExtenderArgs` as the verbs decoded it before issue 30: the Pod whole.
+#[derive(serde::Deserialize)]
+struct WholePodArgs<'a> {
+    #[serde(rename = "Pod")]
+    _pod: k8s_openapi::api::core::v1::Pod,
+    #[serde(rename = "NodeNames", borrow)]
+    _node_names: Option<Vec<crate::extender::wire::Text<'a>>>,
+}
+
+/// A filter body's node names alone.
+#[derive(serde::Deserialize)]
+struct NamesOnly<'a> {
+    #[serde(rename = "Pod")]
+    _pod: serde::de::IgnoredAny,
+    #[serde(rename = "NodeNames", borrow)]
+    _node_names: Option<Vec<crate::extender::wire::Text<'a>>>,
+}
+
+/// Each part's samples in microseconds (`p_`: prioritize's).
+#[derive(Default)]
+struct Samples {
+    decode: Vec<f64>,
+    whole: Vec<f64>,
+    names_only: Vec<f64>,
+    names: Vec<f64>,
+    lock: Vec<f64>,
+    judge: Vec<f64>,
+    encode: Vec<f64>,
+    p_decode: Vec<f64>,
+    p_judge: Vec<f64>,
+    p_encode: Vec<f64>,
+    filter: Vec<f64>,
+    prioritize: Vec<f64>,
+    filter_http: Vec<f64>,
+    prioritize_http: Vec<f64>,
+    http_floor: Vec<f64>,
+}
+
+type Client =
+    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Body>;
+
+/// One verb's answer and its time in microseconds: through the router alone
+/// (`socket` `None`), or posted over the socket.
+async fn verb(
+    app: &axum::Router,
+    socket: Option<(&Client, std::net::SocketAddr)>,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<(axum::body::Bytes, f64), String> {
+    let c = Instant::now();
+    let uri = match socket {
+        Some((_, addr)) => format!("http://{addr}{path}"),
+        None => path.to_string(),
+    };
+    let req = http::Request::post(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .map_err(|e| e.to_string())?;
+    let answer = match socket {
+        Some((client, _)) => {
+            let r = client.request(req).await.map_err(|e| e.to_string())?;
+            axum::body::to_bytes(Body::new(r.into_body()), usize::MAX).await
+        }
+        None => {
+            let r = app.clone().oneshot(req).await.map_err(|e| e.to_string())?;
+            axum::body::to_bytes(r.into_body(), usize::MAX).await
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    Ok((answer, c.elapsed().as_secs_f64() * 1e6))
+}
+
+/// Times the parts of `filter` and `prioritize` for `pods` (as kube-scheduler
+/// sends them; a pod without a UID gets one) on `nodes` synthetic nodes of 8
+/// GPUs, names only (`nodeCacheCapable`). Each pod is bound (untimed) where
+/// prioritize ranked it best before the next.
+pub async fn verb_parts(pods: &[serde_json::Value], nodes: usize) -> Result<VerbParts, String> {
+    use crate::extender::routes::{decode, filter_answer, prioritize_answer};
+    use crate::extender::wire::{ExtenderArgs, HostPriority};
+    fn us(t: Instant) -> f64 {
+        t.elapsed().as_secs_f64() * 1e6
+    }
+    fn median(v: &mut [f64]) -> f64 {
+        v.sort_by(f64::total_cmp);
+        quantile(v, 0.5)
+    }
+    let policy =
+        tessera_core::policy::by_name("tessera", &Default::default()).map_err(|e| e.to_string())?;
+    let (kn, gn) = synthetic_objects(nodes);
+    let mirror = SharedMirror::new(Mirror::from_objects(
+        policy,
+        b"bench-signing-key-0123".to_vec(),
+        kn,
+        gn,
+        Vec::new(),
+    ));
+    let state = ExtenderState {
+        mirror: mirror.clone(),
+        binder: None,
+        metrics: Arc::new(Metrics::new()),
+        leader: Leadership::always(),
+        gate: crate::gate::SyncGate::synced(),
+        scheduler_names: Arc::from([]),
+        peers: None,
+    };
+    let app = router(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let server = tokio::spawn(std::future::IntoFuture::into_future(axum::serve(
+        listener,
+        app.clone(),
+    )));
+    let client: Client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();
+    let mut t = Samples::default();
+    let (mut body_bytes, mut answer_bytes) = (0, 0);
+    // The first few cycles warm up, untimed.
+    const WARM: usize = 10;
+    for (i, sent) in pods.iter().enumerate() {
+        let mut sent = sent.clone();
+        if sent["metadata"]["uid"].is_null() {
+            sent["metadata"]["uid"] = json!(format!("parts-{i}"));
+        }
+        let body = serde_json::to_vec(&json!({"Pod": sent, "Nodes": null, "NodeNames": names}))
+            .map_err(|e| e.to_string())?;
+        body_bytes = body.len();
+        let timed = i >= WARM;
+        let (passed, scores): (Vec<String>, Vec<u8>) = if i % 2 == 0 {
+            // The parts, one after the other as the handler runs them.
+            let c = Instant::now();
+            let args: ExtenderArgs<'_> = decode("filter", &body).map_err(|(_, e)| e)?;
+            let d = us(c);
+            let c = Instant::now();
+            let list = args.candidate_names();
+            let l = us(c);
+            let c = Instant::now();
+            drop(state.mirror.lock());
+            let k = us(c);
+            let c = Instant::now();
+            let outcome = state
+                .judge_filter(&args.pod, &list)
+                .map_err(|e| e.to_string())?;
+            let j = us(c);
+            let c = Instant::now();
+            let answer = filter_answer(&args, &outcome);
+            let e = us(c);
+            let answer = axum::body::to_bytes(answer.into_body(), usize::MAX)
+                .await
+                .map_err(|e| e.to_string())?;
+            answer_bytes = answer.len();
+            // The two other decodes, for comparison.
+            let c = Instant::now();
+            let whole: Result<WholePodArgs<'_>, _> = serde_json::from_slice(&body);
+            let w = us(c);
+            whole.map_err(|e| e.to_string())?;
+            let c = Instant::now();
+            let only: Result<NamesOnly<'_>, _> = serde_json::from_slice(&body);
+            let n = us(c);
+            only.map_err(|e| e.to_string())?;
+            let passed: Vec<String> = outcome.passed.iter().map(|n| n.to_string()).collect();
+            let p_body =
+                serde_json::to_vec(&json!({"Pod": sent, "Nodes": null, "NodeNames": passed}))
+                    .map_err(|e| e.to_string())?;
+            let c = Instant::now();
+            let args: ExtenderArgs<'_> = decode("prioritize", &p_body).map_err(|(_, e)| e)?;
+            let pd = us(c);
+            let list = args.candidate_names();
+            let c = Instant::now();
+            let scores = state
+                .judge_prioritize(&args.pod, &list)
+                .map_err(|e| e.to_string())?;
+            let pj = us(c);
+            let c = Instant::now();
+            let answer = prioritize_answer(&scores);
+            let pe = us(c);
+            let answer = axum::body::to_bytes(answer.into_body(), usize::MAX)
+                .await
+                .map_err(|e| e.to_string())?;
+            if timed {
+                for (v, x) in [
+                    (&mut t.decode, d),
+                    (&mut t.names, l),
+                    (&mut t.lock, k),
+                    (&mut t.judge, j),
+                    (&mut t.encode, e),
+                    (&mut t.whole, w),
+                    (&mut t.names_only, n),
+                    (&mut t.p_decode, pd),
+                    (&mut t.p_judge, pj),
+                    (&mut t.p_encode, pe),
+                ] {
+                    v.push(x);
+                }
+            }
+            (passed, answer.to_vec())
+        } else {
+            // The whole verbs: through the router alone, or over loopback
+            // HTTP/1.1 with keep-alive as kube-scheduler calls them.
+            let socket = (i % 4 == 3).then_some((&client, addr));
+            let (answer, f) = verb(&app, socket, "/filter", body).await?;
+            let result: crate::extender::wire::ExtenderFilterResult<'_> =
+                serde_json::from_slice(&answer).map_err(|e| e.to_string())?;
+            let passed: Vec<String> = result
+                .node_names
+                .unwrap_or_default()
+                .iter()
+                .map(|n| n.to_string())
+                .collect();
+            let p_body =
+                serde_json::to_vec(&json!({"Pod": sent, "Nodes": null, "NodeNames": passed}))
+                    .map_err(|e| e.to_string())?;
+            let (answer, p) = verb(&app, socket, "/prioritize", p_body).await?;
+            if timed && socket.is_some() {
+                t.filter_http.push(f);
+                t.prioritize_http.push(p);
+                // The floor: an empty GET on the same connection.
+                let c = Instant::now();
+                let r = client
+                    .get(
+                        format!("http://{addr}/healthz")
+                            .parse()
+                            .map_err(|e| format!("{e}"))?,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                axum::body::to_bytes(Body::new(r.into_body()), usize::MAX)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                t.http_floor.push(us(c));
+            } else if timed {
+                t.filter.push(f);
+                t.prioritize.push(p);
+            }
+            (passed, answer.to_vec())
+        };
+        if passed.is_empty() {
+            return Err(format!("pod {i}: no node passed filter"));
+        }
+        // Bind where prioritize ranked best (untimed), as kube-scheduler would.
+        let scores: Vec<HostPriority<'_>> =
+            serde_json::from_slice(&scores).map_err(|e| e.to_string())?;
+        if let Some(best) = scores.iter().max_by_key(|h| h.score) {
+            let p: k8s_openapi::api::core::v1::Pod =
+                serde_json::from_value(sent).map_err(|e| e.to_string())?;
+            let mut m = mirror.lock();
+            let _ = m.reserve(&p, &best.host);
+            m.mark_accepted(crate::convert::pod_uid(&p));
+        }
+    }
+    server.abort();
+    Ok(VerbParts {
+        nodes,
+        iterations: pods.len().saturating_sub(WARM),
+        filter_body_bytes: body_bytes,
+        filter_answer_bytes: answer_bytes,
+        decode_us: median(&mut t.decode),
+        decode_whole_pod_us: median(&mut t.whole),
+        decode_names_us: median(&mut t.names_only),
+        names_us: median(&mut t.names),
+        lock_us: median(&mut t.lock),
+        filter_judge_us: median(&mut t.judge),
+        filter_encode_us: median(&mut t.encode),
+        prioritize_decode_us: median(&mut t.p_decode),
+        prioritize_judge_us: median(&mut t.p_judge),
+        prioritize_encode_us: median(&mut t.p_encode),
+        filter_us: median(&mut t.filter),
+        prioritize_us: median(&mut t.prioritize),
+        filter_http_us: median(&mut t.filter_http),
+        prioritize_http_us: median(&mut t.prioritize_http),
+        http_floor_us: median(&mut t.http_floor),
+    })
+}

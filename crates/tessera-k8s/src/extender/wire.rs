@@ -8,15 +8,19 @@
 //!
 //! `filter` and `prioritize` carry one name per candidate node (thousands per
 //! call), so their node names are [`Text`]: borrowed from the request body,
-//! not copied, and the answers borrow them back.
+//! not copied, and the answers borrow them back. Their Pod is decoded without
+//! its `metadata.managedFields` ([`pod_without_managed_fields`]), which nothing
+//! reads and which was a third of the Pod's decode (issue 30).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Deref;
 
+use k8s_openapi::Resource;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use serde::de::{self, MapAccess, Visitor};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `MaxExtenderPriority`: the highest score an extender should give.
@@ -160,7 +164,12 @@ pub struct NodeList {
 /// Request body of `filter` and `prioritize`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExtenderArgs<'a> {
-    #[serde(rename = "Pod", alias = "pod")]
+    /// The pod, without its managed fields.
+    #[serde(
+        rename = "Pod",
+        alias = "pod",
+        deserialize_with = "pod_without_managed_fields"
+    )]
     pub pod: Pod,
     /// Full node objects (when the extender is not `nodeCacheCapable`).
     #[serde(rename = "Nodes", alias = "nodes", default)]
@@ -188,6 +197,161 @@ impl ExtenderArgs<'_> {
                 .collect(),
             (None, None) => Vec::new(),
         }
+    }
+}
+
+/// A Pod decoded exactly as k8s-openapi decodes it (the same fields, the same
+/// refusals: a wrong `apiVersion` or `kind`, a value of the wrong type), except
+/// that `metadata.managedFields` is skipped unread, whatever it holds, and left
+/// `None`. kube-scheduler sends the pod whole, and its managed fields (a tree
+/// of field paths per writer) are the largest part of its metadata; nothing in
+/// Tessera reads them (the watch drops them too).
+pub fn pod_without_managed_fields<'de, D: Deserializer<'de>>(d: D) -> Result<Pod, D::Error> {
+    struct PodVisitor;
+    impl<'de> Visitor<'de> for PodVisitor {
+        type Value = Pod;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(Pod::KIND)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Pod, A::Error> {
+            let mut pod = Pod::default();
+            let mut metadata = None;
+            while let Some(key) = map.next_key::<Text<'de>>()? {
+                match &*key {
+                    "apiVersion" => {
+                        let v: String = map.next_value()?;
+                        if v != Pod::API_VERSION {
+                            return Err(de::Error::invalid_value(
+                                de::Unexpected::Str(&v),
+                                &Pod::API_VERSION,
+                            ));
+                        }
+                    }
+                    "kind" => {
+                        let v: String = map.next_value()?;
+                        if v != Pod::KIND {
+                            return Err(de::Error::invalid_value(
+                                de::Unexpected::Str(&v),
+                                &Pod::KIND,
+                            ));
+                        }
+                    }
+                    "metadata" => {
+                        metadata = map.next_value::<Option<MetaWithoutManagedFields>>()?;
+                    }
+                    "spec" => pod.spec = map.next_value()?,
+                    "status" => pod.status = map.next_value()?,
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            pod.metadata = metadata.map(|m| m.0).unwrap_or_default();
+            Ok(pod)
+        }
+    }
+    d.deserialize_struct(
+        Pod::KIND,
+        &["apiVersion", "kind", "metadata", "spec", "status"],
+        PodVisitor,
+    )
+}
+
+/// `ObjectMeta` as k8s-openapi decodes it, `managedFields` skipped.
+struct MetaWithoutManagedFields(ObjectMeta);
+
+impl<'de> Deserialize<'de> for MetaWithoutManagedFields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct MetaVisitor;
+        impl<'de> Visitor<'de> for MetaVisitor {
+            type Value = MetaWithoutManagedFields;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("ObjectMeta")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                // Every field listed, so that a field k8s-openapi adds is a
+                // compile error here rather than silently dropped.
+                let ObjectMeta {
+                    mut annotations,
+                    mut creation_timestamp,
+                    mut deletion_grace_period_seconds,
+                    mut deletion_timestamp,
+                    mut finalizers,
+                    mut generate_name,
+                    mut generation,
+                    mut labels,
+                    managed_fields: _,
+                    mut name,
+                    mut namespace,
+                    mut owner_references,
+                    mut resource_version,
+                    mut self_link,
+                    mut uid,
+                } = ObjectMeta::default();
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    match &*key {
+                        "annotations" => annotations = map.next_value()?,
+                        "creationTimestamp" => creation_timestamp = map.next_value()?,
+                        "deletionGracePeriodSeconds" => {
+                            deletion_grace_period_seconds = map.next_value()?
+                        }
+                        "deletionTimestamp" => deletion_timestamp = map.next_value()?,
+                        "finalizers" => finalizers = map.next_value()?,
+                        "generateName" => generate_name = map.next_value()?,
+                        "generation" => generation = map.next_value()?,
+                        "labels" => labels = map.next_value()?,
+                        "name" => name = map.next_value()?,
+                        "namespace" => namespace = map.next_value()?,
+                        "ownerReferences" => owner_references = map.next_value()?,
+                        "resourceVersion" => resource_version = map.next_value()?,
+                        "selfLink" => self_link = map.next_value()?,
+                        "uid" => uid = map.next_value()?,
+                        // `managedFields` and keys k8s-openapi does not know.
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(MetaWithoutManagedFields(ObjectMeta {
+                    annotations,
+                    creation_timestamp,
+                    deletion_grace_period_seconds,
+                    deletion_timestamp,
+                    finalizers,
+                    generate_name,
+                    generation,
+                    labels,
+                    managed_fields: None,
+                    name,
+                    namespace,
+                    owner_references,
+                    resource_version,
+                    self_link,
+                    uid,
+                }))
+            }
+        }
+        d.deserialize_struct(
+            "ObjectMeta",
+            &[
+                "annotations",
+                "creationTimestamp",
+                "deletionGracePeriodSeconds",
+                "deletionTimestamp",
+                "finalizers",
+                "generateName",
+                "generation",
+                "labels",
+                "managedFields",
+                "name",
+                "namespace",
+                "ownerReferences",
+                "resourceVersion",
+                "selfLink",
+                "uid",
+            ],
+            MetaVisitor,
+        )
     }
 }
 
@@ -364,7 +528,7 @@ pub struct ExtenderPreemptionResult {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The encodings upstream's `types_test.go` asserts.
@@ -454,5 +618,104 @@ mod tests {
             p.meta_victims()["n"].pods,
             vec![MetaPod { uid: "u1".into() }]
         );
+    }
+
+    /// The captured request bodies kube-scheduler v1.28 sent, where at hand.
+    pub(crate) fn fixture_bodies() -> Vec<(&'static str, Vec<u8>)> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/fixtures/kube-scheduler-v1.28-extender");
+        let bodies: Vec<_> = [
+            "filter-request-ExtenderArgs-nodenames.json",
+            "filter-request-ExtenderArgs-nodes.json",
+            "prioritize-request-ExtenderArgs-nodes.json",
+        ]
+        .into_iter()
+        .filter_map(|f| std::fs::read(dir.join(f)).ok().map(|b| (f, b)))
+        .collect();
+        if bodies.is_empty() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "fixtures missing under CI: {}",
+                dir.display()
+            );
+            eprintln!("skipping: no fixture under {}", dir.display());
+        }
+        bodies
+    }
+
+    /// `ExtenderArgs`' Pod decoded whole by k8s-openapi, as before issue 30.
+    #[derive(Deserialize)]
+    struct WholePod {
+        #[serde(rename = "Pod", alias = "pod")]
+        pod: Pod,
+    }
+
+    /// On kube-scheduler's own bodies, the Pod the verbs decode is the Pod
+    /// k8s-openapi decodes, less its managed fields (which the bodies have).
+    #[test]
+    fn the_pod_is_decoded_whole_but_for_its_managed_fields() {
+        for (name, body) in fixture_bodies() {
+            let text = std::str::from_utf8(&body).expect("UTF-8");
+            let whole: WholePod = serde_json::from_str(text).expect("decodes whole");
+            let args: ExtenderArgs<'_> = serde_json::from_str(text).expect("decodes");
+            assert!(
+                whole
+                    .pod
+                    .metadata
+                    .managed_fields
+                    .as_ref()
+                    .is_some_and(|m| !m.is_empty()),
+                "{name}: the fixture has managed fields to skip"
+            );
+            let mut expected = whole.pod;
+            expected.metadata.managed_fields = None;
+            assert_eq!(args.pod, expected, "{name}");
+        }
+    }
+
+    /// The trimmed decode refuses what k8s-openapi refuses, with the same
+    /// message, and takes what it takes; only a malformed `managedFields` is
+    /// let through (it is skipped unread).
+    #[test]
+    fn the_pod_decode_refuses_and_accepts_as_k8s_openapi_does() {
+        let cases = [
+            // Refused by both.
+            r#"{"Pod":{"apiVersion":"v2"}}"#,
+            r#"{"Pod":{"kind":"Node"}}"#,
+            r#"{"Pod":{"apiVersion":null}}"#,
+            r#"{"Pod":null}"#,
+            r#"{"Pod":[]}"#,
+            r#"{"Pod":"p"}"#,
+            r#"{"Pod":{"metadata":[]}}"#,
+            r#"{"Pod":{"metadata":{"name":5}}}"#,
+            r#"{"Pod":{"metadata":{"labels":{"a":1}}}}"#,
+            r#"{"Pod":{"metadata":{"creationTimestamp":"yesterday"}}}"#,
+            r#"{"Pod":{"spec":"x"}}"#,
+            r#"{"Pod":{"spec":{"containers":[{"resources":{"limits":{"cpu":1}}}]}}}"#,
+            r#"{"Pod":{"status":{"phase":3}}}"#,
+            r#"{"Pod":{"metadata":{"name":"p"}"#,
+            r#"{}"#,
+            // Taken by both.
+            r#"{"Pod":{}}"#,
+            r#"{"Pod":{"apiVersion":"v1","kind":"Pod","metadata":null,"spec":null,"status":null}}"#,
+            r#"{"Pod":{"metadata":{"name":"a","name":"b","uid":"u","extra":{"x":[1]}},"other":1}}"#,
+            r#"{"Pod":{"metadata":{"annotations":{"tessera.io/gpu-model":"H100-80GB"},"labels":{"q":"r"},"ownerReferences":[{"apiVersion":"v1","kind":"K","name":"n","uid":"u"}],"finalizers":["f"],"generation":2,"deletionGracePeriodSeconds":30,"deletionTimestamp":"2026-11-30T08:02:55Z","generateName":"g-","selfLink":"/s","resourceVersion":"9"}}}"#,
+            r#"{"pod":{"metadata":{"name":"p\u0031"}},"nodenames":["n"]}"#,
+        ];
+        for body in cases {
+            let whole = serde_json::from_str::<WholePod>(body)
+                .map(|w| w.pod)
+                .map_err(|e| e.to_string());
+            let trimmed = serde_json::from_str::<ExtenderArgs<'_>>(body)
+                .map(|a| a.pod)
+                .map_err(|e| e.to_string());
+            assert_eq!(trimmed, whole, "{body}");
+        }
+        // Skipped unread, whatever it holds.
+        let a: ExtenderArgs<'_> =
+            serde_json::from_str(r#"{"Pod":{"metadata":{"name":"p","managedFields":5}}}"#)
+                .expect("managed fields are not read");
+        assert_eq!(a.pod.metadata.name.as_deref(), Some("p"));
+        assert_eq!(a.pod.metadata.managed_fields, None);
     }
 }
