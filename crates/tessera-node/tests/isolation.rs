@@ -288,7 +288,7 @@ async fn an_explicit_profile_without_an_instance_is_advertised_and_created_on_a_
         Some(d.encode_signed(KEY)),
     )]);
     agent.admitting("three", &[]);
-    let r = allocate(&mut mig, &[&ids[1]]).await.unwrap();
+    let r = allocate(&mut mig, &[ids[1]]).await.unwrap();
     let gpu2 = agent.fake.discover().unwrap()[2].clone();
     let made = gpu2
         .mig_instances

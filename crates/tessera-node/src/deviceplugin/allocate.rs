@@ -740,7 +740,12 @@ fn unknown<'a>(
 /// belongs to: the next asking container of the one pod that is pending, not
 /// refused, known to the kubelet (when `kubelet` says which pods it knows) and
 /// not yet through its asking containers, whose next one asks `count`. A pod
-/// part-way through its containers is the one being admitted. Any other tie,
+/// the kubelet lists part-way through its containers (one of them holds
+/// devices) is the one being admitted. The agent's own record of answered
+/// containers does not make it so: the kubelet drops a pod between two of its
+/// containers without a call when that call cannot reach the plugin (the agent
+/// was restarting) or its CPU, memory or topology manager rejects a container,
+/// and the next pod's call must not get the dropped pod's next grant. Any other tie,
 /// or a pod the kubelet knows and the source does not show, is ambiguous.
 fn pick(
     pods: &[PodInfo],
@@ -755,19 +760,26 @@ fn pick(
         .filter(|p| !state.refused(&p.uid))
         .filter_map(|p| {
             // The kubelet's word on which containers hold devices counts as
-            // answered, whatever the agent remembers.
+            // answered, whatever the agent remembers. It calls in its order,
+            // so the containers before one that holds devices were answered
+            // too: its list leaves out regular init containers.
+            let askers = containers::askers(&p.containers, resource);
             let held = match kubelet {
-                Some(k) => k
-                    .iter()
-                    .find(|k| k.namespace == p.namespace && k.name == p.name)?
-                    .holders(resource)
-                    .count(),
+                Some(k) => {
+                    let listed = k
+                        .iter()
+                        .find(|k| k.namespace == p.namespace && k.name == p.name)?;
+                    let holding: Vec<&str> = listed.holders(resource).collect();
+                    askers
+                        .iter()
+                        .rposition(|(name, _)| holding.contains(name))
+                        .map_or(0, |last| last + 1)
+                }
                 None => 0,
             };
             let done = state.calls(&p.uid, resource).max(held);
-            let askers = containers::askers(&p.containers, resource);
             let (name, asked) = askers.get(done)?;
-            (*asked == count as u64).then_some((p, *name, done > 0))
+            (*asked == count as u64).then_some((p, *name, held > 0))
         })
         .collect();
     let started: Vec<_> = candidates.iter().filter(|c| c.2).collect();
@@ -929,7 +941,7 @@ mod tests {
 
     #[test]
     fn pick_follows_the_kubelet_through_a_pods_containers() {
-        // Spec order: app `a`, init `load` (2 GPUs), sidecar `proxy`, app `b`.
+        // Init `load` (2 GPUs), sidecar `proxy`, apps `a`, `cpu-only` and `b`.
         let multi = pod(
             "multi",
             20,
@@ -950,20 +962,64 @@ mod tests {
             Ok(("multi".into(), "load".into()))
         );
         answer(&mut state, "multi", false);
-        // An older pod arrives: `multi` is part-way through, so the kubelet is
-        // admitting it, and its next 1-device calls are its own, in order.
+        // An older pod is pending too. The agent's record of `load` does not
+        // say the kubelet is still on `multi`: it may have dropped `multi` (its
+        // call for `proxy` could not reach the agent) and be admitting `older`.
         let mut pods = pods;
         pods.push(one("older", 10, "1", "Pending"));
-        for container in ["proxy", "a", "b"] {
+        let both = Err(vec!["ns/multi".to_string(), "ns/older".to_string()]);
+        assert_eq!(picked(&pods, None, 1, &state), both);
+        // A kubelet that lists the pods it rejected lists both, and nothing of
+        // `multi` holds devices (init containers are not listed): no guess.
+        let listed = vec![kubelet_pod("multi", &[]), kubelet_pod("older", &[])];
+        assert_eq!(picked(&pods, Some(&listed), 1, &state), both);
+        // It lists `multi` only: the kubelet has not reached `older`.
+        let listed = vec![kubelet_pod("multi", &[])];
+        assert_eq!(
+            picked(&pods, Some(&listed), 1, &state),
+            Ok(("multi".into(), "proxy".into()))
+        );
+        answer(&mut state, "multi", false);
+        // Once a container of `multi` holds devices, the kubelet is part-way
+        // through it: its next calls are its own, in order.
+        for (holding, next) in [(&["proxy"][..], "a"), (&["proxy", "a"][..], "b")] {
+            let listed = vec![kubelet_pod("multi", holding), kubelet_pod("older", &[])];
             assert_eq!(
-                picked(&pods, None, 1, &state),
-                Ok(("multi".into(), container.into()))
+                picked(&pods, Some(&listed), 1, &state),
+                Ok(("multi".into(), next.into()))
             );
             answer(&mut state, "multi", false);
         }
+        let listed = vec![
+            kubelet_pod("multi", &["proxy", "a", "b"]),
+            kubelet_pod("older", &[]),
+        ];
         assert_eq!(
-            picked(&pods, None, 1, &state),
+            picked(&pods, Some(&listed), 1, &state),
             Ok(("older".into(), "c".into()))
+        );
+    }
+
+    #[test]
+    fn pick_counts_the_init_containers_the_kubelet_does_not_list() {
+        // `load` (init) and `main` (app) ask one device each. The kubelet's
+        // list shows `main` holding its device, not `load`; the agent has no
+        // record (it restarted without its state file).
+        let admitted = pod(
+            "admitted",
+            1,
+            "Pending",
+            vec![
+                asking("load", ContainerKind::Init, "1"),
+                asking("main", ContainerKind::App, "1"),
+            ],
+        );
+        let pods = vec![admitted, one("next", 2, "1", "Pending")];
+        let listed = vec![kubelet_pod("admitted", &["main"]), kubelet_pod("next", &[])];
+        // `admitted` is through both: the call is `next`'s.
+        assert_eq!(
+            picked(&pods, Some(&listed), 1, &Answered::default()),
+            Ok(("next".into(), "c".into()))
         );
     }
 
