@@ -474,7 +474,11 @@ pub async fn run(
                     _ = tokio::time::sleep(POD_RESOURCES_REFRESH) => {}
                     changed = answered.changed() => {
                         if changed.is_err() { break }
-                        tokio::time::sleep(AFTER_ALLOCATE).await;
+                        // Shutdown does not wait out the pause.
+                        tokio::select! {
+                            _ = &mut stop => break,
+                            _ = tokio::time::sleep(AFTER_ALLOCATE) => {}
+                        }
                     }
                 }
             }
