@@ -1392,8 +1392,8 @@ def check_dra(objs, where, values):
     plugin registry, the driver's socket directory and the CDI directory from the host at
     the very paths the agent uses (the kubelet dials the socket path the agent announces);
     it runs exactly on the nodes the device-plugin agent leaves (never both on a node); the
-    ClusterRole bound to its ServiceAccount grants RBAC_NEEDS_DRA; it has no HTTP probe
-    (the agent serves none in this mode); the DeviceClasses select every device type the
+    ClusterRole bound to its ServiceAccount grants RBAC_NEEDS_DRA; its readinessProbe reads
+    /readyz where --metrics-addr serves it; the DeviceClasses select every device type the
     code publishes and nothing of another driver. With DRA off (the default) none of it
     is rendered."""
     na = values.get("nodeAgent") or {}
@@ -1445,9 +1445,16 @@ def check_dra(objs, where, values):
     features = flag("dra-features") or ""
     if features != (dra.get("features") or ""):
         fail(where, f"DRA: --dra-features={features!r}, nodeAgent.dra.features is {dra.get('features')!r}")
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        if (c.get(probe) or {}).get("httpGet"):
-            fail(where, f"DRA: {describe(ds)}: {probe} over HTTP, which `node-agent --dra` does not serve")
+    # `node-agent --dra` serves /healthz and /readyz on --metrics-addr (dra::probe):
+    # a rollout waits for the kubelet's registration and the published slices.
+    ready = ((c.get("readinessProbe") or {}).get("httpGet") or {})
+    addr = flag("metrics-addr") or ""
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    port = ports.get(ready.get("port"), ready.get("port"))
+    if ready.get("path") != "/readyz":
+        fail(where, f"DRA: {describe(ds)}: no readinessProbe on /readyz: the pod is Ready before the kubelet registers the driver")
+    elif addr == "off" or not addr.endswith(f":{port}"):
+        fail(where, f"DRA: {describe(ds)}: readinessProbe port {port!r} is not where --metrics-addr={addr!r} serves /readyz")
     if (c.get("securityContext") or {}).get("runAsUser") != 0:
         fail(where, f"DRA: {describe(ds)}: must run as root: the kubelet's plugin directories belong to root")
     # Never both agents on one node: a GPU node labelled for DRA runs the driver only, an

@@ -512,6 +512,7 @@ async fn the_driver_serves_its_sockets_and_says_why_it_cannot_prepare() {
         health_interval: Duration::from_secs(3600),
         xid_policy: Default::default(),
         quiet_period: Duration::from_secs(3600),
+        probe_addr: None,
     };
     let fake = tessera_node::backend::fake::Fake::from_yaml(
         "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n",
@@ -609,4 +610,103 @@ async fn an_xid_taints_the_gpu_through_the_health_watch() {
     assert_eq!(devices[1].taints.len(), 1);
     assert_eq!(devices[1].taints[0].key, "gpu.tessera.io/xid");
     assert_eq!(devices[1].taints[0].value.as_deref(), Some("79"));
+}
+
+/// `/healthz` and `/readyz` of `node-agent --dra` (the chart's readiness
+/// probe): alive at once; not ready until the kubelet has accepted the
+/// registration, and, without an API server, never ready, each reason named.
+/// Before, the DRA agent served no HTTP at all and its pod was Ready as soon as
+/// it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_is_not_ready_until_the_kubelet_registers_it() {
+    use tessera_node::dra::driver::{DriverConfig, run_driver};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let get = |addr: std::net::SocketAddr, path: &'static str| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await?;
+        let status: u16 = raw
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = raw
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        std::io::Result::Ok((status, body))
+    };
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = DriverConfig {
+        node_name: "node-a".into(),
+        sockets: DraConfig {
+            registry_dir: dir.path().join("reg"),
+            plugin_dir: dir.path().join("plugins/gpu.tessera.io"),
+        },
+        cdi_dir: dir.path().join("cdi"),
+        options: Default::default(),
+        health_interval: Duration::from_secs(3600),
+        xid_policy: Default::default(),
+        quiet_period: Duration::from_secs(3600),
+        probe_addr: Some(probe),
+    };
+    let fake = tessera_node::backend::fake::Fake::from_yaml(
+        "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n",
+        "t",
+    )
+    .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let c = config.clone();
+    let task = tokio::spawn(async move {
+        run_driver(c, Arc::new(fake), None, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    for _ in 0..300 {
+        if config.sockets.registration_socket().exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(get(probe, "/healthz").await.unwrap().0, 200);
+    let (status, body) = get(probe, "/readyz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("the kubelet has not registered the driver yet")
+            && body.contains("no API server"),
+        "{body}"
+    );
+    raw_unary(
+        &config.sockets.registration_socket(),
+        "/pluginregistration.Registration/NotifyRegistrationStatus",
+        None,
+        &reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        }
+        .encode_to_vec(),
+    )
+    .await
+    .unwrap();
+    let (status, body) = get(probe, "/readyz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        !body.contains("not registered") && body.contains("no API server"),
+        "{body}"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+    assert!(
+        get(probe, "/healthz").await.is_err(),
+        "the probe port is closed"
+    );
 }

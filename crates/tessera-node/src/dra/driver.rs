@@ -7,10 +7,12 @@
 //! ([`HealthTracker`]: fatal XIDs hold a GPU down for the quiet period, the
 //! backend's probe on every `health_interval`), turned into device taints (or
 //! the device left out, see [`SliceOptions::device_taints`]) and refused at
-//! prepare. The metrics and `GpuNode` inventory of the device-plugin agent
-//! ([`crate::run`]) are not part of this mode yet.
+//! prepare. `/healthz` and `/readyz` are served on `probe_addr`
+//! ([`super::probe`]); the metrics and `GpuNode` inventory of the
+//! device-plugin agent ([`crate::run`]) are not part of this mode yet.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +22,7 @@ use tokio::sync::watch;
 use super::DraConfig;
 use super::apiserver::{KubeClaims, SlicePublisher};
 use super::prepare::{ClaimSource, Preparer, ResourceClaim};
+use super::probe::SliceState;
 use super::registration::RegistrationState;
 use super::server::{DraServerError, serve};
 use super::slice::{DriverVersions, SliceOptions, resource_slices};
@@ -42,6 +45,8 @@ pub struct DriverConfig {
     pub xid_policy: XidPolicy,
     /// How long a GPU stays withdrawn after its last fatal XID.
     pub quiet_period: Duration,
+    /// Where `/healthz` and `/readyz` are served (`None`: nowhere).
+    pub probe_addr: Option<SocketAddr>,
 }
 
 /// Failures that stop the driver.
@@ -51,6 +56,12 @@ pub enum DriverError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Server(#[from] DraServerError),
+    #[error("cannot listen for /healthz and /readyz on {addr}: {source}")]
+    Probe {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Without an API server no claim can be read: every prepare says so.
@@ -186,6 +197,20 @@ pub async fn run_driver(
         cuda: backend.cuda_version(),
     };
 
+    // Bound before anything is served: a taken port is a configuration error.
+    let probe_listener = match config.probe_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DriverError::Probe { addr, source })?,
+        ),
+        None => None,
+    };
+    let (slice_state, slice_state_rx) = watch::channel(SliceState {
+        no_api_server: client.is_none(),
+        ..Default::default()
+    });
+
     // Slices: published at start and on every change of the view.
     let publisher = client.clone().map(|c| {
         let mut view = view.clone();
@@ -209,6 +234,13 @@ pub async fn run_driver(
                 // Every attempt gets a new generation: a half-applied pool is never
                 // completed with other contents under the same number.
                 generation += 1;
+                slice_state.send_modify(|s| match &published {
+                    Ok(()) => {
+                        s.published = Some(slices.len());
+                        s.last_error = None;
+                    }
+                    Err(e) => s.last_error = Some(e.to_string()),
+                });
                 match published {
                     Ok(()) => {
                         tracing::info!(slices = slices.len(), generation = generation - 1, version = ?publisher.version(), "ResourceSlices published");
@@ -231,14 +263,33 @@ pub async fn run_driver(
     };
     let preparer = Arc::new(Preparer::new(
         source,
-        view,
+        view.clone(),
         config.node_name.clone(),
         config.cdi_dir.clone(),
     ));
-    let (state, _) = watch::channel(RegistrationState::Pending);
+    let (state, registration) = watch::channel(RegistrationState::Pending);
+    let (probe_stop, probe_stopped) = tokio::sync::oneshot::channel::<()>();
+    let probes = probe_listener.map(|listener| {
+        let app = super::probe::router(registration, slice_state_rx, view);
+        tokio::spawn(async move {
+            let stopped = async {
+                let _ = probe_stopped.await;
+            };
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+            {
+                tracing::error!(error = %e, "the DRA driver's probe server failed");
+            }
+        })
+    });
     let result = serve(&config.sockets, preparer, state, shutdown).await;
     if let Some(p) = publisher {
         p.abort();
+    }
+    let _ = probe_stop.send(());
+    if let Some(p) = probes {
+        let _ = p.await;
     }
     Ok(result?)
 }

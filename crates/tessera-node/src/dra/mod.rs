@@ -34,6 +34,7 @@
 pub mod apiserver;
 pub mod driver;
 pub mod prepare;
+pub mod probe;
 pub mod proto;
 pub mod registration;
 pub mod server;

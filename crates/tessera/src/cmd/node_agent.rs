@@ -414,7 +414,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     }
 
     if args.dra {
-        return rt.block_on(run_dra(args, backend, node_name));
+        return rt.block_on(run_dra(args, backend, node_name, metrics_addr));
     }
 
     let key_file = args.allocation_key_file.clone().or_else(|| {
@@ -584,6 +584,7 @@ async fn run_dra(
     args: NodeAgentArgs,
     backend: Arc<dyn GpuBackend>,
     node_name: String,
+    probe_addr: Option<SocketAddr>,
 ) -> anyhow::Result<ExitCode> {
     let client = if args.no_kube {
         eprintln!(
@@ -619,6 +620,8 @@ async fn run_dra(
         health_interval: args.health_interval,
         xid_policy,
         quiet_period: args.quiet_period,
+        // /healthz and /readyz only: this mode has no /metrics yet.
+        probe_addr,
     };
     match run_driver(config, backend, client, signalled()).await {
         Ok(()) => Ok(ExitCode::SUCCESS),
