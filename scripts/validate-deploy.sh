@@ -1345,6 +1345,9 @@ RBAC_NEEDS_DRA = {
     ("resource.k8s.io", "resourceslices"): {"create", "patch", "list", "delete"},
     # KubeClaims::get: NodePrepareResources reads the claim the kubelet names (`api.get`).
     ("resource.k8s.io", "resourceclaims"): {"get"},
+    # Inventory::retire: the node's GpuNode read (`api.get_opt`), then deleted with
+    # its UID and resourceVersion as preconditions.
+    ("tessera.io", "gpunodes"): {"get", "delete"},
 }
 DRA_SRC = ROOT / "crates/tessera-node/src/dra"
 AGENT_CLI = ROOT / "crates/tessera/src/cmd/node_agent.rs"
@@ -1531,7 +1534,7 @@ def check_dra(objs, where, values):
         if cls.get("apiVersion") == "resource.k8s.io/v1" and not (cls.get("spec") or {}).get("extendedResourceName"):
             for older in ("resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"):
                 schema_check({**cls, "apiVersion": older}, f"{where} as {older}")
-    print(f"ok   {where}: DRA driver {describe(ds)} (--dra, {len(RBAC_NEEDS_DRA)} resource.k8s.io resources granted), "
+    print(f"ok   {where}: DRA driver {describe(ds)} (--dra, {len(RBAC_NEEDS_DRA)} resources granted), "
           f"DeviceClasses {sorted(names)} over device types {sorted(code['types'])}; DeviceClass schemas: "
           f"v1 on Kubernetes 1.34+, v1beta2 on 1.33+, v1beta1 on 1.32+, none earlier (API_SINCE)")
 

@@ -27,6 +27,8 @@ pub enum InventoryError {
     Status { node: String, source: kube::Error },
     #[error("cannot label node {node}: {source}")]
     Labels { node: String, source: kube::Error },
+    #[error("cannot delete GpuNode {node}: {source}")]
+    Retire { node: String, source: kube::Error },
 }
 
 fn link_kind(k: LinkKind) -> api::LinkKind {
@@ -245,6 +247,34 @@ impl Inventory {
                 source: e,
             })?;
         Ok(())
+    }
+
+    /// Deletes the node's `GpuNode`, when the node has left the device-plugin
+    /// path (the DRA driver serves it): without one, Tessera's scheduler places
+    /// no pod there. The delete is made on the object read just before (its UID
+    /// and resourceVersion as preconditions), so a `GpuNode` written meanwhile is
+    /// not removed unseen; `Ok(false)` when there is none.
+    pub async fn retire(&self) -> Result<bool, InventoryError> {
+        let api: Api<api::GpuNode> = Api::all(self.client.clone());
+        let err = |source| InventoryError::Retire {
+            node: self.node.clone(),
+            source,
+        };
+        let Some(current) = api.get_opt(&self.node).await.map_err(err)? else {
+            return Ok(false);
+        };
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: current.metadata.uid.clone(),
+                resource_version: current.metadata.resource_version.clone(),
+            }),
+            ..Default::default()
+        };
+        match api.delete(&self.node, &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+            Err(e) => Err(err(e)),
+        }
     }
 
     /// Applies the `GpuNode` status.

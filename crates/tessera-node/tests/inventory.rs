@@ -377,3 +377,58 @@ async fn status_carries_pod_resources_from_the_kubelet() {
         .unwrap()
         .unwrap();
 }
+
+/// Issue 29: the DRA driver deletes the `GpuNode` the device-plugin agent left
+/// on its node (read first, deleted with that object's UID and resourceVersion
+/// as preconditions), and a node that has none is left alone (the 404 worded as
+/// the API server words it, ../shared/fixtures/kube-apiserver-v1.28/16-delete-semantics.json). Before, the `GpuNode` stayed and Tessera's
+/// scheduler could place pods on a DRA node by it.
+#[tokio::test]
+async fn the_dra_driver_retires_the_nodes_gpunode_on_the_object_it_read() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "default");
+    let inv = Inventory::new(client, "node-a".into());
+    let server = tokio::spawn(async move {
+        let (req, send) = handle.next_request().await.expect("the read");
+        assert_eq!(req.method(), http::Method::GET);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/tessera.io/v1alpha1/gpunodes/node-a"
+        );
+        let obj = serde_json::json!({"apiVersion": "tessera.io/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": "node-a", "uid": "uid-gn-1", "resourceVersion": "4711"},
+            "spec": {"nodeName": "node-a", "gpus": []}});
+        send.send_response(Response::new(Body::from(serde_json::to_vec(&obj).unwrap())));
+        let (req, send) = handle.next_request().await.expect("the delete");
+        assert_eq!(req.method(), http::Method::DELETE);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/tessera.io/v1alpha1/gpunodes/node-a"
+        );
+        let body = body_json(req).await;
+        assert_eq!(body["preconditions"]["uid"], "uid-gn-1", "{body}");
+        assert_eq!(body["preconditions"]["resourceVersion"], "4711", "{body}");
+        let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+            "metadata": {}, "status": "Success",
+            "details": {"name": "node-a", "group": "tessera.io", "kind": "gpunodes", "uid": "uid-gn-1"}});
+        send.send_response(Response::new(Body::from(
+            serde_json::to_vec(&status).unwrap(),
+        )));
+        // A second call finds none: nothing to delete.
+        let (req, send) = handle.next_request().await.expect("the second read");
+        assert_eq!(req.method(), http::Method::GET);
+        let missing = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": "gpunodes.tessera.io \"node-a\" not found",
+            "reason": "NotFound", "details": {"name": "node-a", "group": "tessera.io", "kind": "gpunodes"},
+            "code": 404});
+        send.send_response(
+            Response::builder()
+                .status(404)
+                .body(Body::from(serde_json::to_vec(&missing).unwrap()))
+                .unwrap(),
+        );
+    });
+    assert!(inv.retire().await.unwrap(), "the GpuNode is deleted");
+    assert!(!inv.retire().await.unwrap(), "none left: nothing deleted");
+    server.await.unwrap();
+}

@@ -211,6 +211,30 @@ pub async fn run_driver(
         ..Default::default()
     });
 
+    // The node's GpuNode, if the device-plugin agent left one: Tessera's
+    // scheduler must not place pods here by it (it would count GPUs the DRA
+    // allocator hands out). Retried until it is gone or was never there.
+    let retire = client.clone().map(|c| {
+        let inventory = crate::inventory::Inventory::new(c, config.node_name.clone());
+        tokio::spawn(async move {
+            let mut pause = Duration::from_secs(5);
+            loop {
+                match inventory.retire().await {
+                    Ok(true) => {
+                        tracing::info!("GpuNode deleted: this node is served through DRA");
+                        return;
+                    }
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "GpuNode of this node not deleted; retrying")
+                    }
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(300));
+            }
+        })
+    });
+
     // Slices: published at start and on every change of the view.
     let publisher = client.clone().map(|c| {
         let mut view = view.clone();
@@ -286,6 +310,9 @@ pub async fn run_driver(
     let result = serve(&config.sockets, preparer, state, shutdown).await;
     if let Some(p) = publisher {
         p.abort();
+    }
+    if let Some(r) = retire {
+        r.abort();
     }
     let _ = probe_stop.send(());
     if let Some(p) = probes {
