@@ -499,40 +499,7 @@ async fn path_like_authority_is_refused_by_the_http2_layer() {
 /// backend's GPUs; without an API server every claim fails with that reason.
 #[tokio::test]
 async fn the_driver_serves_its_sockets_and_says_why_it_cannot_prepare() {
-    use tessera_node::dra::driver::{DriverConfig, run_driver};
-    let dir = tempfile::tempdir().unwrap();
-    let config = DriverConfig {
-        node_name: "node-a".into(),
-        sockets: DraConfig {
-            registry_dir: dir.path().join("reg"),
-            plugin_dir: dir.path().join("plugins/gpu.tessera.io"),
-        },
-        cdi_dir: dir.path().join("cdi"),
-        options: Default::default(),
-        health_interval: Duration::from_secs(3600),
-        xid_policy: Default::default(),
-        quiet_period: Duration::from_secs(3600),
-        probe_addr: None,
-    };
-    let fake = tessera_node::backend::fake::Fake::from_yaml(
-        "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n",
-        "t",
-    )
-    .unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let c = config.clone();
-    let task = tokio::spawn(async move {
-        run_driver(c, Arc::new(fake), None, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    for _ in 0..300 {
-        if config.sockets.registration_socket().exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (_dir, config, stop, task) = start_driver(None).await;
     let body = raw_unary(
         &config.sockets.registration_socket(),
         "/pluginregistration.Registration/GetInfo",
@@ -619,7 +586,6 @@ async fn an_xid_taints_the_gpu_through_the_health_watch() {
 /// it ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_is_not_ready_until_the_kubelet_registers_it() {
-    use tessera_node::dra::driver::{DriverConfig, run_driver};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let get = |addr: std::net::SocketAddr, path: &'static str| async move {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
@@ -644,39 +610,7 @@ async fn the_driver_is_not_ready_until_the_kubelet_registers_it() {
     let probe = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = DriverConfig {
-        node_name: "node-a".into(),
-        sockets: DraConfig {
-            registry_dir: dir.path().join("reg"),
-            plugin_dir: dir.path().join("plugins/gpu.tessera.io"),
-        },
-        cdi_dir: dir.path().join("cdi"),
-        options: Default::default(),
-        health_interval: Duration::from_secs(3600),
-        xid_policy: Default::default(),
-        quiet_period: Duration::from_secs(3600),
-        probe_addr: Some(probe),
-    };
-    let fake = tessera_node::backend::fake::Fake::from_yaml(
-        "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n",
-        "t",
-    )
-    .unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let c = config.clone();
-    let task = tokio::spawn(async move {
-        run_driver(c, Arc::new(fake), None, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    for _ in 0..300 {
-        if config.sockets.registration_socket().exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (_dir, config, stop, task) = start_driver(Some(probe)).await;
     assert_eq!(get(probe, "/healthz").await.unwrap().0, 200);
     let (status, body) = get(probe, "/readyz").await.unwrap();
     assert_eq!(status, 503, "{body}");
@@ -709,4 +643,51 @@ async fn the_driver_is_not_ready_until_the_kubelet_registers_it() {
         get(probe, "/healthz").await.is_err(),
         "the probe port is closed"
     );
+}
+
+/// `run_driver` (what `node-agent --dra` runs) on one fake GPU without an API
+/// server, in a temporary directory, once its registration socket exists.
+async fn start_driver(
+    probe_addr: Option<std::net::SocketAddr>,
+) -> (
+    tempfile::TempDir,
+    tessera_node::dra::driver::DriverConfig,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tessera_node::dra::driver::DriverError>>,
+) {
+    use tessera_node::dra::driver::{DriverConfig, run_driver};
+    let dir = tempfile::tempdir().unwrap();
+    let config = DriverConfig {
+        node_name: "node-a".into(),
+        sockets: DraConfig {
+            registry_dir: dir.path().join("reg"),
+            plugin_dir: dir.path().join("plugins/gpu.tessera.io"),
+        },
+        cdi_dir: dir.path().join("cdi"),
+        options: Default::default(),
+        health_interval: Duration::from_secs(3600),
+        xid_policy: Default::default(),
+        quiet_period: Duration::from_secs(3600),
+        probe_addr,
+    };
+    let fake = tessera_node::backend::fake::Fake::from_yaml(
+        "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n",
+        "t",
+    )
+    .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let c = config.clone();
+    let task = tokio::spawn(async move {
+        run_driver(c, Arc::new(fake), None, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    for _ in 0..300 {
+        if config.sockets.registration_socket().exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (dir, config, stop, task)
 }
