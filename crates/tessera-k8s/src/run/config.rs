@@ -301,13 +301,13 @@ impl RawConfig {
         } else {
             None
         };
-        let pod_tolerations = self
+        let tolerated_taints = self
             .pod_tolerations
             .iter()
-            .map(|t| webhook::toleration::parse_toleration(t))
+            .map(|t| webhook::toleration::parse_taint(t))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| invalid("pod-toleration", e.to_string()))?;
-        if !pod_tolerations.is_empty() && self.webhook_set_scheduler_name != Some(true) {
+        if !tolerated_taints.is_empty() && self.webhook_set_scheduler_name != Some(true) {
             return Err(invalid(
                 "pod-toleration",
                 "only the mutating webhook adds tolerations: needs --webhook-set-scheduler-name",
@@ -334,7 +334,7 @@ impl RawConfig {
                         set_scheduler_name: self.webhook_set_scheduler_name.unwrap_or(false),
                         allocation_writers: self.allocation_writers,
                         catalog: Default::default(),
-                        pod_tolerations,
+                        tolerated_taints,
                     }),
                 })
             }

@@ -266,7 +266,7 @@ pub fn validate(config: &WebhookConfig, req: &AdmissionRequest) -> AdmissionResp
 /// default scheduler, and this webhook is set to name one. Never changes a pod
 /// that names a scheduler of its own. A pod so named, or one that claims
 /// Tessera under a name Tessera serves, also gets the configured
-/// [`WebhookConfig::pod_tolerations`] it lacks.
+/// toleration of each [`WebhookConfig::tolerated_taints`] it does not tolerate yet.
 pub fn mutate(
     config: &WebhookConfig,
     req: &AdmissionRequest,
@@ -311,7 +311,8 @@ pub fn mutate(
     }
 }
 
-/// JSON-patch operations adding the configured tolerations the pod lacks.
+/// JSON-patch operations adding a toleration of each configured taint the pod
+/// does not tolerate yet.
 fn toleration_ops(config: &WebhookConfig, pod: &Pod) -> Vec<Value> {
     let have = pod
         .spec
@@ -319,10 +320,10 @@ fn toleration_ops(config: &WebhookConfig, pod: &Pod) -> Vec<Value> {
         .and_then(|s| s.tolerations.as_deref())
         .unwrap_or_default();
     let missing: Vec<Value> = config
-        .pod_tolerations
+        .tolerated_taints
         .iter()
-        .filter(|want| !have.iter().any(|h| toleration::covers(h, want)))
-        .filter_map(|t| serde_json::to_value(t).ok())
+        .filter(|taint| !have.iter().any(|h| convert::tolerates(h, taint)))
+        .filter_map(|taint| serde_json::to_value(toleration::toleration_for(taint)).ok())
         .collect();
     if missing.is_empty() {
         Vec::new()

@@ -67,9 +67,9 @@ pub struct WebhookConfig {
     pub allocation_writers: Vec<String>,
     /// GPU models known to the parser (built-ins by default).
     pub catalog: Catalog,
-    /// Tolerations `/mutate` adds to the pods it hands to Tessera
+    /// Taints `/mutate` makes the pods it hands to Tessera tolerate
     /// (`--pod-toleration`; [`toleration`]).
-    pub pod_tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    pub tolerated_taints: Vec<k8s_openapi::api::core::v1::Taint>,
 }
 
 /// `admission.k8s.io/v1` `AdmissionReview`, the parts we read and write.

@@ -4,11 +4,13 @@
 //! docs/kubernetes.md §2b) so that the default scheduler never sends a stock
 //! GPU pod there — the node agent would refuse it at admission, having no grant
 //! for it — the pods Tessera places need the matching toleration. The operator
-//! names it once (`--pod-toleration`, the chart's `webhook.podTolerations`) in
-//! `kubectl taint`'s syntax, and the webhook adds it to every pod it hands to
-//! Tessera, so manifests need no change.
+//! names the taint once (`--pod-toleration`, the chart's `webhook.podTolerations`)
+//! in `kubectl taint`'s syntax, and the webhook adds a toleration of it to every
+//! pod it hands to Tessera that does not tolerate it already (judged by
+//! [`crate::convert::tolerates`], the scheduler's own rule), so manifests need
+//! no change.
 
-use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::api::core::v1::{Taint, Toleration};
 
 /// Taint effects a toleration may name.
 const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
@@ -23,9 +25,9 @@ pub struct TolerationError {
     pub why: String,
 }
 
-/// Parses `KEY[=VALUE]:EFFECT` (as `kubectl taint` writes a taint): with a
-/// value the toleration is `Equal` to it, without one it is `Exists`.
-pub fn parse_toleration(given: &str) -> Result<Toleration, TolerationError> {
+/// Parses the taint to tolerate, `KEY[=VALUE]:EFFECT` as `kubectl taint`
+/// writes it.
+pub fn parse_taint(given: &str) -> Result<Taint, TolerationError> {
     let err = |why: &str| TolerationError {
         given: given.to_string(),
         why: why.to_string(),
@@ -44,44 +46,47 @@ pub fn parse_toleration(given: &str) -> Result<Toleration, TolerationError> {
     if key.contains(char::is_whitespace) || value.is_some_and(|v| v.contains(char::is_whitespace)) {
         return Err(err("whitespace in the key or value"));
     }
-    Ok(Toleration {
-        key: Some(key.to_string()),
-        operator: Some(if value.is_some() { "Equal" } else { "Exists" }.to_string()),
+    Ok(Taint {
+        key: key.to_string(),
         value: value.map(str::to_string),
-        effect: Some(effect.to_string()),
-        toleration_seconds: None,
+        effect: effect.to_string(),
+        time_added: None,
     })
 }
 
-/// Whether `have` already tolerates what `want` tolerates (same key and effect,
-/// and `Exists`, or the same value), so it is not added twice.
-pub fn covers(have: &Toleration, want: &Toleration) -> bool {
-    let effect_ok = match have.effect.as_deref() {
-        None | Some("") => true,
-        e => e == want.effect.as_deref(),
-    };
-    let key_ok = match have.key.as_deref() {
-        // An empty key with Exists tolerates every taint.
-        None | Some("") => have.operator.as_deref() == Some("Exists"),
-        k => k == want.key.as_deref(),
-    };
-    let value_ok = have.operator.as_deref() == Some("Exists")
-        || have.value.as_deref().unwrap_or("") == want.value.as_deref().unwrap_or("");
-    effect_ok && key_ok && value_ok
+/// The toleration the webhook adds for `taint`: `Equal` to its value, or
+/// `Exists` when it has none.
+pub fn toleration_for(taint: &Taint) -> Toleration {
+    Toleration {
+        key: Some(taint.key.clone()),
+        operator: Some(
+            if taint.value.is_some() {
+                "Equal"
+            } else {
+                "Exists"
+            }
+            .to_string(),
+        ),
+        value: taint.value.clone(),
+        effect: Some(taint.effect.clone()),
+        toleration_seconds: None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::convert::tolerates;
 
     #[test]
     fn parses_kubectl_taint_syntax() {
-        let t = parse_toleration("tessera.io/managed=true:NoSchedule").unwrap();
+        let parse = |s| parse_taint(s).map(|t| toleration_for(&t));
+        let t = parse("tessera.io/managed=true:NoSchedule").unwrap();
         assert_eq!(t.key.as_deref(), Some("tessera.io/managed"));
         assert_eq!(t.operator.as_deref(), Some("Equal"));
         assert_eq!(t.value.as_deref(), Some("true"));
         assert_eq!(t.effect.as_deref(), Some("NoSchedule"));
-        let t = parse_toleration("tessera.io/managed:NoExecute").unwrap();
+        let t = parse("tessera.io/managed:NoExecute").unwrap();
         assert_eq!(t.operator.as_deref(), Some("Exists"));
         assert_eq!(t.value, None);
         for bad in [
@@ -91,14 +96,16 @@ mod tests {
             ":NoSchedule",
             "a b:NoSchedule",
         ] {
-            let e = parse_toleration(bad).unwrap_err();
+            let e = parse(bad).unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");
         }
     }
 
+    /// A pod's own toleration of the same key and effect, or a wider one,
+    /// already tolerates the taint: nothing is added beside it.
     #[test]
     fn an_existing_toleration_covers_the_same_or_wider() {
-        let want = parse_toleration("tessera.io/managed=true:NoSchedule").unwrap();
+        let taint = parse_taint("tessera.io/managed=true:NoSchedule").unwrap();
         let t =
             |key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>| Toleration {
                 key: key.map(Into::into),
@@ -107,28 +114,28 @@ mod tests {
                 effect: effect.map(Into::into),
                 toleration_seconds: None,
             };
-        assert!(covers(&want, &want));
-        assert!(covers(
+        assert!(tolerates(&toleration_for(&taint), &taint));
+        assert!(tolerates(
             &t(Some("tessera.io/managed"), "Exists", None, None),
-            &want
+            &taint
         ));
         assert!(
-            covers(&t(None, "Exists", None, None), &want),
+            tolerates(&t(None, "Exists", None, None), &taint),
             "tolerates everything"
         );
-        assert!(!covers(
+        assert!(!tolerates(
             &t(Some("tessera.io/managed"), "Equal", Some("false"), None),
-            &want
+            &taint
         ));
-        assert!(!covers(&t(Some("other"), "Exists", None, None), &want));
-        assert!(!covers(
+        assert!(!tolerates(&t(Some("other"), "Exists", None, None), &taint));
+        assert!(!tolerates(
             &t(
                 Some("tessera.io/managed"),
                 "Exists",
                 None,
                 Some("NoExecute")
             ),
-            &want
+            &taint
         ));
     }
 }

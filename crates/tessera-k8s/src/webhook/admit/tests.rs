@@ -39,7 +39,7 @@ fn config() -> WebhookConfig {
         set_scheduler_name: false,
         allocation_writers: vec![SA.into()],
         catalog: Catalog::default(),
-        pod_tolerations: Vec::new(),
+        tolerated_taints: Vec::new(),
     }
 }
 
@@ -600,9 +600,10 @@ fn cdi_annotations_naming_gpus_are_refused_on_every_pod() {
 /// schedulerName and such pods stayed Pending on tainted nodes.
 #[test]
 fn pods_handed_to_tessera_get_the_configured_toleration() {
-    let want = toleration::parse_toleration("tessera.io/managed=true:NoSchedule").unwrap();
+    let taint = toleration::parse_taint("tessera.io/managed=true:NoSchedule").unwrap();
+    let want = toleration::toleration_for(&taint);
     let c = WebhookConfig {
-        pod_tolerations: vec![want.clone()],
+        tolerated_taints: vec![taint],
         ..standalone()
     };
     let want = serde_json::to_value(&want).unwrap();
