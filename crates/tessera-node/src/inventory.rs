@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use kube::api::{Api, Patch, PatchParams};
 use tessera_api::gpunode as api;
-use tessera_core::model::spec::{Architecture, Catalog};
+use tessera_core::model::spec::Architecture;
 
 use crate::backend::{GpuInfo, LinkKind};
 use crate::deviceplugin::NodeView;
@@ -42,7 +42,6 @@ fn link_kind(k: LinkKind) -> api::LinkKind {
 
 /// The `GpuNode` spec for these GPUs.
 pub fn gpu_node_spec(node: &str, view: &NodeView) -> api::GpuNodeSpec {
-    let catalog = Catalog::default();
     let by_uuid: BTreeMap<&str, u32> = view
         .gpus
         .iter()
@@ -54,11 +53,7 @@ pub fn gpu_node_spec(node: &str, view: &NodeView) -> api::GpuNodeSpec {
             .gpus
             .iter()
             .map(|g| {
-                let geometry = g
-                    .model
-                    .as_deref()
-                    .and_then(|m| catalog.find(m))
-                    .and_then(|id| catalog.spec(id).mig.clone());
+                let geometry = crate::deviceplugin::mig_geometry(g).cloned();
                 api::GpuDevice {
                     index: g.index,
                     uuid: g.uuid.clone(),
@@ -138,7 +133,7 @@ pub fn sanitise_product(product: &str) -> String {
 }
 
 fn family(gpu: &GpuInfo) -> &'static str {
-    let catalog = Catalog::default();
+    let catalog = crate::deviceplugin::catalog();
     let arch = gpu
         .model
         .as_deref()

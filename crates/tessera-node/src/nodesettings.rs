@@ -33,13 +33,7 @@ pub fn mig_dynamic_of(node: &Node) -> MigDynamic {
 /// dropped and the next event arrives.
 pub fn watch_mig_dynamic(client: kube::Client, node: &str) -> watch::Receiver<MigDynamic> {
     let api: Api<Node> = Api::all(client);
-    let mut config = watcher::Config::default()
-        .fields(&format!("metadata.name={node}"))
-        .any_semantic();
-    // Unpaged, so the LIST keeps `resourceVersion=0` and the API server answers
-    // it from its watch cache (a paged LIST drops it and reads etcd: one quorum
-    // read per agent start, 5,000 at once after a control-plane restart).
-    config.page_size = None;
+    let config = crate::pods::watch_cache_config(&format!("metadata.name={node}"));
     let (tx, rx) = watch::channel(MigDynamic::Off);
     let node = node.to_string();
     let stream = watcher(api, config).default_backoff().applied_objects();

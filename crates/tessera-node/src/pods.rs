@@ -50,16 +50,23 @@ impl std::fmt::Debug for KubePods {
     }
 }
 
+/// A watch of the objects `fields` selects, served from the API server's
+/// watch cache: any-semantic and unpaged, so its LIST keeps
+/// `resourceVersion=0` (a paged LIST drops it and reads etcd: one quorum read
+/// per agent start, 5,000 at once after a control-plane restart). For the
+/// agent's own small selections: its node's pods (a few hundred at most), its
+/// Node.
+pub(crate) fn watch_cache_config(fields: &str) -> watcher::Config {
+    let mut config = watcher::Config::default().fields(fields).any_semantic();
+    config.page_size = None;
+    config
+}
+
 impl KubePods {
     /// Starts watching the pods bound to `node` (on the current tokio runtime).
     pub fn watch(client: kube::Client, node: &str) -> Self {
         let api: Api<Pod> = Api::all(client);
-        let mut config = watcher::Config::default()
-            .fields(&format!("spec.nodeName={node}"))
-            .any_semantic();
-        // Unpaged, so the LIST keeps `resourceVersion=0` and the API server
-        // answers it from its watch cache (a node has at most a few hundred pods).
-        config.page_size = None;
+        let config = watch_cache_config(&format!("spec.nodeName={node}"));
         let (store, writer) = reflector::store();
         let node_name = node.to_string();
         let stream = watcher(api, config)

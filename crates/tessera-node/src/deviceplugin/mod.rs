@@ -103,12 +103,7 @@ impl NodeView {
         if !allowed {
             return None;
         }
-        let catalog = &*CATALOG;
-        let id = match &gpu.model {
-            Some(m) => catalog.find(m),
-            None => catalog.find_product(&gpu.product, gpu.memory_mib),
-        }?;
-        catalog.spec(id).mig.as_ref()
+        mig_geometry(gpu)
     }
 
     /// The GPU a decision's grant names: by UUID, or by NVML index when the
@@ -233,28 +228,28 @@ impl Resource {
                         });
                     }
                 }
-                Resource::Mig { profile } | Resource::NvidiaMig { profile }
-                    if view.creatable(gpu).is_some() =>
-                {
-                    let most = view
-                        .creatable(gpu)
-                        .and_then(|geo| geo.profile(profile))
-                        .map_or(0, |(_, p)| p.max_instances);
-                    for k in 0..most {
-                        out.push(pb::Device {
-                            id: mig_token_id(&gpu.uuid, profile, k),
-                            health: health(gpu),
-                            topology: topo(gpu),
-                        });
-                    }
-                }
                 Resource::Mig { profile } | Resource::NvidiaMig { profile } => {
-                    for m in gpu.mig_instances.iter().filter(|m| &m.profile == profile) {
-                        out.push(pb::Device {
-                            id: m.uuid.clone(),
-                            health: health(gpu),
-                            topology: topo(gpu),
-                        });
+                    match view.creatable(gpu) {
+                        // Tokens: the instance is the decision's, made at Allocate.
+                        Some(geo) => {
+                            let most = geo.profile(profile).map_or(0, |(_, p)| p.max_instances);
+                            for k in 0..most {
+                                out.push(pb::Device {
+                                    id: mig_token_id(&gpu.uuid, profile, k),
+                                    health: health(gpu),
+                                    topology: topo(gpu),
+                                });
+                            }
+                        }
+                        None => {
+                            for m in gpu.mig_instances.iter().filter(|m| &m.profile == profile) {
+                                out.push(pb::Device {
+                                    id: m.uuid.clone(),
+                                    health: health(gpu),
+                                    topology: topo(gpu),
+                                });
+                            }
+                        }
                     }
                 }
                 Resource::NvidiaGpu if !gpu.mig_enabled => out.push(pb::Device {
@@ -272,6 +267,19 @@ impl Resource {
 /// `<uuid>::<k>`.
 pub fn slot_id(uuid: &str, k: u32) -> String {
     format!("{uuid}::{k}")
+}
+
+/// The built-in catalog, made once for the agent's lookups by model.
+pub fn catalog() -> &'static Catalog {
+    &CATALOG
+}
+
+/// The MIG geometry of `gpu`'s model (none for a model the catalog does not
+/// know, or without MIG): what the `GpuNode` publishes for the scheduler to plan
+/// instances on, and what the agent advertises tokens for.
+pub fn mig_geometry(gpu: &GpuInfo) -> Option<&'static MigGeometry> {
+    let id = CATALOG.find(gpu.model.as_deref()?)?;
+    CATALOG.spec(id).mig.as_ref()
 }
 
 /// `<uuid>::<profile>-<k>`: the `k`-th token of a MIG profile on a GPU where the
