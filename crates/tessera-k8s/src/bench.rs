@@ -11,7 +11,6 @@ use serde_json::json;
 use tower::ServiceExt;
 
 use crate::extender::{ExtenderState, router};
-use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, Reservation, SharedMirror};
 
@@ -61,6 +60,23 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
     sorted[i.min(sorted.len() - 1)]
+}
+
+/// A mirror of `policy` over the given nodes and inventories, no pods.
+pub(crate) fn synthetic_mirror(
+    policy: &str,
+    nodes: Vec<k8s_openapi::api::core::v1::Node>,
+    inventory: Vec<tessera_api::GpuNode>,
+) -> Result<Mirror, String> {
+    let policy =
+        tessera_core::policy::by_name(policy, &Default::default()).map_err(|e| e.to_string())?;
+    Ok(Mirror::from_objects(
+        policy,
+        b"bench-signing-key-0123".to_vec(),
+        nodes,
+        inventory,
+        Vec::new(),
+    ))
 }
 
 pub(crate) fn synthetic_objects(
@@ -159,17 +175,9 @@ pub async fn extender_latency(
     unschedulable: usize,
     preemption_every: std::time::Duration,
 ) -> Result<BenchReport, String> {
-    let policy_box =
-        tessera_core::policy::by_name(policy, &Default::default()).map_err(|e| e.to_string())?;
     let (kn, gn) = synthetic_objects(nodes);
     let inventory = gn.clone();
-    let mut mirror = Mirror::from_objects(
-        policy_box,
-        b"bench-signing-key-0123".to_vec(),
-        kn,
-        gn,
-        Vec::new(),
-    );
+    let mut mirror = synthetic_mirror(policy, kn, gn)?;
     // Fill: walk the nodes, placing one pod of a rotating shape on each, four rounds.
     let shapes = [
         json!({"cpu": "4", "tessera.io/gpu": "1", "tessera.io/gpu-milli": "300"}),
@@ -220,16 +228,7 @@ pub async fn extender_latency(
         .unzip();
     ticks.sort_by(f64::total_cmp);
     locks.sort_by(f64::total_cmp);
-    let state = ExtenderState {
-        mirror: mirror.clone(),
-        binder: None,
-        metrics: Arc::new(Metrics::new()),
-        leader: Leadership::always(),
-        gate: crate::gate::SyncGate::synced(),
-        scheduler_names: Arc::from([]),
-        peers: None,
-    };
-    let app = router(state);
+    let app = router(ExtenderState::judging_only(mirror.clone()));
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();
     let ask = json!({"cpu": "2", "memory": "8Gi", "tessera.io/gpu": "1", "tessera.io/gpu-memory-percent": "40", "tessera.io/gpu-cores": "40"});
     let mut filter_us = Vec::with_capacity(iterations);
@@ -593,25 +592,9 @@ pub async fn verb_parts(pods: &[serde_json::Value], nodes: usize) -> Result<Verb
         v.sort_by(f64::total_cmp);
         quantile(v, 0.5)
     }
-    let policy =
-        tessera_core::policy::by_name("tessera", &Default::default()).map_err(|e| e.to_string())?;
     let (kn, gn) = synthetic_objects(nodes);
-    let mirror = SharedMirror::new(Mirror::from_objects(
-        policy,
-        b"bench-signing-key-0123".to_vec(),
-        kn,
-        gn,
-        Vec::new(),
-    ));
-    let state = ExtenderState {
-        mirror: mirror.clone(),
-        binder: None,
-        metrics: Arc::new(Metrics::new()),
-        leader: Leadership::always(),
-        gate: crate::gate::SyncGate::synced(),
-        scheduler_names: Arc::from([]),
-        peers: None,
-    };
+    let mirror = SharedMirror::new(synthetic_mirror("tessera", kn, gn)?);
+    let state = ExtenderState::judging_only(mirror.clone());
     let app = router(state.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -54,6 +54,20 @@ pub struct ExtenderState {
 const SYNC_WAIT: Duration = Duration::from_secs(3);
 
 impl ExtenderState {
+    /// A state that only judges: no binder, always the leader, synced, every
+    /// pod its own, no peers (the benches and tests of the verbs).
+    pub fn judging_only(mirror: SharedMirror) -> ExtenderState {
+        ExtenderState {
+            mirror,
+            binder: None,
+            metrics: Arc::new(Metrics::new()),
+            leader: Leadership::always(),
+            gate: SyncGate::synced(),
+            scheduler_names: Arc::from([]),
+            peers: None,
+        }
+    }
+
     fn ours(&self, pod: &Pod) -> bool {
         self.scheduler_names.is_empty()
             || self
@@ -525,7 +539,6 @@ async fn metrics(State(st): State<ExtenderState>) -> Response {
 mod tests {
     use super::*;
     use crate::extender::wire::tests::fixture_bodies;
-    use crate::mirror::Mirror;
 
     /// A state over two nodes named as in the captured bodies:
     /// `fake-gpu-node-1` with 8 H100-80GB, `fake-gpu-node-2` with 8 A100-80GB.
@@ -537,18 +550,8 @@ mod tests {
             g.metadata.name = Some(name.clone());
             g.spec.node_name = name;
         }
-        let policy =
-            tessera_core::policy::by_name("tessera", &Default::default()).expect("known policy");
-        let mirror = Mirror::from_objects(policy, b"test-key-0123456789".to_vec(), kn, gn, []);
-        ExtenderState {
-            mirror: SharedMirror::new(mirror),
-            binder: None,
-            metrics: Arc::new(Metrics::new()),
-            leader: Leadership::always(),
-            gate: SyncGate::synced(),
-            scheduler_names: Arc::from([]),
-            peers: None,
-        }
+        let mirror = crate::bench::synthetic_mirror("tessera", kn, gn).expect("known policy");
+        ExtenderState::judging_only(SharedMirror::new(mirror))
     }
 
     /// `ExtenderArgs` with its Pod decoded whole by k8s-openapi, as before issue 30.

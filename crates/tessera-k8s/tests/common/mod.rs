@@ -175,15 +175,10 @@ pub fn mirror(
 }
 
 pub fn state(mirror: SharedMirror, client: Option<kube::Client>) -> ExtenderState {
-    let leader = Leadership::always();
+    let judging = ExtenderState::judging_only(mirror.clone());
     ExtenderState {
-        binder: client.map(|c| Binder::new(c, mirror.clone(), leader.clone())),
-        mirror,
-        metrics: Arc::new(Metrics::new()),
-        leader,
-        gate: tessera_k8s::gate::SyncGate::synced(),
-        scheduler_names: Arc::from([]),
-        peers: None,
+        binder: client.map(|c| Binder::new(c, mirror, judging.leader.clone())),
+        ..judging
     }
 }
 
