@@ -30,6 +30,9 @@ use tokio::net::UnixStream;
 use tokio::sync::{oneshot, watch};
 use tonic::transport::{Channel, Endpoint};
 
+mod http_get;
+use http_get::get;
+
 /// Prepares claim `uid-ok` as one device, fails `uid-bad`.
 struct FakePreparer;
 
@@ -586,27 +589,6 @@ async fn an_xid_taints_the_gpu_through_the_health_watch() {
 /// it ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_is_not_ready_until_the_kubelet_registers_it() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let get = |addr: std::net::SocketAddr, path: &'static str| async move {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await?;
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).await?;
-        let status: u16 = raw
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = raw
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_string();
-        std::io::Result::Ok((status, body))
-    };
     let probe = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap();

@@ -17,9 +17,11 @@ use tessera_node::deviceplugin::NodeView;
 use tessera_node::deviceplugin::allocate::StaticPods;
 use tessera_node::metrics::{Collector, XidStats};
 use tessera_node::startup::{Retry, wait_for_backend};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tower::ServiceExt;
+
+mod http_get;
+use http_get::get;
 
 const ONE_GPU: &str = r#"
 gpus:
@@ -31,27 +33,6 @@ fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
-}
-
-/// `GET path` over a fresh connection: (status, body).
-async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await?;
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    Ok((status, body))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
