@@ -1196,6 +1196,17 @@ RBAC_NEEDS = {
 }
 
 
+def granted_verbs(roles):
+    """(apiGroup, resource) -> the verbs the rules of these ClusterRoles grant."""
+    granted = {}
+    for r in roles:
+        for rule in r.get("rules") or []:
+            for g in rule.get("apiGroups") or []:
+                for res in rule.get("resources") or []:
+                    granted.setdefault((g, res), set()).update(rule.get("verbs") or [])
+    return granted
+
+
 def check_rbac(objs, where):
     """Every verb the code needs is granted by the component's ClusterRole."""
     workloads = {"node-agent": "DaemonSet", "scheduler": "Deployment"}
@@ -1208,12 +1219,7 @@ def check_rbac(objs, where):
         if not roles:
             fail(where, f"no ClusterRole for the {component}")
             continue
-        granted = {}
-        for r in roles:
-            for rule in r.get("rules") or []:
-                for g in rule.get("apiGroups") or []:
-                    for res in rule.get("resources") or []:
-                        granted.setdefault((g, res), set()).update(rule.get("verbs") or [])
+        granted = granted_verbs(roles)
         for (g, res), verbs in needs.items():
             have = granted.get((g, res), set())
             missing = set() if "*" in have else verbs - have
@@ -1481,13 +1487,7 @@ def check_dra(objs, where, values):
                   and b["roleRef"].get("kind") == "ClusterRole"
                   and any(s.get("kind") == "ServiceAccount" and s.get("name") == sa
                           and s.get("namespace") == ds["metadata"].get("namespace") for s in b.get("subjects") or [])}
-    granted = {}
-    for r in objs:
-        if r["kind"] == "ClusterRole" and r["metadata"]["name"] in role_names:
-            for rule in r.get("rules") or []:
-                for g in rule.get("apiGroups") or []:
-                    for res in rule.get("resources") or []:
-                        granted.setdefault((g, res), set()).update(rule.get("verbs") or [])
+    granted = granted_verbs(r for r in objs if r["kind"] == "ClusterRole" and r["metadata"]["name"] in role_names)
     for (g, res), verbs in RBAC_NEEDS_DRA.items():
         have = granted.get((g, res), set()) | granted.get((g, "*"), set()) | granted.get(("*", res), set())
         missing = set() if "*" in have else verbs - have
