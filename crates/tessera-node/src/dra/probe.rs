@@ -63,7 +63,7 @@ pub fn readiness(
     let healthy = view
         .gpus
         .iter()
-        .filter(|g| view.health.get(&g.uuid).is_none_or(|h| h.is_healthy()))
+        .filter(|g| view.is_healthy(&g.uuid))
         .count();
     let mut text = format!(
         "ready: registered with the kubelet; {} GPU(s), {healthy} healthy; {} ResourceSlice(s) published",
