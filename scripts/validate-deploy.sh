@@ -1263,7 +1263,9 @@ def check_gpu_operator(objs, where, values):
     if set(labels) != OPERATOR_OFF or set(labels.values()) != {"false"}:
         fail(where, f"migrate-node.sh LABELS {labels} must set exactly {sorted(OPERATOR_OFF)} to false")
     text = script.read_text()
-    for step in ("kubectl cordon", "/eviction", "kubectl uncordon", "--rollback", '"${LABELS[@]/%=*/-}"'):
+    # The MIG strategy GFD labelled the node with outlives GFD (issue 27 item 8).
+    for step in ("kubectl cordon", "/eviction", "kubectl uncordon", "--rollback", '"${LABELS[@]/%=*/-}"',
+                 "tessera.io/mig-strategy=$strategy"):
         if step not in text:
             fail(where, f"migrate-node.sh: no {step!r} step")
     agents = [o for o in objs if o["kind"] == "DaemonSet"]

@@ -97,6 +97,14 @@ kubectl cordon "$NODE"
 echo "== 2. evict the GPU pods on $NODE"
 evict_gpu_pods
 if [[ "$ROLLBACK" != "--rollback" ]]; then
+    # The GPU Operator's MIG strategy as GFD labelled the node ("single": every MIG
+    # instance is an nvidia.com/gpu), kept for Tessera under its own label: GFD
+    # leaves the node in step 3 and its labels may go with it.
+    strategy="$(kubectl get node "$NODE" -o jsonpath='{.metadata.labels.nvidia\.com/mig\.strategy}')"
+    kept="$(kubectl get node "$NODE" -o jsonpath='{.metadata.labels.tessera\.io/mig-strategy}')"
+    if [[ -n "$strategy" && -z "$kept" ]]; then
+        kubectl label node "$NODE" "tessera.io/mig-strategy=$strategy"
+    fi
     echo "== 3. label $NODE: the operator's device plugin, GFD and MIG manager off"
     kubectl label node "$NODE" --overwrite "${LABELS[@]}"
     echo "== 4. wait: the operator's device plugin gone, Tessera's agent Ready"

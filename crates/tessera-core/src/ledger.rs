@@ -383,6 +383,9 @@ impl Ledger {
                     if gpu.mig_enabled || gu.mig_memory_slices != 0 {
                         return fail("in MIG mode");
                     }
+                    if gpu.instance_of.is_some() && !grant.exclusive {
+                        return fail("a MIG instance served as a GPU is granted whole only");
+                    }
                     if grant.exclusive && !gu.is_idle() {
                         return fail("not idle");
                     }

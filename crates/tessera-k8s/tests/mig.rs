@@ -284,3 +284,155 @@ fn a_hard_share_is_ranked_as_the_core_scheduler_ranks_it() {
         assert!(on_t4.score < got.score, "{policy}");
     }
 }
+
+/// The GPU Operator's "single" strategy node: `a100`, GPU 0 in MIG mode with two
+/// `3g.40gb` instances, GPU 1 plain, labelled as GFD labels it.
+fn single_node(strategy: Option<&str>) -> (k8s_openapi::api::core::v1::Node, GpuNode) {
+    let mut node = kube_node("a100", "32", "256Gi");
+    if let Some(s) = strategy {
+        node.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("nvidia.com/mig.strategy".into(), s.into());
+    }
+    let inv = mig_node(
+        "a100",
+        vec![
+            instance("3g.40gb", 0, 4, "MIG-a"),
+            instance("3g.40gb", 4, 4, "MIG-b"),
+        ],
+    );
+    (node, inv)
+}
+
+fn gpu_pod(name: &str) -> Pod {
+    pod(
+        "ml",
+        name,
+        &format!("uid-{name}"),
+        &[("nvidia.com/gpu", "1")],
+    )
+}
+
+/// Issue 27 item 8: under the single strategy an `nvidia.com/gpu: 1` pod gets one
+/// MIG instance, named by its UUID, each instance at most once; the grants replay
+/// after a restart, and still hold their instances when the node's strategy
+/// changes to mixed under them.
+#[test]
+fn single_strategy_serves_each_instance_as_a_gpu() {
+    let (node, inv) = single_node(Some("single"));
+    let m = mirror("tessera", vec![node.clone()], vec![inv.clone()], vec![]);
+    let mut uuids = Vec::new();
+    let mut bound_pods = Vec::new();
+    for name in ["p1", "p2", "p3"] {
+        let p = gpu_pod(name);
+        let annotation = reserve(&m, &p, "a100");
+        let a = Allocation::decode_unverified(&annotation).unwrap();
+        assert_eq!(a.gpus.len(), 1);
+        assert!(a.gpus[0].mig.is_none(), "a whole GPU, not a MIG grant");
+        if a.gpus[0].uuid.starts_with("MIG-") {
+            assert_eq!(a.gpus[0].index, 0, "the instance's parent");
+            assert_eq!(a.gpus[0].memory_mib, 40_192, "the instance's memory");
+        }
+        uuids.push(a.gpus[0].uuid.clone());
+        let b = bound(p, "a100", annotation);
+        m.lock().upsert_pod(b.clone());
+        bound_pods.push(b);
+    }
+    uuids.sort();
+    assert_eq!(uuids, ["GPU-a100-1", "MIG-a", "MIG-b"]);
+    // Three GPUs on the node, all taken.
+    assert!(matches!(
+        m.lock().reserve(&gpu_pod("p4"), "a100"),
+        Err(ReserveError::DoesNotFit { .. })
+    ));
+    // A share never lands on an instance (the plain GPU is held whole).
+    let share = pod("ml", "s", "uid-s", &[("tessera.io/gpu-memory", "1Gi")]);
+    assert!(matches!(
+        m.lock().reserve(&share, "a100"),
+        Err(ReserveError::DoesNotFit { .. })
+    ));
+
+    // A restart replays every grant: nothing is free, nothing is wrong.
+    let before = m.lock().usage();
+    let restarted = mirror("tessera", vec![node], vec![inv.clone()], bound_pods.clone());
+    assert_eq!(restarted.lock().usage(), before);
+    assert!(
+        restarted.lock().problems().is_empty(),
+        "{:?}",
+        restarted.lock().problems()
+    );
+
+    // The label removed: the instances are MIG instances again, still held.
+    let (mixed, _) = single_node(None);
+    let flipped = mirror("tessera", vec![mixed], vec![inv], bound_pods);
+    assert!(
+        flipped.lock().problems().is_empty(),
+        "{:?}",
+        flipped.lock().problems()
+    );
+    match flipped.lock().reserve(&mig_pod("m"), "a100") {
+        Err(ReserveError::DoesNotFit { reason, .. }) => {
+            assert_eq!(reason, "every 3g.40gb MIG instance is in use")
+        }
+        other => panic!("expected no fit, got {other:?}"),
+    }
+}
+
+/// Without the label (or with `mixed`) a whole-GPU pod never gets an instance,
+/// and under `single` a pod naming a profile gets none either: the instances
+/// are GPUs there.
+#[test]
+fn only_the_single_strategy_serves_instances_to_whole_gpu_pods() {
+    let (node, inv) = single_node(Some("mixed"));
+    let m = mirror("tessera", vec![node], vec![inv.clone()], vec![]);
+    let a = Allocation::decode_unverified(&reserve(&m, &gpu_pod("p1"), "a100")).unwrap();
+    assert_eq!(a.gpus[0].uuid, "GPU-a100-1");
+    assert!(matches!(
+        m.lock().reserve(&gpu_pod("p2"), "a100"),
+        Err(ReserveError::DoesNotFit { .. })
+    ));
+
+    let (node, inv) = single_node(Some("single"));
+    let m = mirror("tessera", vec![node], vec![inv], vec![]);
+    assert!(matches!(
+        m.lock().reserve(&mig_pod("m"), "a100"),
+        Err(ReserveError::DoesNotFit { .. })
+    ));
+}
+
+/// A pod of NVIDIA's plugin holding one instance as `nvidia.com/gpu` before
+/// Tessera managed the node: the agent reports the instance's device ID and its
+/// parent GPU; exactly that instance is held.
+#[test]
+fn an_instance_held_through_another_plugin_is_held_on_a_single_node() {
+    let (node, mut inv) = single_node(Some("single"));
+    inv.status = Some(tessera_api::GpuNodeStatus {
+        pod_resources: Some(tessera_api::PodResourcesReport {
+            observed_at: "2026-12-04T08:00:00Z".into(),
+            containers: vec![tessera_api::gpunode::ContainerDevices {
+                namespace: "ml".into(),
+                pod: "old".into(),
+                container: "c".into(),
+                resource: "nvidia.com/gpu".into(),
+                device_ids: vec!["MIG-b".into()],
+                gpu_uuids: vec!["GPU-a100-0".into()],
+            }],
+        }),
+        ..Default::default()
+    });
+    let mut old = gpu_pod("old");
+    old.spec.as_mut().unwrap().node_name = Some("a100".into());
+    let m = mirror("tessera", vec![node], vec![inv], vec![old]);
+    assert!(m.lock().problems().is_empty(), "{:?}", m.lock().problems());
+    let mut uuids = Vec::new();
+    for name in ["p1", "p2"] {
+        let p = gpu_pod(name);
+        let annotation = reserve(&m, &p, "a100");
+        let a = Allocation::decode_unverified(&annotation).unwrap();
+        uuids.push(a.gpus[0].uuid.clone());
+        m.lock().upsert_pod(bound(p, "a100", annotation));
+    }
+    uuids.sort();
+    assert_eq!(uuids, ["GPU-a100-1", "MIG-a"], "MIG-b is the old pod's");
+}

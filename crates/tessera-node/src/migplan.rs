@@ -417,7 +417,7 @@ gpus:
     /// A planner over `backend`, its view starting with `fake`'s GPUs.
     fn planner_over(backend: Arc<dyn GpuBackend>, fake: &Fake, path: Option<&Path>) -> MigPlanner {
         let view = NodeView {
-            mig_dynamic: Default::default(),
+            settings: Default::default(),
             gpus: fake.discover().unwrap(),
             health: BTreeMap::new(),
         };

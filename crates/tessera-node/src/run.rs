@@ -19,8 +19,8 @@ use crate::inventory::{Inventory, gpu_node_spec, gpu_node_status, node_labels};
 use crate::metrics::{Collector, PodResourcesSource, XidStats};
 use crate::migplan::MigPlanner;
 use crate::mps::{MpsDaemonConfig, MpsDaemons, held_sets};
+use crate::nodesettings::NodeSettings;
 use crate::podresources::{KubeletPods, report};
-use tessera_core::fit::mig_layout::MigDynamic;
 
 /// How often the `GpuNode` status (free memory) is refreshed without a health change.
 const STATUS_REFRESH: Duration = Duration::from_secs(60);
@@ -81,9 +81,9 @@ pub struct AgentDeps {
     pub kubelet: Option<Arc<dyn KubeletPods>>,
     /// `None` when there is no API server (fake mode without a cluster).
     pub inventory: Option<Inventory>,
-    /// The Node's `tessera.io/mig-dynamic` setting
-    /// ([`crate::nodesettings::watch_mig_dynamic`]); `None`: off.
-    pub mig_dynamic: Option<watch::Receiver<MigDynamic>>,
+    /// The Node's MIG settings ([`crate::nodesettings::watch_settings`]);
+    /// `None`: both off.
+    pub node_settings: Option<watch::Receiver<NodeSettings>>,
 }
 
 /// Failures that stop the agent.
@@ -131,18 +131,18 @@ pub async fn run(
     let (view_tx, view_rx) = watch::channel(NodeView {
         gpus: gpus.clone(),
         health: tracker.all(),
-        mig_dynamic: deps
-            .mig_dynamic
+        settings: deps
+            .node_settings
             .as_ref()
             .map_or_else(Default::default, |rx| *rx.borrow()),
     });
-    // The Node's MIG setting, into the view: the device plugins follow it.
-    let mig_dynamic_task = deps.mig_dynamic.clone().map(|mut rx| {
+    // The Node's MIG settings, into the view: the device plugins follow them.
+    let mig_dynamic_task = deps.node_settings.clone().map(|mut rx| {
         let tx = view_tx.clone();
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
                 let now = *rx.borrow_and_update();
-                tx.send_if_modified(|v| std::mem::replace(&mut v.mig_dynamic, now) != now);
+                tx.send_if_modified(|v| std::mem::replace(&mut v.settings, now) != now);
             }
         })
     });

@@ -98,7 +98,7 @@ fn slices() -> Vec<tessera_node::dra::slice::ResourceSlice> {
     )
     .unwrap();
     let view = NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus: fake.discover().unwrap(),
         health: BTreeMap::new(),
     };

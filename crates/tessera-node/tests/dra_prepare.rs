@@ -71,7 +71,7 @@ gpus:
     )
     .unwrap();
     let (view, rx) = watch::channel(NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus: fake.discover().unwrap(),
         health: BTreeMap::new(),
     });

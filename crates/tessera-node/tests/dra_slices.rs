@@ -21,7 +21,7 @@ fn node(yaml: &str) -> (NodeView, DriverVersions) {
     };
     (
         NodeView {
-            mig_dynamic: Default::default(),
+            settings: Default::default(),
             gpus: fake.discover().unwrap(),
             health: BTreeMap::new(),
         },

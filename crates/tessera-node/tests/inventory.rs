@@ -32,7 +32,7 @@ async fn body_json(req: Request<Body>) -> serde_json::Value {
 async fn publishes_gpunode_status_and_labels() {
     let fake = Fake::from_yaml(GPUS, "t").unwrap();
     let mut view = NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus: fake.discover().unwrap(),
         health: BTreeMap::new(),
     };
@@ -201,7 +201,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         pod_resources: None,
         kubelet: None,
         inventory: Some(Inventory::new(client, "node-a".into())),
-        mig_dynamic: None,
+        node_settings: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(tessera_node::run::run(config, deps, async {
@@ -341,7 +341,7 @@ async fn status_carries_pod_resources_from_the_kubelet() {
         pod_resources: None,
         kubelet: Some(Arc::new(PodResourcesClient { socket })),
         inventory: Some(Inventory::new(client, "node-a".into())),
-        mig_dynamic: None,
+        node_settings: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(tessera_node::run::run(config, deps, async {

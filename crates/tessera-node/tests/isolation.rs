@@ -168,7 +168,7 @@ async fn planned_instance_is_created_advertised_allocated_and_destroyed() {
     let spec = tessera_node::inventory::gpu_node_spec(
         NODE,
         &NodeView {
-            mig_dynamic: Default::default(),
+            settings: Default::default(),
             gpus: gpus.clone(),
             health: Default::default(),
         },
@@ -244,7 +244,13 @@ async fn an_explicit_profile_without_an_instance_is_advertised_and_created_on_a_
     assert!(!before.iter().any(|r| r.ends_with("3g.40gb")), "{before:?}");
 
     // The operator labels the node; the agent's Node watch reports it.
-    agent.mig_dynamic.send(MigDynamic::Instances).unwrap();
+    agent
+        .settings
+        .send(tessera_node::nodesettings::NodeSettings {
+            mig_dynamic: MigDynamic::Instances,
+            ..Default::default()
+        })
+        .unwrap();
     let deadline = tokio::time::Instant::now() + WAIT;
     let mut seen = Vec::new();
     while !seen.iter().any(|r: &String| r == "tessera.io/mig-3g.40gb") {
@@ -303,6 +309,85 @@ async fn an_explicit_profile_without_an_instance_is_advertised_and_created_on_a_
         let now: Vec<String> = m.devices.into_iter().map(|d| d.id).collect();
         assert_eq!(now, ids, "the token list changed with the layout");
     }
+    drop(listed);
+    stop_agent(agent).await;
+    let _ = kubelet.stop.send(());
+}
+
+/// Issue 27 item 8, the node side: under the GPU Operator's single MIG strategy
+/// (GFD's `nvidia.com/mig.strategy=single` on the Node) the agent lists each MIG
+/// instance as an `nvidia.com/gpu` device, and a whole-GPU decision naming an
+/// instance's UUID is answered with exactly that instance, never its parent.
+/// Before, the agent listed GPUs without MIG mode only, so the kubelet could
+/// admit no `nvidia.com/gpu` pod to an instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_single_strategy_an_instance_is_an_nvidia_gpu() {
+    use tessera_core::model::single::MigStrategy;
+    use tessera_node::proto::deviceplugin as pb;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut kubelet = start_kubelet(dir.path());
+    let agent = start_agent(dir.path(), Duration::from_secs(3600));
+    registered(&mut kubelet, 4).await;
+    let mut nvidia = dial(&dir.path().join("tessera-nvidia-gpu.sock"))
+        .await
+        .unwrap();
+    let mut listed = nvidia
+        .list_and_watch(pb::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first: Vec<String> = listed
+        .message()
+        .await
+        .unwrap()
+        .unwrap()
+        .devices
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(first, [GPU0, GPU1], "mixed: GPU 2 is in MIG mode");
+
+    agent
+        .settings
+        .send(tessera_node::nodesettings::NodeSettings {
+            mig_strategy: MigStrategy::Single,
+            ..Default::default()
+        })
+        .unwrap();
+    let mig1 = "MIG-11111111-1111-1111-1111-111111111111";
+    let ids: Vec<String> = tokio::time::timeout(WAIT, async {
+        loop {
+            let m = listed.message().await.unwrap().unwrap();
+            let ids: Vec<String> = m.devices.into_iter().map(|d| d.id).collect();
+            if ids.len() > 2 {
+                return ids;
+            }
+        }
+    })
+    .await
+    .expect("the instances are listed once the node is single");
+    assert_eq!(ids, [GPU0, GPU1, mig1, MIG2]);
+
+    // The scheduler granted the second instance as a whole GPU.
+    let d = decision(
+        "uid-single",
+        NODE,
+        Isolation::Exclusive,
+        vec![grant(2, MIG2, 9_984, 1000)],
+    );
+    agent.pods.set(vec![pod(
+        "uid-single",
+        "single",
+        1,
+        "nvidia.com/gpu",
+        1,
+        Some(d.encode_signed(KEY)),
+    )]);
+    agent.admitting("single", &[]);
+    // The kubelet picked the other instance's device: the decision rules.
+    let r = allocate(&mut nvidia, &[mig1]).await.unwrap();
+    assert_eq!(mounted_devices(&r), [MIG2]);
     drop(listed);
     stop_agent(agent).await;
     let _ = kubelet.stop.send(());

@@ -178,7 +178,7 @@ async fn scrape_attributes_shared_gpu_memory_to_pods() {
         ),
     ]);
     let (_tx, view) = watch::channel(NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus: fake.discover().unwrap(),
         health: BTreeMap::new(),
     });
@@ -335,7 +335,7 @@ fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
 async fn without_a_pod_list_nothing_is_called_a_leak() {
     let fake = Fake::from_yaml(GPUS, "test").unwrap();
     let (_tx, view) = watch::channel(NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus: fake.discover().unwrap(),
         health: BTreeMap::new(),
     });
@@ -392,7 +392,7 @@ async fn mps_daemons_are_reported_up_and_down() {
     daemons.ensure(&["GPU-other".to_string()]).unwrap();
     let fake = Fake::from_yaml(GPUS, "test").unwrap();
     let (_tx, view) = watch::channel(NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus: fake.discover().unwrap(),
         health: BTreeMap::new(),
     });

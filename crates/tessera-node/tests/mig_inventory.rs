@@ -75,7 +75,7 @@ async fn gpunode_shows_the_layout_the_agent_made() {
         pod_resources: None,
         kubelet: None,
         inventory: Some(Inventory::new(client, NODE.into())),
-        mig_dynamic: None,
+        node_settings: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(tessera_node::run::run(config, deps, async {

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use tessera_core::fit::mig_layout::MigDynamic;
-use tessera_node::nodesettings::watch_mig_dynamic;
+use tessera_core::model::single::MigStrategy;
+use tessera_node::nodesettings::{NodeSettings, watch_settings};
 
 mod mock_api;
 use mock_api::line;
@@ -34,11 +35,11 @@ async fn the_mig_setting_follows_the_nodes_label_from_one_watch() {
         "metadata": {"resourceVersion": "100"}, "items": [node(100, Some("instances"))]
     }));
     let events_tx = api.events.clone();
-    let mut setting = watch_mig_dynamic(api.client.clone(), "n1");
-    let until = |rx: &mut tokio::sync::watch::Receiver<MigDynamic>, want: MigDynamic| {
+    let mut setting = watch_settings(api.client.clone(), "n1");
+    let until = |rx: &mut tokio::sync::watch::Receiver<NodeSettings>, want: MigDynamic| {
         let mut rx = rx.clone();
         async move {
-            tokio::time::timeout(WAIT, rx.wait_for(|v| *v == want))
+            tokio::time::timeout(WAIT, rx.wait_for(|v| v.mig_dynamic == want))
                 .await
                 .unwrap_or_else(|_| panic!("the setting never became {want:?}"))
                 .map(|_| ())
@@ -63,7 +64,19 @@ async fn the_mig_setting_follows_the_nodes_label_from_one_watch() {
         .send(line("MODIFIED", &node(104, Some("Instances"))))
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(*setting.borrow(), MigDynamic::Off);
+    assert_eq!(setting.borrow().mig_dynamic, MigDynamic::Off);
+    assert_eq!(setting.borrow().mig_strategy, MigStrategy::Mixed);
+    // GFD labels the node for the GPU Operator's single MIG strategy.
+    let mut single = node(105, None);
+    single["metadata"]["labels"]["nvidia.com/mig.strategy"] = "single".into();
+    events_tx.send(line("MODIFIED", &single)).unwrap();
+    tokio::time::timeout(
+        WAIT,
+        setting.wait_for(|v| v.mig_strategy == MigStrategy::Single),
+    )
+    .await
+    .expect("the strategy follows the label")
+    .expect("the watch task is alive");
 
     // One LIST from the watch cache and one WATCH, both on this Node only.
     let uris = api.uris();

@@ -127,7 +127,7 @@ async fn a_backend_that_starts_at_once_serves_no_probe_and_shutdown_ends_the_wai
 
 async fn readyz(fake: Fake) -> (u16, String) {
     let (_tx, view) = watch::channel(NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus: fake.discover().expect("discover"),
         health: BTreeMap::new(),
     });

@@ -391,6 +391,10 @@ pub fn choose(
     spec: &GpuSpec,
     req: &Request,
 ) -> Option<Choice> {
+    // A MIG instance served as a GPU (single strategy) is taken whole only.
+    if gpu.instance_of.is_some() {
+        return None;
+    }
     if let GpuAsk::Mig { profile } = &req.gpu {
         let geo = spec.mig.as_ref()?;
         let (pi, _) = geo.profile(profile)?;

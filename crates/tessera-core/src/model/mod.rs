@@ -6,6 +6,7 @@
 
 pub mod demo;
 pub mod file;
+pub mod single;
 pub mod spec;
 
 use std::collections::BTreeMap;
@@ -84,6 +85,12 @@ pub struct Gpu {
     /// (`tessera.io/mig-dynamic`), where the node agent creates them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_instances: Vec<MigInstance>,
+    /// Set when this entry is one MIG instance of a physical GPU, served as a GPU
+    /// of its own because the node's MIG strategy is `single` ([`single`]): the
+    /// parent GPU's UUID. Such an entry takes whole-GPU asks only; no share and
+    /// no MIG request lands on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_of: Option<String>,
 }
 
 /// One MIG GPU instance that exists on a GPU.
@@ -137,6 +144,7 @@ impl Node {
                     numa: None,
                     mig_enabled: false,
                     mig_instances: Vec::new(),
+                    instance_of: None,
                 })
                 .collect(),
             links: Vec::new(),

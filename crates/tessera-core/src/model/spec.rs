@@ -598,6 +598,20 @@ impl Catalog {
         Ok(ModelId((self.specs.len() - 1) as u8))
     }
 
+    /// Adds a model unless one is known by exactly its canonical name. Unlike
+    /// [`Catalog::add`] it does not read the name as a GFD product label, where
+    /// `<model>-MIG-<profile>` means the parent model.
+    pub fn push_exact(&mut self, spec: GpuSpec) -> Result<ModelId, CatalogFull> {
+        if let Some(i) = self.specs.iter().position(|s| s.name == spec.name) {
+            return Ok(ModelId(i as u8));
+        }
+        if self.specs.len() >= MAX_MODELS {
+            return Err(CatalogFull);
+        }
+        self.specs.push(spec);
+        Ok(ModelId((self.specs.len() - 1) as u8))
+    }
+
     pub fn spec(&self, id: ModelId) -> &GpuSpec {
         &self.specs[id.0 as usize]
     }

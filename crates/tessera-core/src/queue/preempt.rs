@@ -254,7 +254,9 @@ fn gpu_may_serve(cluster: &Cluster, node: &Node, g: usize, req: &Request) -> boo
     }
     match &req.gpu {
         GpuAsk::None => false,
-        GpuAsk::Whole { .. } | GpuAsk::Shared { .. } => !gpu.mig_enabled,
+        GpuAsk::Whole { .. } => !gpu.mig_enabled,
+        // A MIG instance served as a GPU (single strategy) is taken whole only.
+        GpuAsk::Shared { .. } => !gpu.mig_enabled && gpu.instance_of.is_none(),
         GpuAsk::Mig { profile } => {
             gpu.mig_enabled
                 && cluster

@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 use tessera_api::{GpuHealth, GpuNode, LinkKind};
 use tessera_core::allocation::{AllocatedGpu, Allocation, MigGrant, VERSION};
 use tessera_core::fit;
+use tessera_core::model::single::{self, MigStrategy};
 use tessera_core::model::{
     Architecture, Catalog, Gpu, GpuSpec, Health, Link, MigGeometry, MigInstance, Node,
 };
@@ -350,6 +351,7 @@ pub fn core_node(
             numa: d.numa,
             mig_enabled: d.mig.enabled,
             mig_instances: mig_instances(d, catalog.spec(model).mig.as_ref()),
+            instance_of: None,
         });
     }
     let n = devices.len();
@@ -383,6 +385,11 @@ pub fn core_node(
             }
         }
         out.links = links;
+    }
+    // The GPU Operator's "single" MIG strategy: every instance is a GPU.
+    if MigStrategy::of(&out.labels) == MigStrategy::Single {
+        single::serve_instances_whole(&mut out, catalog)
+            .map_err(|e| node_err(&name, e.to_string()))?;
     }
     Ok(out)
 }
@@ -487,6 +494,34 @@ pub fn allocation_of(
     }
 }
 
+/// A granted MIG instance that the node, as read now, lists in the other form
+/// than the grant names it: a whole GPU (single strategy) that is an instance of
+/// a GPU in MIG mode now, or an instance granted by profile that is a GPU of its
+/// own now. `None` when neither names it.
+fn instance_grant(cluster: &Cluster, n: &Node, a: &AllocatedGpu) -> Option<GpuGrant> {
+    if let Some(m) = a.mig.as_ref().filter(|m| !m.uuid.is_empty()) {
+        let pos = n.gpus.iter().position(|g| g.uuid == m.uuid)?;
+        let spec = cluster.catalog.spec(n.gpus[pos].model);
+        return Some(GpuGrant::whole(pos as u8, spec.memory_mib));
+    }
+    if a.mig.is_some() || a.uuid.is_empty() {
+        return None;
+    }
+    let (pos, gpu, inst) = n.gpus.iter().enumerate().find_map(|(pos, g)| {
+        let inst = g.mig_instances.iter().find(|m| m.uuid == a.uuid)?;
+        Some((pos, g, inst))
+    })?;
+    let geo = cluster.catalog.spec(gpu.model).mig.as_ref()?;
+    let p = geo.profiles.get(inst.profile as usize)?;
+    let slot = MigSlot {
+        profile: inst.profile,
+        start: inst.start,
+        size: p.memory_slices,
+        compute: p.compute_slices,
+    };
+    Some(fit::mig_grant(pos as u8, geo, p, slot))
+}
+
 /// The placement an allocation annotation stands for, to replay into a ledger.
 pub fn placement_of(
     allocation: &Allocation,
@@ -510,6 +545,12 @@ pub fn placement_of(
             n.gpus.iter().position(|g| g.uuid == a.uuid)
         };
         let Some(pos) = pos else {
+            // The node's MIG strategy changed under a running pod: its instance is
+            // still its own, counted as the node is read now.
+            if let Some(grant) = instance_grant(cluster, n, a) {
+                grants.push(grant);
+                continue;
+            }
             if !a.uuid.is_empty() {
                 return Err(ConvertError::GpuGone {
                     pod: allocation.pod.clone(),

@@ -27,10 +27,19 @@ impl Mirror {
         let mut granted: HashMap<&str, HashSet<&str>> = HashMap::new();
         for h in self.held.values() {
             if let Some(a) = &h.allocation {
-                granted
-                    .entry(h.pod.as_str())
-                    .or_default()
-                    .extend(a.gpus.iter().map(|g| g.uuid.as_str()));
+                let uuids = granted.entry(h.pod.as_str()).or_default();
+                uuids.extend(a.gpus.iter().map(|g| g.uuid.as_str()));
+                // A MIG instance granted as a GPU (single strategy): the agent
+                // reports the physical GPU it is on.
+                if let Some(id) = self.cluster.node_id(&h.node) {
+                    let node = self.cluster.node(id);
+                    uuids.extend(a.gpus.iter().filter_map(|g| {
+                        node.gpus
+                            .iter()
+                            .find(|e| e.uuid == g.uuid)
+                            .and_then(|e| e.instance_of.as_deref())
+                    }));
+                }
             }
         }
         let live: HashSet<String> = self.pods.values().map(crate::convert::pod_key).collect();
@@ -81,11 +90,8 @@ impl Mirror {
                     }
                     continue;
                 }
-                for u in &c.gpu_uuids {
-                    // A GPU the node no longer lists holds nothing to count.
-                    if let Some(pos) = node.gpus.iter().position(|g| g.uuid == *u) {
-                        held.entry(pos as u8).or_insert((key.clone(), u.clone()));
-                    }
+                for (pos, u) in held_positions(node, c) {
+                    held.entry(pos).or_insert((key.clone(), u));
                 }
             }
             whole.extend(
@@ -147,6 +153,44 @@ impl Mirror {
             self.blocked.entry(id).or_insert(block);
         }
     }
+}
+
+/// The positions of `node` that a reported container holds, each with the UUID
+/// it holds it by. A GPU the node no longer lists holds nothing to count. On a
+/// node serving MIG instances as GPUs (single strategy) a device that is such an
+/// instance holds that entry; a physical GPU reported without one (the device
+/// ID did not name it) holds every instance of it.
+fn held_positions(
+    node: &tessera_core::Node,
+    c: &tessera_api::gpunode::ContainerDevices,
+) -> Vec<(u8, String)> {
+    let mut out = Vec::new();
+    let mut by_instance: HashSet<&str> = HashSet::new();
+    for d in &c.device_ids {
+        let d = d.split_once("::").map_or(d.as_str(), |(u, _)| u);
+        if let Some(pos) = node
+            .gpus
+            .iter()
+            .position(|g| g.instance_of.is_some() && g.uuid == d)
+        {
+            out.push((pos as u8, d.to_string()));
+            by_instance.extend(node.gpus[pos].instance_of.as_deref());
+        }
+    }
+    for u in &c.gpu_uuids {
+        if let Some(pos) = node.gpus.iter().position(|g| g.uuid == *u) {
+            out.push((pos as u8, u.clone()));
+        } else if !by_instance.contains(u.as_str()) {
+            out.extend(
+                node.gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, g)| g.instance_of.as_deref() == Some(u.as_str()))
+                    .map(|(pos, g)| (pos as u8, g.uuid.clone())),
+            );
+        }
+    }
+    out
 }
 
 /// A grant that holds GPU `pos` of node `id` whole: the whole GPU, or on a GPU in

@@ -36,6 +36,12 @@
 //!   devices as `tessera.io/mig-<profile>`, so `nvidia.com/mig-1g.10gb` pods run on
 //!   Tessera's MIG GPUs (the request parser reads both names as one MIG request).
 //!   Like `nvidia.com/gpu`, never beside NVIDIA's plugin on one node.
+//! - The GPU Operator's "single" MIG strategy (Node label `tessera.io/mig-strategy`
+//!   or GFD's `nvidia.com/mig.strategy` = `single`): a GPU in MIG mode offers each
+//!   instance as a GPU, under `tessera.io/gpu` (`<MIG-uuid>::<k>` tokens) and
+//!   `nvidia.com/gpu` (its `MIG-…` UUID), and no `*/mig-<profile>` resource. A
+//!   whole-GPU decision then names the instance's UUID, and `Allocate` hands over
+//!   exactly that instance.
 //!
 //! Each resource has its own socket `tessera-<name>.sock` in the device-plugins
 //! directory, and re-registers when the kubelet's socket is recreated
@@ -53,10 +59,12 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use tessera_core::fit::mig_layout::MigDynamic;
+use tessera_core::model::single::MigStrategy;
 use tessera_core::model::{Catalog, MigGeometry};
 
 use crate::backend::GpuInfo;
 use crate::health::GpuHealth;
+use crate::nodesettings::NodeSettings;
 use crate::proto::deviceplugin as pb;
 
 /// `v1beta1`.
@@ -77,9 +85,10 @@ pub const DEFAULT_SLOTS: u32 = 16;
 pub struct NodeView {
     pub gpus: Vec<GpuInfo>,
     pub health: BTreeMap<String, GpuHealth>,
-    /// What the Node's `tessera.io/mig-dynamic` label lets the agent do to MIG
-    /// (off until the Node has been read).
-    pub mig_dynamic: MigDynamic,
+    /// What the Node's labels let the agent do to MIG (`tessera.io/mig-dynamic`)
+    /// and how its instances are offered (the MIG strategy); both off until the
+    /// Node has been read.
+    pub settings: NodeSettings,
 }
 
 impl NodeView {
@@ -94,8 +103,12 @@ impl NodeView {
     /// The MIG geometry of `gpu` when the agent may create instances on it now
     /// (see [`MigDynamic`]): in MIG mode with `instances` or `mode`, out of it
     /// with `mode`; never for a model the catalog does not know.
+    /// Never under the single strategy, whose instances are GPUs.
     pub fn creatable(&self, gpu: &GpuInfo) -> Option<&'static MigGeometry> {
-        let allowed = match self.mig_dynamic {
+        if self.single() {
+            return None;
+        }
+        let allowed = match self.settings.mig_dynamic {
             MigDynamic::Off => false,
             MigDynamic::Instances => gpu.mig_enabled,
             MigDynamic::Mode => gpu.mig_capable || gpu.mig_enabled,
@@ -106,14 +119,41 @@ impl NodeView {
         mig_geometry(gpu)
     }
 
+    /// Whether the node's MIG strategy is `single`: every MIG instance is offered
+    /// as a GPU of its own (`nvidia.com/gpu`, `tessera.io/gpu`).
+    pub fn single(&self) -> bool {
+        self.settings.mig_strategy == MigStrategy::Single
+    }
+
     /// The GPU a decision's grant names: by UUID, or by NVML index when the
-    /// decision has no UUID for it.
+    /// decision has no UUID for it. A whole-GPU grant may name a MIG instance
+    /// (the single strategy): the GPU is then its parent.
     pub fn grant_gpu(&self, g: &tessera_core::allocation::AllocatedGpu) -> Option<&GpuInfo> {
         if g.uuid.is_empty() {
             self.gpus.iter().find(|x| x.index == g.index)
         } else {
-            self.gpu(&g.uuid)
+            self.gpu(&g.uuid).or_else(|| self.instance_parent(&g.uuid))
         }
+    }
+
+    /// The UUIDs of `gpu`'s MIG instances offered as GPUs: every named instance
+    /// of a GPU in MIG mode under the single strategy, else none.
+    pub fn whole_instances<'a>(&self, gpu: &'a GpuInfo) -> Vec<&'a str> {
+        if !(self.single() && gpu.mig_enabled) {
+            return Vec::new();
+        }
+        gpu.mig_instances
+            .iter()
+            .filter(|m| !m.uuid.is_empty())
+            .map(|m| m.uuid.as_str())
+            .collect()
+    }
+
+    /// The GPU in MIG mode that has the instance `uuid`.
+    pub fn instance_parent(&self, uuid: &str) -> Option<&GpuInfo> {
+        self.gpus
+            .iter()
+            .find(|g| g.mig_enabled && g.mig_instances.iter().any(|m| m.uuid == uuid))
     }
 }
 
@@ -168,7 +208,11 @@ impl Resource {
     /// names `nvidia.com/gpu` and `nvidia.com/mig-<profile>`.
     pub fn for_node(view: &NodeView, slots: u32, nvidia_gpu: bool) -> Vec<Resource> {
         let mut out = Vec::new();
-        if view.gpus.iter().any(|g| !g.mig_enabled) {
+        if view
+            .gpus
+            .iter()
+            .any(|g| !g.mig_enabled || !view.whole_instances(g).is_empty())
+        {
             out.push(Resource::Gpu { slots });
             if nvidia_gpu {
                 out.push(Resource::NvidiaGpu);
@@ -177,6 +221,8 @@ impl Resource {
         let mut profiles: Vec<String> = view
             .gpus
             .iter()
+            // Under the single strategy instances are GPUs, not profiles.
+            .filter(|_| !view.single())
             .flat_map(|g| match view.creatable(g) {
                 Some(geo) => geo.profiles.iter().map(|p| p.name.clone()).collect(),
                 None => g
@@ -218,6 +264,24 @@ impl Resource {
         };
         let mut out = Vec::new();
         for gpu in &view.gpus {
+            // Under the single strategy, a GPU in MIG mode offers its instances as
+            // GPUs: `slots` tokens each for `tessera.io/gpu`, the instance itself
+            // for `nvidia.com/gpu`, with the parent's health and NUMA node.
+            if gpu.mig_enabled && view.single() {
+                for m in view.whole_instances(gpu) {
+                    let ids = match self {
+                        Resource::Gpu { slots } => (0..*slots).map(|k| slot_id(m, k)).collect(),
+                        Resource::NvidiaGpu => vec![m.to_string()],
+                        Resource::Mig { .. } | Resource::NvidiaMig { .. } => Vec::new(),
+                    };
+                    out.extend(ids.into_iter().map(|id| pb::Device {
+                        id,
+                        health: health(gpu),
+                        topology: topo(gpu),
+                    }));
+                }
+                continue;
+            }
             match self {
                 Resource::Gpu { slots } if !gpu.mig_enabled => {
                     for k in 0..*slots {
@@ -321,7 +385,7 @@ gpus:
     )
     .expect("a valid fake node");
     NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus: fake.discover().expect("fake GPUs"),
         health: Default::default(),
     }
@@ -332,6 +396,50 @@ mod tests {
     use super::*;
     use crate::backend::GpuBackend;
     use crate::backend::fake::Fake;
+
+    /// The GPU Operator's single MIG strategy (issue 27 item 8): a GPU in MIG
+    /// mode offers its instances as GPUs, and no profile is advertised.
+    #[test]
+    fn under_the_single_strategy_instances_are_gpus() {
+        let mut view = test_view();
+        view.settings.mig_strategy = MigStrategy::Single;
+        // Dynamic MIG does not apply: the instances are fixed GPUs.
+        view.settings.mig_dynamic = MigDynamic::Mode;
+        let names: Vec<String> = Resource::for_node(&view, 2, true)
+            .iter()
+            .map(Resource::name)
+            .collect();
+        assert_eq!(names, ["tessera.io/gpu", "nvidia.com/gpu"]);
+        let ids = |r: &Resource, view: &NodeView| -> Vec<String> {
+            r.devices(view).into_iter().map(|d| d.id).collect()
+        };
+        let nvidia = ids(&Resource::NvidiaGpu, &view);
+        assert_eq!(nvidia, ["GPU-0", "GPU-1", "GPU-2", "GPU-3", "MIG-x"]);
+        let slots = ids(&Resource::Gpu { slots: 2 }, &view);
+        assert_eq!(&slots[8..], ["MIG-x::0", "MIG-x::1"]);
+        // The instance carries its parent's health.
+        view.health.insert(
+            "GPU-4".into(),
+            GpuHealth::Unhealthy {
+                reason: "x".into(),
+                xid: Some(79),
+            },
+        );
+        let mig_x = Resource::NvidiaGpu
+            .devices(&view)
+            .into_iter()
+            .find(|d| d.id == "MIG-x")
+            .unwrap();
+        assert_eq!(mig_x.health, UNHEALTHY);
+        // Mixed (the default): the instance is a profile, never a GPU.
+        view.settings.mig_strategy = MigStrategy::Mixed;
+        assert!(!ids(&Resource::NvidiaGpu, &view).contains(&"MIG-x".to_string()));
+        assert!(
+            Resource::for_node(&view, 2, true).contains(&Resource::NvidiaMig {
+                profile: "3g.40gb".into()
+            })
+        );
+    }
 
     #[test]
     fn resources_and_device_ids() {
@@ -351,7 +459,7 @@ gpus:
         )
         .unwrap();
         let mut view = NodeView {
-            mig_dynamic: Default::default(),
+            settings: Default::default(),
             gpus: fake.discover().unwrap(),
             health: BTreeMap::new(),
         };
@@ -440,7 +548,7 @@ gpus:
         };
         assert_eq!(ids(&view, &three), ["MIG-x"]);
 
-        view.mig_dynamic = MigDynamic::Instances;
+        view.settings.mig_dynamic = MigDynamic::Instances;
         let names = mig_names(&view);
         assert!(
             names.contains(&"tessera.io/mig-1g.10gb".to_string())
@@ -455,7 +563,7 @@ gpus:
         };
         assert_eq!(ids(&view, &one).len(), 7);
 
-        view.mig_dynamic = MigDynamic::Mode;
+        view.settings.mig_dynamic = MigDynamic::Mode;
         // Every A100 may be switched: five GPUs of two 3g.40gb each.
         let all = ids(&view, &three);
         assert_eq!(all.len(), 10, "{all:?}");

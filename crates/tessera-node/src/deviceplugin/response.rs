@@ -127,6 +127,18 @@ pub fn container_response(
         let gpu = find_gpu(pod, g, view)?;
         ids.push(if alloc.isolation == Isolation::Mig {
             mig_instance(pod, g, gpu, resource)?
+        } else if !g.uuid.is_empty() && g.uuid != gpu.uuid {
+            // A MIG instance granted as a GPU (the single strategy): exactly that
+            // instance, and only whole; a share there would let more pods use it
+            // than the scheduler counts.
+            if alloc.isolation != Isolation::Exclusive {
+                return Err(AllocateError::WrongResource {
+                    pod: pod.to_string(),
+                    isolation: format!("{} on MIG instance {}", alloc.isolation.name(), g.uuid),
+                    resource: resource.name(),
+                });
+            }
+            g.uuid.clone()
         } else {
             gpu.uuid.clone()
         });
@@ -280,6 +292,30 @@ mod tests {
         );
         let e = answer(&whole, &mig).unwrap_err();
         assert!(matches!(e, AllocateError::WrongResource { .. }));
+    }
+
+    /// The single MIG strategy (issue 27 item 8): a whole-GPU decision naming a
+    /// MIG instance hands over exactly that instance, never its parent GPU, for
+    /// `nvidia.com/gpu` and `tessera.io/gpu` alike; a share naming one is refused.
+    #[test]
+    fn a_whole_grant_naming_an_instance_hands_over_the_instance() {
+        let whole = alloc(Isolation::Exclusive, vec![g(4, "MIG-x", 40_192, 1000)]);
+        for resource in [Resource::NvidiaGpu, Resource::Gpu { slots: 16 }] {
+            let r = answer(&whole, &resource).unwrap();
+            assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-x", "{resource:?}");
+        }
+        let share = alloc(Isolation::TimeSlice, vec![g(4, "MIG-x", 10_000, 250)]);
+        let e = answer(&share, &Resource::Gpu { slots: 16 }).unwrap_err();
+        assert!(
+            e.to_string().contains("time-slice on MIG instance MIG-x"),
+            "{e}"
+        );
+        // An instance this node does not have is no GPU at all.
+        let gone = alloc(Isolation::Exclusive, vec![g(4, "MIG-gone", 40_192, 1000)]);
+        assert!(matches!(
+            answer(&gone, &Resource::NvidiaGpu),
+            Err(AllocateError::UnknownGpu { .. })
+        ));
     }
 
     /// `nvidia.com/mig-3g.40gb` (the mixed strategy's name) is answered like

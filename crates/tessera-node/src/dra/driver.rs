@@ -96,7 +96,7 @@ pub async fn watch_health(
         })??;
     let mut tracker = HealthTracker::new(gpus.iter().map(|g| g.uuid.clone()), policy, quiet_period);
     let (view_tx, view) = watch::channel(NodeView {
-        mig_dynamic: Default::default(),
+        settings: Default::default(),
         gpus,
         health: tracker.all(),
     });

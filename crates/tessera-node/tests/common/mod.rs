@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_core::allocation::{ANNOTATION, AllocatedGpu, Allocation, VERSION};
-use tessera_core::fit::mig_layout::MigDynamic;
 use tessera_core::request::Isolation;
 use tessera_node::backend::fake::Fake;
 use tessera_node::deviceplugin::allocate::{
@@ -16,6 +15,7 @@ use tessera_node::deviceplugin::allocate::{
 };
 use tessera_node::deviceplugin::registration::PluginConfig;
 use tessera_node::health::XidPolicy;
+use tessera_node::nodesettings::NodeSettings;
 use tessera_node::podresources::PodResourcesClient;
 use tessera_node::proto::deviceplugin as pb;
 use tessera_node::proto::deviceplugin::device_plugin_client::DevicePluginClient;
@@ -140,7 +140,7 @@ pub struct Agent {
     pub kubelet: FakePodResources,
     /// The Node's `tessera.io/mig-dynamic` setting as the agent's Node watch
     /// would report it (off at start).
-    pub mig_dynamic: tokio::sync::watch::Sender<MigDynamic>,
+    pub settings: tokio::sync::watch::Sender<NodeSettings>,
     pub stop: oneshot::Sender<()>,
     pub task: tokio::task::JoinHandle<()>,
 }
@@ -187,7 +187,7 @@ pub fn start_agent_tweaked(
     };
     let mut config = config;
     tweak(&mut config);
-    let (mig_dynamic, mig_dynamic_rx) = tokio::sync::watch::channel(MigDynamic::Off);
+    let (settings, settings_rx) = tokio::sync::watch::channel(NodeSettings::default());
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),
@@ -195,7 +195,7 @@ pub fn start_agent_tweaked(
         pod_resources: None,
         kubelet: Some(Arc::new(PodResourcesClient { socket })),
         inventory: None,
-        mig_dynamic: Some(mig_dynamic_rx),
+        node_settings: Some(settings_rx),
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -209,7 +209,7 @@ pub fn start_agent_tweaked(
         fake,
         pods,
         kubelet,
-        mig_dynamic,
+        settings,
         stop,
         task,
     }

@@ -492,9 +492,9 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     };
 
     rt.block_on(async move {
-        type MigSetting = tokio::sync::watch::Receiver<tessera_core::fit::mig_layout::MigDynamic>;
+        type MigSetting = tokio::sync::watch::Receiver<tessera_node::nodesettings::NodeSettings>;
         type FromApi = (Arc<dyn PodSource>, Option<Inventory>, Option<MigSetting>);
-        let (pods, inventory, mig_dynamic): FromApi = if args.no_kube {
+        let (pods, inventory, node_settings): FromApi = if args.no_kube {
             eprintln!("tessera node-agent: --no-kube: no inventory; Allocate refuses every pod (no decisions can be read)");
             (
                 Arc::new(NoPods("the agent runs with --no-kube: pods cannot be looked up".into())),
@@ -506,7 +506,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
                 Ok(c) => (
                     Arc::new(KubePods::watch(c.clone(), &node_name)),
                     Some(Inventory::new(c.clone(), node_name.clone())),
-                    Some(tessera_node::nodesettings::watch_mig_dynamic(c, &node_name)),
+                    Some(tessera_node::nodesettings::watch_settings(c, &node_name)),
                 ),
                 Err(e) => {
                     eprintln!("error: cannot reach the Kubernetes API ({e}); use --no-kube to run without it");
@@ -537,7 +537,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
             pod_resources,
             kubelet,
             inventory,
-            mig_dynamic,
+            node_settings,
         };
         let shutdown = async {
             let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
