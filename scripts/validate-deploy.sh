@@ -741,6 +741,8 @@ SCENARIOS = {
     "grafana dashboards": {"grafanaDashboards": {"enabled": True, "namespace": "monitoring",
                                                  "annotations": {"grafana_folder": "GPUs"}}},
     "DRA driver": {"nodeAgent": {"dra": {"enabled": True}}},
+    "DRA driver, monitored": {"nodeAgent": {"dra": {"enabled": True}},
+                              "monitoring": {"podMonitor": True, "serviceMonitor": True}},
     "DRA driver, another kubelet root": {"nodeAgent": {
         "nodeSelector": {"nvidia.com/gpu.present": "true"}, "xidIgnore": "94",
         "dra": {"enabled": True, "nodeLabel": "example.com/gpu-dra",
@@ -1145,8 +1147,10 @@ def check_monitoring(objs, where, values):
     for pm in (o for o in objs if o["kind"] == "PodMonitor"):
         pods = [o for o in objs if o["kind"] in ("Deployment", "DaemonSet")
                 and selector_matches(pm["spec"]["selector"], o["spec"]["template"]["metadata"]["labels"])]
-        if [p["kind"] for p in pods] != ["DaemonSet"]:
-            fail(where, f"{describe(pm)}: selects {[describe(p) for p in pods]}, expected the node agent only")
+        agents = [o for o in objs if o["kind"] == "DaemonSet"]
+        if not pods or [p["kind"] for p in pods] != ["DaemonSet"] * len(pods) or len(pods) != len(agents):
+            fail(where, f"{describe(pm)}: selects {[describe(p) for p in pods]}, "
+                        f"expected every node agent DaemonSet (device plugin and DRA) and nothing else")
         for ep in pm["spec"]["podMetricsEndpoints"]:
             for p in pods:
                 names = [cp.get("name") for c in p["spec"]["template"]["spec"]["containers"] for cp in c.get("ports") or []]

@@ -515,10 +515,8 @@ impl Collector {
         out
     }
 
-    /// `GET /metrics`, `/healthz` (alive) and `/readyz`: 503 while the agent
-    /// serves no GPU (the backend found none), so an agent with nothing to
-    /// serve is not Ready.
-    pub fn router(self: Arc<Self>) -> axum::Router {
+    /// `GET /metrics` alone (the DRA driver serves its own probes beside it).
+    pub fn metrics_router(self: Arc<Self>) -> axum::Router {
         use axum::routing::get;
         axum::Router::new()
             .route(
@@ -535,6 +533,15 @@ impl Collector {
                     },
                 ),
             )
+            .with_state(self)
+    }
+
+    /// `GET /metrics`, `/healthz` (alive) and `/readyz`: 503 while the agent
+    /// serves no GPU (the backend found none), so an agent with nothing to
+    /// serve is not Ready.
+    pub fn router(self: Arc<Self>) -> axum::Router {
+        use axum::routing::get;
+        let ready = axum::Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route(
                 "/readyz",
@@ -556,7 +563,8 @@ impl Collector {
                     },
                 ),
             )
-            .with_state(self)
+            .with_state(self.clone());
+        self.metrics_router().merge(ready)
     }
 }
 

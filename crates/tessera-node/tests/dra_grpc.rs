@@ -553,11 +553,13 @@ async fn an_xid_taints_the_gpu_through_the_health_watch() {
         "t",
     )
     .unwrap();
+    let xids = tessera_node::metrics::XidStats::default();
     let (mut view, _guard) = watch_health(
         Arc::new(fake.clone()),
         Default::default(),
         Duration::from_secs(3600),
         Duration::from_secs(3600),
+        xids.clone(),
     )
     .await
     .unwrap();
@@ -570,6 +572,8 @@ async fn an_xid_taints_the_gpu_through_the_health_watch() {
     let now = view.borrow().clone();
     assert!(now.is_healthy("GPU-0"));
     assert!(!now.is_healthy("GPU-1"));
+    // Counted for /metrics, as on the device-plugin path.
+    assert!(xids.0.lock().unwrap().contains_key("GPU-1"), "no XID count");
     let options = SliceOptions {
         device_taints: true,
         ..Default::default()
@@ -594,6 +598,16 @@ async fn the_driver_is_not_ready_until_the_kubelet_registers_it() {
         .unwrap();
     let (_dir, config, stop, task) = start_driver(Some(probe)).await;
     assert_eq!(get(probe, "/healthz").await.unwrap().0, 200);
+    // The GPU readings, as the device-plugin agent serves them (issue 29: the
+    // DRA pods served no /metrics).
+    let (status, metrics) = get(probe, "/metrics").await.unwrap();
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("DCGM_FI_DEV_FB_FREE{") && l.contains("UUID=\"GPU-0\"")),
+        "{metrics}"
+    );
     let (status, body) = get(probe, "/readyz").await.unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(
@@ -660,7 +674,8 @@ async fn start_driver(
     let (stop, stopped) = oneshot::channel::<()>();
     let c = config.clone();
     let task = tokio::spawn(async move {
-        run_driver(c, Arc::new(fake), None, async {
+        let procs = Arc::new(fake.proc_reader());
+        run_driver(c, Arc::new(fake), procs, None, async {
             let _ = stopped.await;
         })
         .await

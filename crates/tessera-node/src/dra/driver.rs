@@ -26,9 +26,11 @@ use super::probe::SliceState;
 use super::registration::RegistrationState;
 use super::server::{DraServerError, serve};
 use super::slice::{DriverVersions, SliceOptions, resource_slices};
-use crate::backend::{BackendError, GpuBackend, Probe, XidEvent};
+use crate::backend::{BackendError, GpuBackend, Probe, ProcReader, XidEvent};
 use crate::deviceplugin::NodeView;
+use crate::deviceplugin::allocate::NoPods;
 use crate::health::{HealthTracker, XidPolicy};
+use crate::metrics::{Collector, XidStats};
 
 /// How long a failed publish waits before the next try.
 const PUBLISH_RETRY: Duration = Duration::from_secs(10);
@@ -45,7 +47,7 @@ pub struct DriverConfig {
     pub xid_policy: XidPolicy,
     /// How long a GPU stays withdrawn after its last fatal XID.
     pub quiet_period: Duration,
-    /// Where `/healthz` and `/readyz` are served (`None`: nowhere).
+    /// Where `/healthz`, `/readyz` and `/metrics` are served (`None`: nowhere).
     pub probe_addr: Option<SocketAddr>,
 }
 
@@ -85,6 +87,7 @@ pub async fn watch_health(
     policy: XidPolicy,
     quiet_period: Duration,
     interval: Duration,
+    xids: XidStats,
 ) -> Result<(watch::Receiver<NodeView>, HealthGuard), BackendError> {
     let b = backend.clone();
     let gpus = tokio::task::spawn_blocking(move || b.discover())
@@ -137,6 +140,7 @@ pub async fn watch_health(
                 _ = view_tx.closed() => return,
                 Some(ev) = xid_rx.recv() => {
                     tracing::warn!(gpu = %ev.uuid, xid = ev.xid, "XID event");
+                    xids.record(&ev.uuid, ev.xid);
                     changes.extend(tracker.on_xid(&ev, Instant::now()));
                 }
                 _ = tokio::time::sleep(interval) => {
@@ -178,19 +182,37 @@ impl Drop for HealthGuard {
 }
 
 /// Runs the driver until `shutdown` resolves.
+/// `procs` reads the GPU processes' cgroups for `/metrics` (their memory by pod).
 pub async fn run_driver(
     config: DriverConfig,
     backend: Arc<dyn GpuBackend>,
+    procs: Arc<dyn ProcReader>,
     client: Option<kube::Client>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
+    let xids = XidStats::default();
     let (view, _health) = watch_health(
         backend.clone(),
         config.xid_policy.clone(),
         config.quiet_period,
         config.health_interval,
+        xids.clone(),
     )
     .await?;
+    // The device-plugin agent's readings of every GPU. Pods are not read in this
+    // mode (claims, not annotations, say what a pod holds): GPU processes are
+    // attributed by the pod UID in their cgroup.
+    let collector = Arc::new(Collector::new(
+        config.node_name.clone(),
+        backend.clone(),
+        procs,
+        Arc::new(NoPods(
+            "the DRA driver does not read pods; GPU processes are attributed by pod UID".into(),
+        )),
+        None,
+        view.clone(),
+        xids,
+    ));
     tracing::info!(gpus = view.borrow().gpus.len(), "DRA driver: GPUs found");
     let versions = DriverVersions {
         driver: backend.driver_version(),
@@ -294,7 +316,8 @@ pub async fn run_driver(
     let (state, registration) = watch::channel(RegistrationState::Pending);
     let (probe_stop, probe_stopped) = tokio::sync::oneshot::channel::<()>();
     let probes = probe_listener.map(|listener| {
-        let app = super::probe::router(registration, slice_state_rx, view);
+        let app = super::probe::router(registration, slice_state_rx, view)
+            .merge(collector.metrics_router());
         tokio::spawn(async move {
             let stopped = async {
                 let _ = probe_stopped.await;

@@ -7,7 +7,8 @@
 //! node's ResourceSlices have been published at least once (a later failed
 //! publish leaves the published slices in place, so the driver stays ready
 //! and says so), and 503 naming what is missing otherwise. The device-plugin
-//! agent's `/metrics` ([`crate::metrics`]) is not served in this mode yet.
+//! agent's `/metrics` ([`crate::metrics`]) is served beside them
+//! ([`super::driver::run_driver`]).
 
 use axum::Router;
 use axum::http::StatusCode;

@@ -414,7 +414,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     }
 
     if args.dra {
-        return rt.block_on(run_dra(args, backend, node_name, metrics_addr));
+        return rt.block_on(run_dra(args, backend, procs, node_name, metrics_addr));
     }
 
     let key_file = args.allocation_key_file.clone().or_else(|| {
@@ -583,6 +583,7 @@ async fn signalled() {
 async fn run_dra(
     args: NodeAgentArgs,
     backend: Arc<dyn GpuBackend>,
+    procs: Arc<dyn ProcReader>,
     node_name: String,
     probe_addr: Option<SocketAddr>,
 ) -> anyhow::Result<ExitCode> {
@@ -620,10 +621,10 @@ async fn run_dra(
         health_interval: args.health_interval,
         xid_policy,
         quiet_period: args.quiet_period,
-        // /healthz and /readyz only: this mode has no /metrics yet.
+        // /healthz, /readyz and /metrics.
         probe_addr,
     };
-    match run_driver(config, backend, client, signalled()).await {
+    match run_driver(config, backend, procs, client, signalled()).await {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("error: {e}");
