@@ -14,6 +14,7 @@ pub mod bench;
 pub mod binder;
 pub mod client;
 pub mod convert;
+pub mod dra;
 pub mod events;
 pub mod explain;
 pub mod extender;

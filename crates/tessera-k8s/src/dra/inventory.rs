@@ -1,0 +1,314 @@
+//! One node's devices, read from its `ResourceSlice`s, and what other claims
+//! already hold of them. Pure.
+//!
+//! Only the newest generation of each pool counts (protocols.md §3.3); a pool
+//! with fewer slices than it announces is marked incomplete, which only
+//! `allocationMode: All` cares about. A device whose attributes or capacities do
+//! not read is left out and named in [`NodeInventory::skipped`]: one bad device
+//! must not hide the rest of the node.
+
+use std::collections::BTreeMap;
+
+use super::cel::{AttrValue, DeviceValue};
+use super::quantity::Quantity;
+use super::types::{CapacityRequestPolicy, DeviceTaint, ResourceClaim, ResourceSlice};
+
+/// `<driver>/<pool>/<device>`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceKey {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+impl std::fmt::Display for DeviceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
+    }
+}
+
+/// How a consumable capacity rounds what is asked of it (KEP-5075).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestPolicy {
+    Values(Vec<Quantity>),
+    Range {
+        min: Quantity,
+        max: Option<Quantity>,
+        step: Option<Quantity>,
+    },
+    DefaultOnly,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    pub value: Quantity,
+    pub default: Option<Quantity>,
+    pub policy: Option<RequestPolicy>,
+}
+
+impl Capacity {
+    /// What a share asking `asked` (or nothing) consumes of it, rounded up to
+    /// what the policy allows; `None` when the ask exceeds what it allows.
+    pub fn consumed_by(&self, asked: Option<Quantity>) -> Option<Quantity> {
+        let Some(asked) = asked else {
+            return Some(self.default.unwrap_or(self.value));
+        };
+        match &self.policy {
+            None | Some(RequestPolicy::DefaultOnly) => Some(asked),
+            Some(RequestPolicy::Values(vs)) => vs.iter().copied().find(|v| *v >= asked),
+            Some(RequestPolicy::Range { min, max, step }) => {
+                let mut v = asked.max(*min);
+                if let Some(step) = step.filter(|s| s.nano() > 0) {
+                    let over = (v.nano() - min.nano()).rem_euclid(step.nano());
+                    if over != 0 {
+                        v = v.checked_add(Quantity::from_nano(step.nano() - over))?;
+                    }
+                }
+                max.is_none_or(|m| v <= m).then_some(v)
+            }
+        }
+    }
+}
+
+/// One allocatable device of the node.
+#[derive(Debug, Clone)]
+pub struct NodeDevice {
+    pub key: DeviceKey,
+    /// As published (names of the driver's own domain unqualified).
+    pub attributes: BTreeMap<String, AttrValue>,
+    pub capacity: BTreeMap<String, Capacity>,
+    /// Counter set → counter → amount.
+    pub consumes: BTreeMap<String, BTreeMap<String, Quantity>>,
+    pub taints: Vec<DeviceTaint>,
+    /// `allowMultipleAllocations`: shares of it may be given to several claims.
+    pub shared: bool,
+    pub pool_complete: bool,
+    /// The `device` variable its selectors see.
+    pub cel: DeviceValue,
+}
+
+impl NodeDevice {
+    /// The attribute of fully qualified name `name` (`gpu.tessera.io/numa`).
+    pub fn attribute(&self, name: &str) -> Option<&AttrValue> {
+        match name.rsplit_once('/') {
+            Some((domain, id)) if domain == self.key.driver => self
+                .attributes
+                .get(id)
+                .or_else(|| self.attributes.get(name)),
+            _ => self.attributes.get(name),
+        }
+    }
+}
+
+/// The devices of one node and the counters of their pools.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInventory {
+    pub node: String,
+    pub devices: Vec<NodeDevice>,
+    /// (driver, pool, counter set) → counter → value.
+    pub counters: BTreeMap<(String, String, String), BTreeMap<String, Quantity>>,
+    /// Devices or slices left out, and why.
+    pub skipped: Vec<String>,
+}
+
+fn attr(v: &super::types::DeviceAttribute) -> Result<AttrValue, &'static str> {
+    if !v.extra.is_empty() {
+        return Err("list-typed or unknown attribute values are not supported");
+    }
+    match (v.int, v.bool, &v.string, &v.version) {
+        (Some(i), None, None, None) => Ok(AttrValue::Int(i)),
+        (None, Some(b), None, None) => Ok(AttrValue::Bool(b)),
+        (None, None, Some(s), None) => Ok(AttrValue::String(s.clone())),
+        (None, None, None, Some(s)) => Ok(AttrValue::Version(s.clone())),
+        _ => Err("an attribute must have exactly one value"),
+    }
+}
+
+fn policy(p: &CapacityRequestPolicy) -> Result<(Option<Quantity>, RequestPolicy), String> {
+    let q = |s: &str| Quantity::parse(s).map_err(|e| e.to_string());
+    let default = p.default.as_deref().map(q).transpose()?;
+    let policy = match (&p.valid_values[..], &p.valid_range) {
+        ([], None) => RequestPolicy::DefaultOnly,
+        (vs, None) => RequestPolicy::Values(vs.iter().map(|v| q(v)).collect::<Result<_, _>>()?),
+        ([], Some(r)) => RequestPolicy::Range {
+            min: q(&r.min)?,
+            max: r.max.as_deref().map(q).transpose()?,
+            step: r.step.as_deref().map(q).transpose()?,
+        },
+        _ => return Err("validValues and validRange are both set".into()),
+    };
+    Ok((default, policy))
+}
+
+/// The devices `slices` publish for `node` (slices of other nodes, and those
+/// selecting nodes by selector or `allNodes`, are not read in this version).
+pub fn node_inventory(node: &str, slices: &[ResourceSlice]) -> NodeInventory {
+    let mut inv = NodeInventory {
+        node: node.to_string(),
+        ..NodeInventory::default()
+    };
+    let mine: Vec<&ResourceSlice> = slices
+        .iter()
+        .filter(|s| s.spec.node_name.as_deref() == Some(node))
+        .collect();
+    // The newest generation of each pool, and how many of its slices are here.
+    let mut newest: BTreeMap<(&str, &str), (i64, i64, i64)> = BTreeMap::new();
+    for s in &mine {
+        let k = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+        let e = newest.entry(k).or_insert((i64::MIN, 0, 0));
+        if s.spec.pool.generation > e.0 {
+            *e = (s.spec.pool.generation, 0, s.spec.pool.resource_slice_count);
+        }
+        if s.spec.pool.generation == e.0 {
+            e.1 += 1;
+        }
+    }
+    for s in &mine {
+        let (driver, pool) = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+        let Some(&(generation, seen, count)) = newest.get(&(driver, pool)) else {
+            continue;
+        };
+        if s.spec.pool.generation != generation {
+            continue;
+        }
+        let complete = seen >= count;
+        for set in &s.spec.shared_counters {
+            let mut counters = BTreeMap::new();
+            for (name, c) in &set.counters {
+                match Quantity::parse(&c.value) {
+                    Ok(v) => {
+                        counters.insert(name.clone(), v);
+                    }
+                    Err(e) => inv
+                        .skipped
+                        .push(format!("{driver}/{pool} counter set {}: {e}", set.name)),
+                }
+            }
+            inv.counters
+                .insert((driver.into(), pool.into(), set.name.clone()), counters);
+        }
+        for d in &s.spec.devices {
+            let key = DeviceKey {
+                driver: driver.into(),
+                pool: pool.into(),
+                device: d.name.clone(),
+            };
+            match device(&key, d, complete) {
+                Ok(nd) if inv.devices.iter().all(|x| x.key != nd.key) => inv.devices.push(nd),
+                Ok(_) => inv.skipped.push(format!("{key}: published twice")),
+                Err(e) => inv.skipped.push(format!("{key}: {e}")),
+            }
+        }
+    }
+    inv
+}
+
+fn device(key: &DeviceKey, d: &super::types::Device, complete: bool) -> Result<NodeDevice, String> {
+    let mut attributes = BTreeMap::new();
+    for (name, v) in &d.attributes {
+        attributes.insert(
+            name.clone(),
+            attr(v).map_err(|e| format!("attribute {name}: {e}"))?,
+        );
+    }
+    let mut capacity = BTreeMap::new();
+    for (name, c) in &d.capacity {
+        let value = Quantity::parse(&c.value).map_err(|e| format!("capacity {name}: {e}"))?;
+        let (default, policy) = match &c.request_policy {
+            Some(p) => {
+                let (d, p) = policy(p).map_err(|e| format!("capacity {name}: {e}"))?;
+                (d, Some(p))
+            }
+            None => (None, None),
+        };
+        capacity.insert(
+            name.clone(),
+            Capacity {
+                value,
+                default,
+                policy,
+            },
+        );
+    }
+    let mut consumes: BTreeMap<String, BTreeMap<String, Quantity>> = BTreeMap::new();
+    for c in &d.consumes_counters {
+        let e = consumes.entry(c.counter_set.clone()).or_default();
+        for (name, v) in &c.counters {
+            let q = Quantity::parse(&v.value).map_err(|e| format!("counter {name}: {e}"))?;
+            e.insert(name.clone(), q);
+        }
+    }
+    let shared = d.allow_multiple_allocations == Some(true);
+    let caps: BTreeMap<String, Quantity> =
+        capacity.iter().map(|(k, c)| (k.clone(), c.value)).collect();
+    Ok(NodeDevice {
+        cel: DeviceValue::new(&key.driver, &attributes, &caps, shared),
+        key: key.clone(),
+        attributes,
+        capacity,
+        consumes,
+        taints: d.taints.clone(),
+        shared,
+        pool_complete: complete,
+    })
+}
+
+/// What other claims hold of one device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceUse {
+    /// Allocations holding it (admin access does not count).
+    pub allocations: u32,
+    /// Capacity consumed by shares, summed.
+    pub consumed: BTreeMap<String, Quantity>,
+}
+
+/// What every allocated claim but `except_uid` holds, by device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub devices: BTreeMap<DeviceKey, DeviceUse>,
+    /// Consumed capacities that did not read (counted as nothing, reported).
+    pub unreadable: Vec<String>,
+}
+
+impl Usage {
+    pub fn of_claims<'a>(
+        claims: impl IntoIterator<Item = &'a ResourceClaim>,
+        except_uid: Option<&str>,
+    ) -> Usage {
+        let mut u = Usage::default();
+        for c in claims {
+            if except_uid.is_some() && c.metadata.uid.as_deref() == except_uid {
+                continue;
+            }
+            let Some(alloc) = c.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+                continue;
+            };
+            for r in &alloc.devices.results {
+                if r.admin_access == Some(true) {
+                    continue;
+                }
+                let key = DeviceKey {
+                    driver: r.driver.clone(),
+                    pool: r.pool.clone(),
+                    device: r.device.clone(),
+                };
+                let e = u.devices.entry(key).or_default();
+                e.allocations += 1;
+                for (name, v) in &r.consumed_capacity {
+                    match Quantity::parse(v) {
+                        Ok(q) => {
+                            let sum = e.consumed.entry(name.clone()).or_default();
+                            *sum = sum.checked_add(q).unwrap_or(*sum);
+                        }
+                        Err(err) => u.unreadable.push(format!(
+                            "claim {}: {}: {err}",
+                            c.metadata.name.as_deref().unwrap_or("?"),
+                            r.device
+                        )),
+                    }
+                }
+            }
+        }
+        u
+    }
+}

@@ -1,0 +1,220 @@
+//! Writing a decision: `status.allocation` and `status.reservedFor` of the
+//! claim, through the `resourceclaims/status` subresource.
+//!
+//! The write is a JSON merge patch of only those two fields plus the claim's
+//! `metadata.resourceVersion`, which the API server treats as a precondition:
+//! if anyone changed the claim since we read it (another scheduler allocated
+//! it, its pod went away), the answer is 409 Conflict and we re-read and decide
+//! again; we never overwrite. A claim that already has an allocation is never
+//! written here at all: someone else's allocation stands (and counts as used,
+//! [`super::inventory::Usage`]).
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::allocate::NodeAllocation;
+use super::types::{
+    AllocationResult, ConsumerReference, DeviceAllocationResult, DeviceRequestAllocationResult,
+    ResourceClaim,
+};
+
+/// The pod a claim is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    pub name: String,
+    pub uid: String,
+}
+
+/// What the write came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Written {
+    /// The claim as the server has it now.
+    Allocated(Box<ResourceClaim>),
+    /// The claim changed since it was read: read it again and decide again.
+    Conflict,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("claim {claim} is already allocated; its allocation is not rewritten")]
+    AlreadyAllocated { claim: String },
+    #[error("claim {claim} has no {field}")]
+    Incomplete { claim: String, field: &'static str },
+    #[error("writing the allocation of claim {claim}: {source}")]
+    Api {
+        claim: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the API server's answer for claim {claim} does not read as a ResourceClaim: {source}")]
+    Decode {
+        claim: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// `resourceclaims` of `resource.k8s.io/v1`.
+pub fn claims_resource() -> ApiResource {
+    ApiResource {
+        group: super::types::GROUP.into(),
+        version: "v1".into(),
+        api_version: super::types::API_VERSION.into(),
+        kind: "ResourceClaim".into(),
+        plural: "resourceclaims".into(),
+    }
+}
+
+/// A share's ID: a UID derived from the claim, request and device, so that a
+/// retried decision writes the same one and two shares of a claim differ.
+fn share_id(claim_uid: &str, request: &str, device: &str) -> String {
+    let h = Sha256::digest(format!("{claim_uid}\0{request}\0{device}").as_bytes());
+    let x: String = h.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    // Shaped as a version-4-like UUID (the API validates the shape).
+    format!(
+        "{}-{}-4{}-8{}-{}",
+        &x[0..8],
+        &x[8..12],
+        &x[13..16],
+        &x[17..20],
+        &x[20..32]
+    )
+}
+
+/// The `status.allocation` that records `alloc` for the claim of `claim_uid`.
+pub fn allocation_result(alloc: &NodeAllocation, claim_uid: &str) -> AllocationResult {
+    let results = alloc
+        .results
+        .iter()
+        .map(|c| DeviceRequestAllocationResult {
+            request: c.request.clone(),
+            driver: c.device.driver.clone(),
+            pool: c.device.pool.clone(),
+            device: c.device.device.clone(),
+            admin_access: c.admin_access.then_some(true),
+            share_id: (!c.consumed.is_empty())
+                .then(|| share_id(claim_uid, &c.request, &c.device.to_string())),
+            consumed_capacity: c
+                .consumed
+                .iter()
+                .map(|(k, q)| (k.clone(), q.to_string()))
+                .collect(),
+            extra: Default::default(),
+        })
+        .collect();
+    let node_selector = serde_json::from_value(json!({"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [alloc.node]}]}]}))
+    .ok();
+    AllocationResult {
+        devices: DeviceAllocationResult {
+            results,
+            config: Vec::new(),
+        },
+        node_selector,
+        extra: Default::default(),
+    }
+}
+
+/// The merge patch: the allocation, the claim's consumers plus `pod`, and the
+/// resourceVersion precondition. Pure, so tests read it without a server.
+pub fn status_patch(
+    claim: &ResourceClaim,
+    allocation: &AllocationResult,
+    pod: &PodRef,
+) -> Result<Value, WriteError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    if claim
+        .status
+        .as_ref()
+        .is_some_and(|s| s.allocation.is_some())
+    {
+        return Err(WriteError::AlreadyAllocated { claim: name });
+    }
+    let rv = claim
+        .metadata
+        .resource_version
+        .clone()
+        .ok_or(WriteError::Incomplete {
+            claim: name.clone(),
+            field: "metadata.resourceVersion",
+        })?;
+    let mut reserved: Vec<ConsumerReference> = claim
+        .status
+        .as_ref()
+        .map(|s| s.reserved_for.clone())
+        .unwrap_or_default();
+    if !reserved.iter().any(|r| r.uid == pod.uid) {
+        reserved.push(ConsumerReference {
+            api_group: None,
+            resource: "pods".into(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            extra: Default::default(),
+        });
+    }
+    Ok(json!({
+        "metadata": {"resourceVersion": rv},
+        "status": {"allocation": allocation, "reservedFor": reserved},
+    }))
+}
+
+/// Writes `allocation` and reserves the claim for `pod`, unless the claim
+/// changed since it was read ([`Written::Conflict`]).
+pub async fn write_allocation(
+    client: &kube::Client,
+    claim: &ResourceClaim,
+    allocation: &AllocationResult,
+    pod: &PodRef,
+) -> Result<Written, WriteError> {
+    let name = claim.metadata.name.clone().ok_or(WriteError::Incomplete {
+        claim: String::new(),
+        field: "metadata.name",
+    })?;
+    let ns = claim
+        .metadata
+        .namespace
+        .clone()
+        .ok_or(WriteError::Incomplete {
+            claim: name.clone(),
+            field: "metadata.namespace",
+        })?;
+    let patch = status_patch(claim, allocation, pod)?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &claims_resource());
+    match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(obj) => {
+            let v = serde_json::to_value(obj).map_err(|source| WriteError::Decode {
+                claim: name.clone(),
+                source,
+            })?;
+            let c = serde_json::from_value(v).map_err(|source| WriteError::Decode {
+                claim: name,
+                source,
+            })?;
+            Ok(Written::Allocated(Box::new(c)))
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Written::Conflict),
+        Err(source) => Err(WriteError::Api {
+            claim: name,
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn share_ids_are_stable_distinct_and_uuid_shaped() {
+        let a = share_id("u", "r", "d/p/gpu-0");
+        assert_eq!(a, share_id("u", "r", "d/p/gpu-0"));
+        assert_ne!(a, share_id("u", "r", "d/p/gpu-1"));
+        let parts: Vec<usize> = a.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12]);
+        assert!(a.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
+    }
+}
