@@ -38,7 +38,8 @@ pub struct GpuUse {
 }
 
 impl GpuUse {
-    fn idle(memory_mib: u64) -> GpuUse {
+    /// A GPU of `memory_mib` that nobody holds any part of.
+    pub fn idle(memory_mib: u64) -> GpuUse {
         GpuUse {
             free_memory_mib: memory_mib,
             free_cores_milli: 1000,

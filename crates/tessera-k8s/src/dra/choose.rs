@@ -126,15 +126,7 @@ fn core_node(inv: &NodeInventory, state: &dyn UseOf) -> (Catalog, Node, NodeUse,
         node.gpus.push(g);
         let u = state.use_of(i);
         allocations += u.allocations;
-        let idle = GpuUse {
-            free_memory_mib: memory_mib,
-            free_cores_milli: 1000,
-            tenants: 0,
-            exclusive: false,
-            mig_memory_slices: 0,
-            mig_compute_slices: 0,
-            mig_instances: [0; 8],
-        };
+        let idle = GpuUse::idle(memory_mib);
         let gu = if u.allocations == 0 && !state.counters_touched(i) {
             idle
         } else if d.shared {
