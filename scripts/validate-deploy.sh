@@ -221,6 +221,8 @@ THIRD_PARTY = {
 # them; the older releases have no such kind (the chart's kubeVersion stays >=1.28 for
 # everything else), so those validations are skipped, not failed (check_dra says which).
 API_SINCE = {
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): (1, 30),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): (1, 30),
     ("resource.k8s.io/v1", "DeviceClass"): (1, 34),
     ("resource.k8s.io/v1beta2", "DeviceClass"): (1, 33),
     ("resource.k8s.io/v1beta1", "DeviceClass"): (1, 32),
@@ -406,7 +408,7 @@ def check_references(objs, where, values):
                         (values.get("nodeAgent", {}).get("allocationKeySecret") or {}).get("name")} - {None, ""}
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                       "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "PriorityClass",
-                      "DeviceClass"}
+                      "DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for o in objs:
         md = o.get("metadata") or {}
         ns = md.get("namespace")
@@ -741,6 +743,7 @@ SCENARIOS = {
     "grafana dashboards": {"grafanaDashboards": {"enabled": True, "namespace": "monitoring",
                                                  "annotations": {"grafana_folder": "GPUs"}}},
     "DRA driver": {"nodeAgent": {"dra": {"enabled": True}}},
+    "DRA driver, no slice policy": {"nodeAgent": {"dra": {"enabled": True, "slicePolicy": False}}},
     "DRA driver, monitored": {"nodeAgent": {"dra": {"enabled": True}},
                               "monitoring": {"podMonitor": True, "serviceMonitor": True}},
     "DRA driver, another kubelet root": {"nodeAgent": {
@@ -923,6 +926,93 @@ def webhook_sends(w, ns_labels, request, obj, old, where):
         if not result:
             return False
     return True
+
+
+def vap_denies(policy, request, obj, old):
+    """What a ValidatingAdmissionPolicy says about one request, as the API server
+    evaluates it: None when a matchCondition leaves the request alone, else the list of
+    failed validations' messages (empty: allowed). Variables are evaluated in order and
+    seen by later ones as `variables.<name>`. An expression that errors counts as a
+    failure (failurePolicy Fail)."""
+    spec = policy["spec"]
+    act = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj),
+           "oldObject": celpy.json_to_cel(old)}
+
+    def run(expr):
+        return _cel.program(_cel.compile(expr)).evaluate(act)
+    for c in spec.get("matchConditions") or []:
+        if not run(c["expression"]):
+            return None
+    variables = {}
+    for v in spec.get("variables") or []:
+        variables[celpy.celtypes.StringType(v["name"])] = run(v["expression"])
+        act["variables"] = celpy.celtypes.MapType(variables)
+    denied = []
+    for v in spec.get("validations") or []:
+        try:
+            ok = bool(run(v["expression"]))
+        except Exception as e:
+            denied.append(f"{v['expression']!r} errors ({e.__class__.__name__}: {e})")
+            continue
+        if not ok:
+            denied.append(str(run(v["messageExpression"])) if v.get("messageExpression") else v.get("message", ""))
+    return denied
+
+
+def check_slice_policy(objs, where, dra, sa, ns):
+    """Issue 29: with nodeAgent.dra.slicePolicy (the default) a ValidatingAdmissionPolicy,
+    bound with Deny, lets the DRA driver's ServiceAccount create, update and delete only
+    its own node's ResourceSlices (RBAC grants every slice). Evaluated on sample requests:
+    the driver on node-a writing node-a's slice passes; node-b's slice, a slice of no
+    node, a delete of node-b's slice and a token without a node are denied; other users
+    are not matched."""
+    policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    if dra.get("slicePolicy", True) is False:
+        if policies or bindings:
+            fail(where, f"DRA: nodeAgent.dra.slicePolicy is false, yet {[describe(o) for o in policies + bindings]} rendered")
+        return
+    if len(policies) != 1:
+        fail(where, f"DRA: {len(policies)} ValidatingAdmissionPolicies rendered, expected one limiting the driver to its node's ResourceSlices")
+        return
+    vap = policies[0]
+    name = vap["metadata"]["name"]
+    bound = [b for b in bindings if b["spec"].get("policyName") == name]
+    if len(bound) != 1 or "Deny" not in (bound[0]["spec"].get("validationActions") or []):
+        fail(where, f"DRA: {describe(vap)} is not bound exactly once with validationActions [Deny]")
+    rules = vap["spec"].get("matchConstraints", {}).get("resourceRules") or []
+    for op in ("CREATE", "UPDATE", "DELETE"):
+        if not any(op in r.get("operations", []) and "resourceslices" in r.get("resources", [])
+                   and "resource.k8s.io" in r.get("apiGroups", []) for r in rules):
+            fail(where, f"DRA: {describe(vap)} does not match {op} of resource.k8s.io resourceslices")
+    driver = f"system:serviceaccount:{ns}:{sa}"
+
+    def request(op, user=driver, node="node-a"):
+        extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+        return {"operation": op, "userInfo": {"username": user, "extra": extra}}
+
+    def slice_of(node):
+        return {"spec": {"driver": "gpu.tessera.io", "nodeName": node}} if node else {"spec": {"driver": "gpu.tessera.io", "allNodes": True}}
+    cases = [
+        ("its own node's slice", request("CREATE"), slice_of("node-a"), None, False),
+        ("an update of its own node's slice", request("UPDATE"), slice_of("node-a"), slice_of("node-a"), False),
+        ("another node's slice", request("CREATE"), slice_of("node-b"), None, True),
+        ("a slice of no node", request("UPDATE"), slice_of(None), slice_of(None), True),
+        ("a delete of another node's slice", request("DELETE"), None, slice_of("node-b"), True),
+        ("a token without a node", request("CREATE", node=None), slice_of("node-a"), None, True),
+    ]
+    for what, req, obj, old, want_denied in cases:
+        try:
+            denied = vap_denies(vap, req, obj, old)
+        except Exception as e:
+            fail(where, f"DRA: {describe(vap)} errors on {what} ({e.__class__.__name__}: {e})")
+            continue
+        if denied is None:
+            fail(where, f"DRA: {describe(vap)} does not match the driver's ServiceAccount {driver} ({what})")
+        elif bool(denied) != want_denied:
+            fail(where, f"DRA: {describe(vap)}: {what} is {'denied: ' + '; '.join(denied) if denied else 'allowed'}, expected {'denied' if want_denied else 'allowed'}")
+    if vap_denies(vap, request("CREATE", user="system:serviceaccount:kube-system:someone-else"), slice_of("node-b"), None) is not None:
+        fail(where, f"DRA: {describe(vap)} matches users other than the driver's ServiceAccount")
 
 
 def sample_pod(name, ns, resources=None, annotations=None, labels=None, scheduler="default-scheduler",
@@ -1500,6 +1590,7 @@ def check_dra(objs, where, values):
         if missing:
             fail(where, f"DRA: the ClusterRoles of ServiceAccount {sa!r} ({sorted(role_names)}): {res} ({g}) "
                         f"lacks {sorted(missing)}, which the code uses")
+    check_slice_policy(objs, where, dra, pod.get("serviceAccountName"), ds["metadata"]["namespace"])
     # DeviceClasses: a class named after the driver for whole GPUs (docs/kubernetes.md §10),
     # every device type slice.rs publishes selected by a class, another driver's by none.
     if dra.get("deviceClasses", True) is False:
