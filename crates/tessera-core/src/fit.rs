@@ -154,7 +154,7 @@ pub fn check_gpus(view: NodeView<'_>, req: &Request) -> Result<Fit, Reason> {
                 !gpu.mig_enabled && gu.is_idle()
             }
             // A MIG instance served as a GPU (single strategy) is taken whole only.
-            GpuAsk::Shared { .. } | GpuAsk::Mig { .. } if gpu.instance_of.is_some() => false,
+            GpuAsk::Shared { .. } | GpuAsk::Mig { .. } if gpu.mig_instance => false,
             GpuAsk::Shared { .. } if req.level.is_some() => {
                 mig_layout::choose(node, gpu, gu, spec, req).is_some()
             }

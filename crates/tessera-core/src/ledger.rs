@@ -384,7 +384,7 @@ impl Ledger {
                     if gpu.mig_enabled || gu.mig_memory_slices != 0 {
                         return fail("in MIG mode");
                     }
-                    if gpu.instance_of.is_some() && !grant.exclusive {
+                    if gpu.mig_instance && !grant.exclusive {
                         return fail("a MIG instance served as a GPU is granted whole only");
                     }
                     if grant.exclusive && !gu.is_idle() {

@@ -392,7 +392,7 @@ pub fn choose(
     req: &Request,
 ) -> Option<Choice> {
     // A MIG instance served as a GPU (single strategy) is taken whole only.
-    if gpu.instance_of.is_some() {
+    if gpu.mig_instance {
         return None;
     }
     if let GpuAsk::Mig { profile } = &req.gpu {

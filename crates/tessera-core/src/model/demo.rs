@@ -37,7 +37,7 @@ fn node(
                 health: Health::Healthy,
                 numa: Some(if index < half { 0 } else { 1 }),
                 mig_enabled: layout.is_some(),
-                instance_of: None,
+                mig_instance: false,
             }
         })
         .collect();

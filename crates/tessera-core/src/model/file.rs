@@ -213,7 +213,7 @@ impl ClusterFile {
                         numa: Some(if index < half { 0 } else { 1 }),
                         mig_enabled,
                         mig_instances,
-                        instance_of: None,
+                        mig_instance: false,
                     });
                 }
                 node.gpus = gpus;

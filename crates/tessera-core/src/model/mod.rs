@@ -85,12 +85,13 @@ pub struct Gpu {
     /// (`tessera.io/mig-dynamic`), where the node agent creates them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_instances: Vec<MigInstance>,
-    /// Set when this entry is one MIG instance of a physical GPU, served as a GPU
-    /// of its own because the node's MIG strategy is `single` ([`single`]): the
-    /// parent GPU's UUID. Such an entry takes whole-GPU asks only; no share and
-    /// no MIG request lands on it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance_of: Option<String>,
+    /// This entry is one MIG instance of a physical GPU (its `uuid` is the
+    /// instance's), served as a GPU of its own because the node's MIG strategy is
+    /// `single` ([`single`]). Such an entry takes whole-GPU asks only; no share
+    /// and no MIG request lands on it. (A flag, not the parent's UUID: it fits in
+    /// the struct's padding; the inventory names the parent where it is needed.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mig_instance: bool,
 }
 
 /// One MIG GPU instance that exists on a GPU.
@@ -144,7 +145,7 @@ impl Node {
                     numa: None,
                     mig_enabled: false,
                     mig_instances: Vec::new(),
-                    instance_of: None,
+                    mig_instance: false,
                 })
                 .collect(),
             links: Vec::new(),

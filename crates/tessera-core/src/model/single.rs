@@ -6,7 +6,7 @@
 //! Tessera serves it by rewriting the node before anything judges it
 //! ([`serve_instances_whole`]): a GPU in MIG mode is replaced by one entry per
 //! existing instance, of a model of the instance's own size (`A100-80GB-MIG-1g.10gb`),
-//! marked [`Gpu::instance_of`]. Fit, quota, preemption and fragmentation then
+//! marked [`Gpu::mig_instance`]. Fit, quota, preemption and fragmentation then
 //! see plain GPUs: a whole-GPU ask takes as many instances as it asks GPUs, a
 //! grant names the instance's `MIG-…` UUID, and the node agent hands over that
 //! instance. Instances are never created or destroyed on such a node, shares and
@@ -94,7 +94,7 @@ pub fn serve_instances_whole(node: &mut Node, catalog: &mut Catalog) -> Result<(
                     numa: gpu.numa,
                     mig_enabled: false,
                     mig_instances: Vec::new(),
-                    instance_of: Some(gpu.uuid.clone()),
+                    mig_instance: true,
                 },
                 pos,
             ));
@@ -244,7 +244,7 @@ mod tests {
         let uuids: Vec<&str> = n.gpus.iter().map(|g| g.uuid.as_str()).collect();
         assert_eq!(uuids, ["GPU-0", "MIG-a", "MIG-b"]);
         let a = &n.gpus[1];
-        assert_eq!(a.instance_of.as_deref(), Some("GPU-1"));
+        assert!(a.mig_instance);
         assert!(!a.mig_enabled && a.mig_instances.is_empty());
         assert_eq!((a.index, a.health, a.numa), (1, Health::Unhealthy, Some(1)));
         let spec = catalog.spec(a.model);
@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(n.link(0, 1), Link::NvLink(12));
         assert_eq!(n.link(2, 0), Link::NvLink(12));
         assert_eq!(n.link(1, 2), Link::Unknown);
-        assert_eq!(n.gpus[0].instance_of, None);
+        assert!(!n.gpus[0].mig_instance);
         // Once per profile in the catalog.
         let before = catalog.specs().len();
         let mut again = node(&catalog);

@@ -256,7 +256,7 @@ fn gpu_may_serve(cluster: &Cluster, node: &Node, g: usize, req: &Request) -> boo
         GpuAsk::None => false,
         GpuAsk::Whole { .. } => !gpu.mig_enabled,
         // A MIG instance served as a GPU (single strategy) is taken whole only.
-        GpuAsk::Shared { .. } => !gpu.mig_enabled && gpu.instance_of.is_none(),
+        GpuAsk::Shared { .. } => !gpu.mig_enabled && !gpu.mig_instance,
         GpuAsk::Mig { profile } => {
             gpu.mig_enabled
                 && cluster

@@ -351,7 +351,7 @@ pub fn core_node(
             numa: d.numa,
             mig_enabled: d.mig.enabled,
             mig_instances: mig_instances(d, catalog.spec(model).mig.as_ref()),
-            instance_of: None,
+            mig_instance: false,
         });
     }
     let n = devices.len();

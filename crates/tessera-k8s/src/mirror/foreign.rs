@@ -31,14 +31,8 @@ impl Mirror {
                 uuids.extend(a.gpus.iter().map(|g| g.uuid.as_str()));
                 // A MIG instance granted as a GPU (single strategy): the agent
                 // reports the physical GPU it is on.
-                if let Some(id) = self.cluster.node_id(&h.node) {
-                    let node = self.cluster.node(id);
-                    uuids.extend(a.gpus.iter().filter_map(|g| {
-                        node.gpus
-                            .iter()
-                            .find(|e| e.uuid == g.uuid)
-                            .and_then(|e| e.instance_of.as_deref())
-                    }));
+                if let Some(gn) = self.inventory.get(&h.node) {
+                    uuids.extend(a.gpus.iter().filter_map(|g| parent_of(gn, &g.uuid)));
                 }
             }
         }
@@ -90,7 +84,7 @@ impl Mirror {
                     }
                     continue;
                 }
-                for (pos, u) in held_positions(node, c) {
+                for (pos, u) in held_positions(node, gn, c) {
                     held.entry(pos).or_insert((key.clone(), u));
                 }
             }
@@ -159,22 +153,20 @@ impl Mirror {
 /// it holds it by. A GPU the node no longer lists holds nothing to count. On a
 /// node serving MIG instances as GPUs (single strategy) a device that is such an
 /// instance holds that entry; a physical GPU reported without one (the device
-/// ID did not name it) holds every instance of it.
+/// ID did not name it) holds every instance of it (`gn`, the node's inventory,
+/// says which instances are on which GPU).
 fn held_positions(
     node: &tessera_core::Node,
+    gn: &tessera_api::GpuNode,
     c: &tessera_api::gpunode::ContainerDevices,
 ) -> Vec<(u8, String)> {
     let mut out = Vec::new();
     let mut by_instance: HashSet<&str> = HashSet::new();
     for d in &c.device_ids {
         let d = d.split_once("::").map_or(d.as_str(), |(u, _)| u);
-        if let Some(pos) = node
-            .gpus
-            .iter()
-            .position(|g| g.instance_of.is_some() && g.uuid == d)
-        {
+        if let Some(pos) = node.gpus.iter().position(|g| g.mig_instance && g.uuid == d) {
             out.push((pos as u8, d.to_string()));
-            by_instance.extend(node.gpus[pos].instance_of.as_deref());
+            by_instance.extend(parent_of(gn, d));
         }
     }
     for u in &c.gpu_uuids {
@@ -185,12 +177,22 @@ fn held_positions(
                 node.gpus
                     .iter()
                     .enumerate()
-                    .filter(|(_, g)| g.instance_of.as_deref() == Some(u.as_str()))
+                    .filter(|(_, g)| g.mig_instance && parent_of(gn, &g.uuid) == Some(u.as_str()))
                     .map(|(pos, g)| (pos as u8, g.uuid.clone())),
             );
         }
     }
     out
+}
+
+/// The UUID of the GPU in MIG mode that has the instance `uuid`, by the node's
+/// inventory.
+fn parent_of<'a>(gn: &'a tessera_api::GpuNode, uuid: &str) -> Option<&'a str> {
+    gn.spec
+        .gpus
+        .iter()
+        .find(|d| d.mig.enabled && d.mig.instances.iter().any(|m| m.uuid == uuid))
+        .map(|d| d.uuid.as_str())
 }
 
 /// A grant that holds GPU `pos` of node `id` whole: the whole GPU, or on a GPU in
