@@ -9,6 +9,11 @@
 //! standalone loop wait on [`SyncGate::wait`], readiness reports the kinds still
 //! missing. A later relist does not close the gate: the mirror keeps its last
 //! complete view until the new list is complete (kube-rs buffers it).
+//!
+//! With DRA on (`--dra`, standalone mode) the gate also waits for
+//! `ResourceClaim`s, `ResourceSlice`s and `DeviceClass`es
+//! ([`SyncGate::with_dra`]): a claim allocation decided before the claims were
+//! listed would hand out devices other claims hold.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,15 +30,31 @@ pub enum Kind {
     Queues,
     /// Namespaces (their queue labels).
     Namespaces,
+    /// `resource.k8s.io/v1` ResourceClaims (only with [`SyncGate::with_dra`]).
+    ResourceClaims,
+    /// `resource.k8s.io/v1` ResourceSlices (idem).
+    ResourceSlices,
+    /// `resource.k8s.io/v1` DeviceClasses (idem).
+    DeviceClasses,
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    const ALL: [Kind; 8] = [
         Kind::Nodes,
         Kind::Inventory,
         Kind::Pods,
         Kind::Queues,
         Kind::Namespaces,
+        Kind::ResourceClaims,
+        Kind::ResourceSlices,
+        Kind::DeviceClasses,
+    ];
+
+    /// The DRA kinds, required only by a gate made [`SyncGate::with_dra`].
+    pub const DRA: [Kind; 3] = [
+        Kind::ResourceClaims,
+        Kind::ResourceSlices,
+        Kind::DeviceClasses,
     ];
 
     fn bit(self) -> u8 {
@@ -43,6 +64,9 @@ impl Kind {
             Kind::Pods => 4,
             Kind::Queues => 8,
             Kind::Namespaces => 16,
+            Kind::ResourceClaims => 32,
+            Kind::ResourceSlices => 64,
+            Kind::DeviceClasses => 128,
         }
     }
 
@@ -53,16 +77,22 @@ impl Kind {
             Kind::Pods => "pods",
             Kind::Queues => "GpuQueues",
             Kind::Namespaces => "namespaces",
+            Kind::ResourceClaims => "ResourceClaims",
+            Kind::ResourceSlices => "ResourceSlices",
+            Kind::DeviceClasses => "DeviceClasses",
         }
     }
 }
 
-const ALL_BITS: u8 = 31;
+/// The kinds every gate waits for.
+const BASE_BITS: u8 = 31;
 
 /// Shared, cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SyncGate {
     tx: Arc<watch::Sender<u8>>,
+    /// The kinds this gate waits for (set before the gate is cloned).
+    required: u8,
 }
 
 impl Default for SyncGate {
@@ -76,7 +106,15 @@ impl SyncGate {
     pub fn new() -> SyncGate {
         SyncGate {
             tx: Arc::new(watch::channel(0).0),
+            required: BASE_BITS,
         }
+    }
+
+    /// A closed gate that also waits for the DRA kinds ([`Kind::DRA`]).
+    pub fn with_dra() -> SyncGate {
+        let mut g = SyncGate::new();
+        g.required |= Kind::DRA.iter().map(|k| k.bit()).fold(0, |a, b| a | b);
+        g
     }
 
     /// An open gate (tests and tools that build the mirror from complete lists).
@@ -98,7 +136,7 @@ impl SyncGate {
     }
 
     pub fn is_synced(&self) -> bool {
-        *self.tx.borrow() == ALL_BITS
+        *self.tx.borrow() & self.required == self.required
     }
 
     /// The kinds not listed yet, for readiness and error messages.
@@ -106,7 +144,7 @@ impl SyncGate {
         let bits = *self.tx.borrow();
         Kind::ALL
             .into_iter()
-            .filter(|k| bits & k.bit() == 0)
+            .filter(|k| self.required & k.bit() != 0 && bits & k.bit() == 0)
             .map(Kind::name)
             .collect()
     }
@@ -114,8 +152,9 @@ impl SyncGate {
     /// Waits until every kind is listed, at most `limit`; true when synced.
     pub async fn wait(&self, limit: Duration) -> bool {
         let mut rx = self.tx.subscribe();
+        let required = self.required;
         matches!(
-            tokio::time::timeout(limit, rx.wait_for(|b| *b == ALL_BITS)).await,
+            tokio::time::timeout(limit, rx.wait_for(|b| *b & required == required)).await,
             Ok(Ok(_))
         )
     }
@@ -155,5 +194,29 @@ mod tests {
         assert!(waiter.await.unwrap());
         assert!(g.is_synced());
         assert!(SyncGate::synced().is_synced());
+    }
+
+    #[test]
+    fn a_dra_gate_also_waits_for_claims_slices_and_classes() {
+        let g = SyncGate::with_dra();
+        for k in [
+            Kind::Nodes,
+            Kind::Inventory,
+            Kind::Pods,
+            Kind::Queues,
+            Kind::Namespaces,
+        ] {
+            g.mark(k);
+        }
+        assert!(!g.is_synced());
+        assert_eq!(
+            g.missing(),
+            vec!["ResourceClaims", "ResourceSlices", "DeviceClasses"]
+        );
+        g.mark(Kind::ResourceClaims);
+        g.mark(Kind::ResourceSlices);
+        assert!(!g.is_synced());
+        g.mark(Kind::DeviceClasses);
+        assert!(g.is_synced());
     }
 }

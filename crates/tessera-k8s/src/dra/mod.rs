@@ -19,14 +19,25 @@
 //!   and the device choice through [`choose`], which asks the core policy.
 //! - [`write`]: `status.allocation` and `status.reservedFor` through the
 //!   status subresource, with the claim's `resourceVersion` as precondition.
+//! - [`pod`]: the claims a pod uses and what each still needs (allocate,
+//!   reserve, nothing), or why the pod waits or is refused.
+//! - [`place`]: the node for a pod's claims, by the allocator's score.
+//! - [`overlay`]: allocations written but not yet shown by the watch.
+//! - [`view`]: the watched claims, slices and classes plus the overlay;
+//!   [`watch`] feeds it (standalone mode with `--dra`).
 
 pub mod allocate;
 pub mod cel;
 pub mod choose;
 pub mod claim;
 pub mod inventory;
+pub mod overlay;
+pub mod place;
+pub mod pod;
 pub mod quantity;
 pub mod types;
+pub mod view;
+pub mod watch;
 pub mod write;
 
 #[cfg(test)]

@@ -39,6 +39,8 @@ pub enum Written {
 pub enum WriteError {
     #[error("claim {claim} is already allocated; its allocation is not rewritten")]
     AlreadyAllocated { claim: String },
+    #[error("claim {claim} is reserved for 256 consumers already, the most the API allows")]
+    Full { claim: String },
     #[error("claim {claim} has no {field}")]
     Incomplete { claim: String, field: &'static str },
     #[error("writing the allocation of claim {claim}: {source}")]
@@ -53,6 +55,25 @@ pub enum WriteError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+impl WriteError {
+    /// Whether nothing was written: the server refused (a 4xx) or nothing was
+    /// sent. Otherwise (a 5xx, a lost connection, an answer that does not
+    /// read) the write may have landed, and what was assumed of it must stand
+    /// until the watch shows the outcome or its deadline passes.
+    pub fn nothing_written(&self) -> bool {
+        match self {
+            WriteError::AlreadyAllocated { .. }
+            | WriteError::Full { .. }
+            | WriteError::Incomplete { .. } => true,
+            WriteError::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => s.code < 500,
+            WriteError::Api { .. } | WriteError::Decode { .. } => false,
+        }
+    }
 }
 
 /// `resourceclaims` of `resource.k8s.io/v1`.
@@ -159,6 +180,55 @@ pub fn status_patch(
     }))
 }
 
+/// The merge patch that adds `pod` to an allocated claim's `reservedFor`
+/// (the whole list: a merge patch replaces lists), with the resourceVersion
+/// precondition. The allocation is not touched: whoever made it, it stands.
+pub fn reserve_patch(claim: &ResourceClaim, pod: &PodRef) -> Result<Value, WriteError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let Some(status) = claim.status.as_ref().filter(|s| s.allocation.is_some()) else {
+        return Err(WriteError::Incomplete {
+            claim: name,
+            field: "status.allocation",
+        });
+    };
+    let rv = claim
+        .metadata
+        .resource_version
+        .clone()
+        .ok_or(WriteError::Incomplete {
+            claim: name.clone(),
+            field: "metadata.resourceVersion",
+        })?;
+    let mut reserved = status.reserved_for.clone();
+    if !reserved.iter().any(|r| r.uid == pod.uid) {
+        if reserved.len() >= super::pod::MAX_RESERVED_FOR {
+            return Err(WriteError::Full { claim: name });
+        }
+        reserved.push(ConsumerReference {
+            api_group: None,
+            resource: "pods".into(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            extra: Default::default(),
+        });
+    }
+    Ok(json!({
+        "metadata": {"resourceVersion": rv},
+        "status": {"reservedFor": reserved},
+    }))
+}
+
+/// Reserves an allocated claim for `pod`, unless the claim changed since it
+/// was read ([`Written::Conflict`]).
+pub async fn write_reservation(
+    client: &kube::Client,
+    claim: &ResourceClaim,
+    pod: &PodRef,
+) -> Result<Written, WriteError> {
+    let patch = reserve_patch(claim, pod)?;
+    patch_claim_status(client, claim, &patch).await
+}
+
 /// Writes `allocation` and reserves the claim for `pod`, unless the claim
 /// changed since it was read ([`Written::Conflict`]).
 pub async fn write_allocation(
@@ -166,6 +236,16 @@ pub async fn write_allocation(
     claim: &ResourceClaim,
     allocation: &AllocationResult,
     pod: &PodRef,
+) -> Result<Written, WriteError> {
+    let patch = status_patch(claim, allocation, pod)?;
+    patch_claim_status(client, claim, &patch).await
+}
+
+/// Sends a merge patch to the claim's status subresource.
+async fn patch_claim_status(
+    client: &kube::Client,
+    claim: &ResourceClaim,
+    patch: &Value,
 ) -> Result<Written, WriteError> {
     let name = claim.metadata.name.clone().ok_or(WriteError::Incomplete {
         claim: String::new(),
@@ -179,10 +259,9 @@ pub async fn write_allocation(
             claim: name.clone(),
             field: "metadata.namespace",
         })?;
-    let patch = status_patch(claim, allocation, pod)?;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &claims_resource());
     match api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
         Ok(obj) => {

@@ -131,6 +131,9 @@ impl Judging<'_> {
     }
 }
 
+/// The nodes a DRA pod's host resources fit, and the policy to choose its devices by.
+pub type HostFitting<'a> = (Vec<(NodeId, NodeFacts)>, &'a dyn Policy);
+
 impl Mirror {
     /// The verdict cache apart from what judging reads, so both can be borrowed at once.
     fn split(&mut self) -> (&mut Verdicts<ShapeKey>, Judging<'_>) {
@@ -261,6 +264,46 @@ impl Mirror {
                 (n, score)
             })
             .collect())
+    }
+
+    /// The nodes a pod whose devices come from DRA claims may go to (standalone
+    /// mode, `--dra`): those `eligible` allows where its CPU, memory and
+    /// countable resources fit, with the policy to choose devices by. The
+    /// claims' own fit is judged by the caller ([`crate::dra::place`]); `Err`
+    /// counts why no node passed.
+    pub fn host_fitting(
+        &mut self,
+        req: &Request,
+        host: &HostAsk,
+        eligible: impl Fn(&NodeFacts) -> Result<(), String>,
+    ) -> Result<HostFitting<'_>, Explanation> {
+        self.refresh();
+        self.expire_reservations();
+        self.follow_supply();
+        let key = (req.clone(), host.clone());
+        let (cache, mut judging) = self.split();
+        let verdicts = judging.verdicts(cache, &key, None);
+        let mut e = Explanation::new(judging.cluster.len());
+        let mut fit = Vec::new();
+        for (i, facts) in judging.facts.iter().enumerate().take(e.total) {
+            let id = NodeId(i as u32);
+            if let Err(why) = eligible(facts) {
+                e.add(Reason::Excluded { why });
+                continue;
+            }
+            match verdicts.known(id) {
+                Some(Ok(_)) => {
+                    e.fit += 1;
+                    fit.push((id, facts.clone()));
+                }
+                Some(Err(r)) => e.add(r.clone()),
+                None => {}
+            }
+        }
+        if fit.is_empty() {
+            return Err(e);
+        }
+        Ok((fit, self.policy.as_ref()))
     }
 
     /// Places a pod on the best node among those `eligible` allows (standalone

@@ -72,6 +72,8 @@ pub struct RawConfig {
     /// (off when unset) and the weight of the mean (0..=1, default 0.5).
     pub queue_usage_half_life: Option<Duration>,
     pub queue_usage_weight: Option<f64>,
+    /// Allocate pods' DRA ResourceClaims (`resource.k8s.io/v1`) in standalone mode.
+    pub dra: Option<bool>,
 }
 
 /// A configuration field that is wrong, by name.
@@ -126,6 +128,8 @@ pub struct Config {
     pub gpu_equivalents: tessera_core::queue::GpuEquivalents,
     /// Time-decayed usage in the fair order: half-life and weight.
     pub usage_history: Option<(Duration, f64)>,
+    /// Standalone mode allocates pods' DRA ResourceClaims (`--dra`).
+    pub dra: bool,
 }
 
 impl RawConfig {
@@ -166,6 +170,13 @@ impl RawConfig {
                 ));
             }
         };
+        let dra = self.dra.unwrap_or(false);
+        if dra && mode != Mode::Standalone {
+            return Err(invalid(
+                "dra",
+                "--dra needs --mode standalone: in extender mode kube-scheduler's own DRA plugin allocates claims",
+            ));
+        }
         if extender_tls.is_some() && mode == Mode::Standalone {
             return Err(invalid(
                 "extender-cert",
@@ -391,6 +402,7 @@ impl RawConfig {
             webhook,
             gpu_equivalents,
             usage_history,
+            dra,
         })
     }
 }
@@ -725,5 +737,26 @@ mod tests {
         r.extender_client_ca = Some("/nonexistent/ca.crt".into());
         assert!(err(r).starts_with("extender-cert:"));
         assert!(err(RawConfig::default()).starts_with("signing-key-file: is required"));
+    }
+
+    #[test]
+    fn dra_is_off_by_default_and_only_for_standalone_mode() {
+        let (_dir, key) = key_file(b"0123456789abcdef0123\n");
+        let raw = || raw(key.clone());
+        assert!(!raw().resolve().map(|c| c.dra).unwrap_or(true));
+        let mut r = raw();
+        r.dra = Some(true);
+        match r.resolve() {
+            Err(e) => assert!(
+                e.to_string()
+                    .starts_with("dra: --dra needs --mode standalone"),
+                "{e}"
+            ),
+            Ok(_) => panic!("--dra in extender mode must be refused"),
+        }
+        let mut r = raw();
+        r.dra = Some(true);
+        r.mode = Some("standalone".into());
+        assert!(r.resolve().map(|c| c.dra).unwrap_or(false));
     }
 }

@@ -161,7 +161,11 @@ pub async fn run(
     let mirror = SharedMirror::new(m);
     let metrics = Arc::new(Metrics::new());
     let wake = Arc::new(Notify::new());
-    let gate = SyncGate::new();
+    let gate = if config.dra {
+        SyncGate::with_dra()
+    } else {
+        SyncGate::new()
+    };
     let leader = match &config.lease {
         None => Leadership::always(),
         Some(_) => Leadership::default(),
@@ -278,6 +282,35 @@ pub async fn run(
         tracing::info!("no PodGroup CRD (scheduling.x-k8s.io): gangs are off");
     }
 
+    // DRA (standalone `--dra`): claims, slices and classes, or why not.
+    let dra = if config.dra {
+        match crate::dra::watch::served(&client).await {
+            Ok(()) => {
+                let view = crate::dra::view::SharedDraView::new();
+                crate::dra::watch::spawn(
+                    &mut tasks,
+                    &client,
+                    view.clone(),
+                    wake.clone(),
+                    gate.clone(),
+                );
+                crate::standalone::Dra::On(view)
+            }
+            Err(why) => {
+                tracing::error!(
+                    reason = %why,
+                    "--dra is set, but the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34 or later): pods with ResourceClaims are refused with an event; every other pod is placed as before"
+                );
+                for k in Kind::DRA {
+                    gate.mark(k);
+                }
+                crate::standalone::Dra::Unserved(why)
+            }
+        }
+    } else {
+        crate::standalone::Dra::Off
+    };
+
     let binder = Binder::new(client.clone(), mirror.clone(), leader.clone())
         .with_gate(gate.clone())
         .with_scheduler_names(config.scheduler_names.clone());
@@ -391,7 +424,8 @@ pub async fn run(
             Some(recorder),
             wake.clone(),
         )
-        .with_gate(gate.clone());
+        .with_gate(gate.clone())
+        .with_dra(dra);
         tokio::spawn(s.run(stopped()))
     });
 

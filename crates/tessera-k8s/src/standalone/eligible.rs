@@ -43,6 +43,14 @@ fn term_matches(term: &NodeSelectorTerm, node: &NodeFacts) -> bool {
         })
 }
 
+/// Whether a node selector (a DRA allocation's `nodeSelector`) admits `node`:
+/// any of its terms matches.
+pub fn selector_matches(sel: &k8s_openapi::api::core::v1::NodeSelector, node: &NodeFacts) -> bool {
+    sel.node_selector_terms
+        .iter()
+        .any(|t| term_matches(t, node))
+}
+
 /// Whether a pod may go to a node at all, before any resource is looked at:
 /// `Err` carries the reason as it appears in the sentence.
 pub fn node_allows(pod: &Pod, node: &NodeFacts) -> Result<(), String> {

@@ -20,6 +20,9 @@
 //! Gangs: pods labelled `scheduling.x-k8s.io/pod-group` (scheduler-plugins'
 //! `PodGroup`, so coscheduling manifests work unchanged) are placed all or
 //! nothing, at least `minMember` of them together; see [`Standalone::pass`].
+//!
+//! DRA: with `--dra`, pods with `spec.resourceClaims` get their claims
+//! allocated by Tessera before they are bound; see [`claims`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -42,10 +45,13 @@ use crate::mirror::{Mirror, Reservation, SharedMirror, gang_of};
 pub use crate::preemptor::DEFAULT_MIN_RUNTIME;
 use crate::preemptor::Preemptor;
 
+pub mod claims;
 mod eligible;
 mod gang;
 
-pub use eligible::{node_allows, unsupported};
+pub use claims::{Dra, PlaceError};
+
+pub use eligible::{node_allows, selector_matches, unsupported};
 
 /// First retry delay after a failed attempt.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -73,7 +79,7 @@ struct Decided {
 }
 
 /// What a finished bind task reports.
-type Finished = (Pod, String, Result<(), crate::binder::BindError>);
+type Finished = (Pod, String, Result<(), PlaceError>);
 
 /// [`Standalone::decide`] on a mirror the caller has locked (a gang decides
 /// all its members under one lock).
@@ -90,6 +96,16 @@ fn decide_locked(
     let host = asks.host.map_err(invalid)?;
     if let Some(why) = unsupported(pod) {
         return Err((why, "unsupported".to_string()));
+    }
+    if crate::dra::pod::uses_claims(pod) {
+        // Pods with claims outside gangs go through `claims` instead.
+        return Err((
+            format!(
+                "pod {} uses DRA ResourceClaims: gang members with claims are not placed yet",
+                convert::pod_key(pod)
+            ),
+            "unsupported".to_string(),
+        ));
     }
     if let crate::mirror::QuotaCheck::Refused(why) = m.quota(pod, &req) {
         return Err((why, "queue quota".to_string()));
@@ -134,6 +150,8 @@ pub struct Standalone {
     gate: SyncGate,
     /// Evicts for pods that fit nowhere (see [`crate::preemptor`]).
     preemptor: Preemptor,
+    /// Whether pods' DRA claims are allocated (see [`claims`]).
+    dra: Dra,
 }
 
 /// `pods` tried in order: by their queue keys (lower first) when queues are
@@ -184,7 +202,14 @@ impl Standalone {
             binds: JoinSet::new(),
             gate: SyncGate::synced(),
             preemptor,
+            dra: Dra::Off,
         }
+    }
+
+    /// Allocates pods' DRA claims from `dra` (the `--dra` flag).
+    pub fn with_dra(mut self, dra: Dra) -> Standalone {
+        self.dra = dra;
+        self
     }
 
     /// Pods younger than `d` are never evicted for others (default
@@ -260,7 +285,7 @@ impl Standalone {
         let binder = self.binder.clone();
         self.binds.spawn(async move {
             let outcome = binder.write(&pod, &d.node, d.annotation).await;
-            (pod, d.node, outcome)
+            (pod, d.node, outcome.map_err(PlaceError::from))
         });
     }
 
@@ -294,10 +319,11 @@ impl Standalone {
                     format!("Successfully assigned {} to {node}", convert::pod_key(&pod)),
                 );
             }
-            Err(e) => {
+            Err(e @ PlaceError::Bind(_)) => {
                 self.metrics.bind_failed();
                 self.failed(&pod, e.to_string(), "bind failed".into())
             }
+            Err(e) => self.failed(&pod, e.to_string(), "claim write failed".into()),
         }
     }
 
@@ -340,6 +366,10 @@ impl Standalone {
             }
             let uid = convert::pod_uid(&pod).to_string();
             if self.retries.get(&uid).is_some_and(|(_, at, _)| *at > now) {
+                continue;
+            }
+            if crate::dra::pod::uses_claims(&pod) && gang_of(&pod).is_none() {
+                self.attempt_dra(pod);
                 continue;
             }
             if let Some(g) = gang_of(&pod) {

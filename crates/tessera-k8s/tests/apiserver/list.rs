@@ -126,7 +126,9 @@ pub fn list(st: &mut State, req: &Req<'_>) -> Result<(u16, Value), ApiError> {
         }
     }
     // Built-in lists carry no kind/apiVersion on their items; custom resources do.
-    let strip = req.resource.group().is_empty() || req.resource == Resource::Leases;
+    let strip = req.resource.group().is_empty()
+        || req.resource == Resource::Leases
+        || req.resource.group() == "resource.k8s.io";
     let items: Vec<Value> = items
         .iter()
         .map(|o| {

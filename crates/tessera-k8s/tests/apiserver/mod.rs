@@ -40,6 +40,10 @@
 //!   not recorded, modelled on the API server's field manager). [`leases`]
 //! - Events: core/v1 and events.k8s.io/v1 accepted and counted, with the
 //!   recorded events.k8s.io validation (file 13). [`events`]
+//! - `resource.k8s.io/v1` ResourceClaims (with `status`), ResourceSlices and
+//!   DeviceClasses: create, get, list, watch, patch, delete with the generic
+//!   rules above. Not recorded (the fixtures are v1.28): the claim rules of
+//!   the v1.34+ API server's strategy and validation are modelled in [`dra`].
 //!
 //! Beyond the real server: per-request latency (seeded, uniform in a range,
 //! half before and half after the write, plus a per-item cost for LISTs so a
@@ -62,6 +66,7 @@
 
 pub mod check;
 pub mod cluster;
+pub mod dra;
 mod events;
 mod handler;
 pub mod leases;

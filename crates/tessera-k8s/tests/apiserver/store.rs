@@ -31,6 +31,16 @@ pub enum Resource {
     /// events.k8s.io/v1 events (a real server shares storage with core/v1; the
     /// double keeps them apart, which the scheduler cannot observe).
     Events,
+    /// resource.k8s.io/v1 ResourceClaims (namespaced; a `status` subresource),
+    /// ResourceSlices and DeviceClasses (cluster-scoped). Kubernetes v1.34+
+    /// DRA responses are not recorded in ../shared/fixtures (v1.28 has no
+    /// resource.k8s.io/v1): their shapes follow the upstream types
+    /// (`k8s.io/api/resource/v1/types.go`, protocols.md §3) and the generic
+    /// rules recorded for other kinds (409 Conflict on a stale
+    /// resourceVersion, merge-patch semantics). See [`super::dra`].
+    Claims,
+    Slices,
+    DeviceClasses,
 }
 
 impl Resource {
@@ -44,6 +54,9 @@ impl Resource {
             ("coordination.k8s.io", "v1", "leases") => Resource::Leases,
             ("policy", "v1", "poddisruptionbudgets") => Resource::PodDisruptionBudgets,
             ("events.k8s.io", "v1", "events") => Resource::Events,
+            ("resource.k8s.io", "v1", "resourceclaims") => Resource::Claims,
+            ("resource.k8s.io", "v1", "resourceslices") => Resource::Slices,
+            ("resource.k8s.io", "v1", "deviceclasses") => Resource::DeviceClasses,
             _ => return None,
         })
     }
@@ -57,6 +70,9 @@ impl Resource {
             Resource::Leases => "leases",
             Resource::PodDisruptionBudgets => "poddisruptionbudgets",
             Resource::CoreEvents | Resource::Events => "events",
+            Resource::Claims => "resourceclaims",
+            Resource::Slices => "resourceslices",
+            Resource::DeviceClasses => "deviceclasses",
         }
     }
 
@@ -66,6 +82,7 @@ impl Resource {
             Resource::Leases => "coordination.k8s.io",
             Resource::PodDisruptionBudgets => "policy",
             Resource::Events => "events.k8s.io",
+            Resource::Claims | Resource::Slices | Resource::DeviceClasses => "resource.k8s.io",
             _ => "",
         }
     }
@@ -79,6 +96,9 @@ impl Resource {
             Resource::Leases => "Lease",
             Resource::PodDisruptionBudgets => "PodDisruptionBudget",
             Resource::CoreEvents | Resource::Events => "Event",
+            Resource::Claims => "ResourceClaim",
+            Resource::Slices => "ResourceSlice",
+            Resource::DeviceClasses => "DeviceClass",
         }
     }
 
@@ -88,6 +108,7 @@ impl Resource {
             Resource::Leases => "coordination.k8s.io/v1",
             Resource::PodDisruptionBudgets => "policy/v1",
             Resource::Events => "events.k8s.io/v1",
+            Resource::Claims | Resource::Slices | Resource::DeviceClasses => "resource.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -95,7 +116,11 @@ impl Resource {
     pub fn namespaced(self) -> bool {
         !matches!(
             self,
-            Resource::Namespaces | Resource::Nodes | Resource::GpuNodes
+            Resource::Namespaces
+                | Resource::Nodes
+                | Resource::GpuNodes
+                | Resource::Slices
+                | Resource::DeviceClasses
         )
     }
 

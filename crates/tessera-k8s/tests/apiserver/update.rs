@@ -95,6 +95,7 @@ pub fn update_object(
     match r {
         Resource::Pods => pods::prepare_update(old, &mut new, req.sub.as_deref())?,
         Resource::Leases => leases::check_times(&new)?,
+        Resource::Claims => super::dra::prepare_claim_update(old, &mut new, req.sub.as_deref())?,
         _ => {}
     }
     set_rv(&mut new, stored_rv.parse().unwrap_or(0));

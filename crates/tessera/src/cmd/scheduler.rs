@@ -47,6 +47,10 @@ pub struct SchedulerArgs {
     /// The schedulerName this scheduler owns (standalone mode; webhook mutation).
     #[arg(long, default_value = "tessera")]
     pub scheduler_name: String,
+    /// Standalone mode: allocate pods' DRA ResourceClaims (resource.k8s.io/v1) of
+    /// driver gpu.tessera.io with Tessera's policy before binding them.
+    #[arg(long)]
+    pub dra: bool,
     /// Another schedulerName whose pods the extender judges and binds (repeatable; e.g.
     /// `default-scheduler` when Tessera is wired into the default profile on purpose).
     #[arg(long = "serve-scheduler-name")]
@@ -161,6 +165,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         gpu_equivalents: a.gpu_equivalents,
         queue_usage_half_life: a.queue_usage_half_life.map(std::time::Duration::from_secs),
         queue_usage_weight: a.queue_usage_weight,
+        dra: Some(a.dra),
         ..RawConfig::default()
     };
     let config = match raw.resolve() {

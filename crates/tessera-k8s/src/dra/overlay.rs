@@ -1,0 +1,168 @@
+//! Claims this scheduler wrote (or is writing) that the watch has not shown
+//! yet. Pure: `now` is passed in.
+//!
+//! Between a claim's write and the watch event that shows it, the watched
+//! claim still looks unallocated; a second decision made then must count the
+//! devices as taken, or two pods get the same GPU. So each decided
+//! allocation is assumed here at once, keyed by the claim's UID, with the
+//! claim as it will be (and, once the write is answered, as the server
+//! returned it, with its new `resourceVersion`). An entry ends when the watch
+//! shows the claim at that `resourceVersion` or later, when the write is
+//! refused, or at its deadline: anything assumed in memory expires, and then
+//! the watch is the truth (kube-scheduler's assume cache does the same).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::types::ResourceClaim;
+
+/// How long an assumed claim outlives its write at most: longer than a write's
+/// timeout, as the mirror's reservations (`mirror::RESERVATION_TTL`).
+pub const ASSUME_TTL: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+struct Assumed {
+    claim: ResourceClaim,
+    /// The server answered the write (`claim` is its answer).
+    written: bool,
+    expires: Instant,
+}
+
+/// Assumed claims by UID.
+#[derive(Debug, Clone, Default)]
+pub struct Overlay {
+    by_uid: BTreeMap<String, Assumed>,
+}
+
+/// Whether `seen` is `written` or later. resourceVersions are opaque to
+/// clients, but every API server serves etcd revisions (integers); anything
+/// else is only caught up when equal, and otherwise left to the deadline.
+fn caught_up(seen: Option<&str>, written: Option<&str>) -> bool {
+    match (seen, written) {
+        (Some(s), Some(w)) => match (s.parse::<u64>(), w.parse::<u64>()) {
+            (Ok(s), Ok(w)) => s >= w,
+            _ => s == w,
+        },
+        _ => false,
+    }
+}
+
+fn uid(c: &ResourceClaim) -> &str {
+    c.metadata.uid.as_deref().unwrap_or_default()
+}
+
+impl Overlay {
+    /// A decided allocation, before its write: `claim` as it will be.
+    pub fn assume(&mut self, claim: ResourceClaim, now: Instant) {
+        self.by_uid.insert(
+            uid(&claim).to_string(),
+            Assumed {
+                claim,
+                written: false,
+                expires: now + ASSUME_TTL,
+            },
+        );
+    }
+
+    /// The server's answer to the write; dropped at once if the watch already
+    /// showed it (`seen_rv`, the watched claim's resourceVersion).
+    pub fn written(&mut self, claim: ResourceClaim, seen_rv: Option<&str>, now: Instant) {
+        if caught_up(seen_rv, claim.metadata.resource_version.as_deref()) {
+            self.by_uid.remove(uid(&claim));
+            return;
+        }
+        self.by_uid.insert(
+            uid(&claim).to_string(),
+            Assumed {
+                claim,
+                written: true,
+                expires: now + ASSUME_TTL,
+            },
+        );
+    }
+
+    /// The write was refused (409, 4xx): nothing of it holds.
+    pub fn forget(&mut self, claim_uid: &str) {
+        self.by_uid.remove(claim_uid);
+    }
+
+    /// The watch shows the claim at `rv`: an answered write it has caught up
+    /// with ends. A write still in flight stays (its event may come before
+    /// its answer; [`Overlay::written`] settles that).
+    pub fn observe(&mut self, claim_uid: &str, rv: Option<&str>) {
+        if self.by_uid.get(claim_uid).is_some_and(|a| {
+            a.written && caught_up(rv, a.claim.metadata.resource_version.as_deref())
+        }) {
+            self.by_uid.remove(claim_uid);
+        }
+    }
+
+    /// Drops entries past their deadline; returns how many.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let before = self.by_uid.len();
+        self.by_uid.retain(|_, a| a.expires > now);
+        before - self.by_uid.len()
+    }
+
+    /// The assumed claim of `claim_uid`, if any.
+    pub fn get(&self, claim_uid: &str) -> Option<&ResourceClaim> {
+        self.by_uid.get(claim_uid).map(|a| &a.claim)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_uid.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(uid: &str, rv: &str) -> ResourceClaim {
+        let mut c = ResourceClaim::default();
+        c.metadata.uid = Some(uid.into());
+        c.metadata.resource_version = Some(rv.into());
+        c
+    }
+
+    #[test]
+    fn an_assumed_claim_lasts_until_the_watch_catches_up_or_its_deadline() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        o.assume(claim("u", "10"), t0);
+        // An event for the claim while the write is in flight keeps it.
+        o.observe("u", Some("11"));
+        assert!(o.get("u").is_some());
+        // Answered at rv 12; the watch has shown 11 only.
+        o.written(claim("u", "12"), Some("11"), t0);
+        o.observe("u", Some("11"));
+        assert!(o.get("u").is_some());
+        o.observe("u", Some("12"));
+        assert!(o.get("u").is_none());
+        // An answer the watch already showed is not kept.
+        o.written(claim("v", "7"), Some("8"), t0);
+        assert!(o.is_empty());
+        // Unconfirmed: gone at the deadline, not before.
+        o.assume(claim("w", "3"), t0);
+        assert_eq!(o.expire(t0 + ASSUME_TTL - Duration::from_millis(1)), 0);
+        assert_eq!(o.expire(t0 + ASSUME_TTL), 1);
+        o.assume(claim("x", "3"), t0);
+        o.forget("x");
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn resource_versions_compare_as_revisions_or_else_only_when_equal() {
+        assert!(caught_up(Some("10"), Some("9")));
+        assert!(!caught_up(Some("9"), Some("10")));
+        assert!(caught_up(Some("a"), Some("a")));
+        assert!(!caught_up(Some("b"), Some("a")));
+        assert!(!caught_up(None, Some("1")));
+    }
+}

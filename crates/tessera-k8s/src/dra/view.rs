@@ -1,0 +1,337 @@
+//! What the scheduler knows of DRA objects: the watched ResourceClaims,
+//! ResourceSlices and DeviceClasses, and the claims it wrote that the watch has
+//! not shown yet ([`super::overlay`]). Pure state; the watchers that feed it
+//! are in [`super::watch`].
+//!
+//! Objects arrive as JSON and are read into [`super::types`]; one that does
+//! not read is kept as an error under its name (a pod using that claim is told
+//! why) and never panics or hides the others. Nodes' inventories are built
+//! from the slices when a decision needs them, and rebuilt only after a slice
+//! changed.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::DRIVER;
+use super::inventory::{NodeInventory, Usage, node_inventory};
+use super::overlay::Overlay;
+use super::types::{DeviceClass, ResourceClaim, ResourceSlice};
+
+type Key = (String, String);
+
+fn key_of(v: &Value) -> Key {
+    let s = |p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or_default();
+    (
+        s("/metadata/namespace").to_string(),
+        s("/metadata/name").to_string(),
+    )
+}
+
+/// Reads one object; `Err` says why it does not read.
+fn read<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
+    serde_json::from_value(v).map_err(|e| e.to_string())
+}
+
+/// The DRA objects as last listed and watched.
+#[derive(Debug, Default)]
+pub struct DraView {
+    claims: BTreeMap<Key, Result<ResourceClaim, String>>,
+    slices: BTreeMap<String, ResourceSlice>,
+    classes: BTreeMap<String, DeviceClass>,
+    /// Slices and classes that did not read, by name.
+    unread: BTreeMap<String, String>,
+    overlay: Overlay,
+    /// Per node, built from our driver's slices; `None` after a slice changed.
+    inventories: Option<BTreeMap<String, NodeInventory>>,
+}
+
+impl DraView {
+    // ---- watch input -------------------------------------------------------------------
+
+    pub fn replace_claims(&mut self, items: Vec<Value>) {
+        self.claims.clear();
+        for v in items {
+            self.upsert_claim(v);
+        }
+    }
+
+    pub fn upsert_claim(&mut self, v: Value) {
+        let key = key_of(&v);
+        let claim = read::<ResourceClaim>(v);
+        if let Ok(c) = &claim {
+            self.overlay.observe(
+                c.metadata.uid.as_deref().unwrap_or_default(),
+                c.metadata.resource_version.as_deref(),
+            );
+        }
+        self.claims.insert(key, claim);
+    }
+
+    pub fn remove_claim(&mut self, v: &Value) {
+        if let Some(uid) = v.pointer("/metadata/uid").and_then(Value::as_str) {
+            self.overlay.forget(uid);
+        }
+        self.claims.remove(&key_of(v));
+    }
+
+    pub fn replace_slices(&mut self, items: Vec<Value>) {
+        self.slices.clear();
+        self.unread.retain(|k, _| !k.starts_with("resourceslice "));
+        for v in items {
+            self.upsert_slice(v);
+        }
+        self.inventories = None;
+    }
+
+    pub fn upsert_slice(&mut self, v: Value) {
+        let name = key_of(&v).1;
+        match read::<ResourceSlice>(v) {
+            Ok(s) => {
+                self.unread.remove(&format!("resourceslice {name}"));
+                self.slices.insert(name, s);
+            }
+            Err(e) => {
+                self.slices.remove(&name);
+                self.unread.insert(format!("resourceslice {name}"), e);
+            }
+        }
+        self.inventories = None;
+    }
+
+    pub fn remove_slice(&mut self, v: &Value) {
+        let name = key_of(v).1;
+        self.slices.remove(&name);
+        self.unread.remove(&format!("resourceslice {name}"));
+        self.inventories = None;
+    }
+
+    pub fn replace_classes(&mut self, items: Vec<Value>) {
+        self.classes.clear();
+        self.unread.retain(|k, _| !k.starts_with("deviceclass "));
+        for v in items {
+            self.upsert_class(v);
+        }
+    }
+
+    pub fn upsert_class(&mut self, v: Value) {
+        let name = key_of(&v).1;
+        match read::<DeviceClass>(v) {
+            Ok(c) => {
+                self.unread.remove(&format!("deviceclass {name}"));
+                self.classes.insert(name, c);
+            }
+            Err(e) => {
+                self.classes.remove(&name);
+                self.unread.insert(format!("deviceclass {name}"), e);
+            }
+        }
+    }
+
+    pub fn remove_class(&mut self, v: &Value) {
+        let name = key_of(v).1;
+        self.classes.remove(&name);
+        self.unread.remove(&format!("deviceclass {name}"));
+    }
+
+    // ---- this scheduler's writes -------------------------------------------------------
+
+    /// A decided allocation, before its write (`claim` as it will be).
+    pub fn assume(&mut self, claim: ResourceClaim, now: Instant) {
+        self.overlay.assume(claim, now);
+    }
+
+    /// The server's answer to a write of ours.
+    pub fn written(&mut self, claim: ResourceClaim, now: Instant) {
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        let seen = match self.claims.get(&key) {
+            Some(Ok(c)) if c.metadata.uid == claim.metadata.uid => {
+                c.metadata.resource_version.clone()
+            }
+            _ => None,
+        };
+        self.overlay.written(claim, seen.as_deref(), now);
+    }
+
+    /// A write of ours was refused: its claim is as the watch shows it.
+    pub fn forget(&mut self, claim_uid: &str) {
+        self.overlay.forget(claim_uid);
+    }
+
+    /// Drops assumed claims past their deadline.
+    pub fn expire(&mut self, now: Instant) {
+        let n = self.overlay.expire(now);
+        if n > 0 {
+            tracing::warn!(
+                claims = n,
+                "claim allocations written by this scheduler were not shown by the watch before their deadline; the watch is taken as the truth again"
+            );
+        }
+    }
+
+    // ---- reads -------------------------------------------------------------------------
+
+    /// Claim `namespace/name` as this scheduler sees it: its own write when
+    /// the watch has not shown it yet; `Err` when the watched object does not read.
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<Result<&ResourceClaim, &str>> {
+        let got = self
+            .claims
+            .get(&(namespace.to_string(), name.to_string()))?;
+        Some(match got {
+            Ok(c) => Ok(c
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|u| self.overlay.get(u))
+                .unwrap_or(c)),
+            Err(e) => Err(e.as_str()),
+        })
+    }
+
+    /// Every readable claim as [`DraView::claim`] sees it.
+    pub fn claims(&self) -> impl Iterator<Item = &ResourceClaim> {
+        self.claims
+            .values()
+            .filter_map(|c| c.as_ref().ok())
+            .map(|c| {
+                c.metadata
+                    .uid
+                    .as_deref()
+                    .and_then(|u| self.overlay.get(u))
+                    .unwrap_or(c)
+            })
+    }
+
+    /// What every claim holds (the overlay's writes included).
+    pub fn usage(&self) -> Usage {
+        Usage::of_claims(self.claims(), None)
+    }
+
+    pub fn classes(&self) -> Vec<DeviceClass> {
+        self.classes.values().cloned().collect()
+    }
+
+    /// Node `node`'s devices of our driver (other drivers' slices are not read:
+    /// their devices are never ours to allocate).
+    pub fn inventory(&mut self, node: &str) -> Option<&NodeInventory> {
+        if self.inventories.is_none() {
+            let ours: Vec<ResourceSlice> = self
+                .slices
+                .values()
+                .filter(|s| s.spec.driver == DRIVER)
+                .cloned()
+                .collect();
+            let mut nodes: Vec<&str> = ours
+                .iter()
+                .filter_map(|s| s.spec.node_name.as_deref())
+                .collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            let built = nodes
+                .iter()
+                .map(|n| (n.to_string(), node_inventory(n, &ours)))
+                .collect();
+            self.inventories = Some(built);
+        }
+        self.inventories.as_ref().and_then(|m| m.get(node))
+    }
+
+    /// Inventories of every node with our slices (built if needed).
+    pub fn inventories(&mut self) -> &BTreeMap<String, NodeInventory> {
+        let _ = self.inventory("");
+        self.inventories.get_or_insert_default()
+    }
+
+    /// Objects that did not read, and devices left out of inventories.
+    pub fn problems(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .claims
+            .iter()
+            .filter_map(|((ns, n), c)| {
+                c.as_ref()
+                    .err()
+                    .map(|e| format!("resourceclaim {ns}/{n}: {e}"))
+            })
+            .collect();
+        v.extend(self.unread.iter().map(|(k, e)| format!("{k}: {e}")));
+        v
+    }
+
+    /// Claims assumed and not yet shown by the watch.
+    pub fn assumed(&self) -> usize {
+        self.overlay.len()
+    }
+}
+
+/// The one view a process shares between its watchers and the standalone loop.
+/// Lock order: the mirror first, then this.
+#[derive(Debug, Clone, Default)]
+pub struct SharedDraView(Arc<Mutex<DraView>>);
+
+impl SharedDraView {
+    pub fn new() -> SharedDraView {
+        SharedDraView::default()
+    }
+
+    /// Locks the view; a poisoned lock is taken as it is (every mutation
+    /// leaves the maps consistent).
+    pub fn lock(&self) -> MutexGuard<'_, DraView> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A claim or slice that does not read is named, never a panic, and
+    /// hides nothing else.
+    #[test]
+    fn bad_objects_are_named_and_hide_nothing_else() {
+        let mut v = DraView::default();
+        v.replace_claims(vec![
+            json!({"metadata": {"name": "bad", "namespace": "ml", "uid": "b"},
+                "spec": {"devices": {"requests": "not a list"}}}),
+            json!({"metadata": {"name": "good", "namespace": "ml", "uid": "g"}}),
+        ]);
+        v.replace_slices(vec![
+            json!({"metadata": {"name": "s-bad"}, "spec": {"driver": 7}}),
+            json!({"metadata": {"name": "s-good"}, "spec": {"driver": DRIVER, "nodeName": "n1",
+                "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0"}]}}),
+        ]);
+        assert!(matches!(v.claim("ml", "bad"), Some(Err(e)) if e.contains("invalid type")));
+        assert!(matches!(v.claim("ml", "good"), Some(Ok(_))));
+        assert_eq!(v.claims().count(), 1);
+        assert_eq!(v.inventory("n1").map(|i| i.devices.len()), Some(1));
+        let problems = v.problems();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("resourceclaim ml/bad:"))
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("resourceslice s-bad:"))
+        );
+        // A pod using the bad claim is told which and why.
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "pu"},
+            "spec": {"containers": [], "resourceClaims": [{"name": "e", "resourceClaimName": "bad"}]}
+        }))
+        .unwrap();
+        match super::super::pod::pod_claims(&pod, |ns, n| v.claim(ns, n), &[]) {
+            Err(super::super::pod::NotReady::Refuse(m)) => {
+                assert!(m.contains("ResourceClaim ml/bad does not read"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! Standalone mode's pods with DRA `ResourceClaim`s (`--dra`, issue 29 item 2).
+//!
+//! Deciding, under the mirror's lock and then the DRA view's (that order,
+//! always): the pod's CPU, memory and countable resources are judged as for
+//! any pod ([`crate::mirror::Mirror::host_fitting`], with
+//! [`super::node_allows`]); among the nodes that pass, [`crate::dra::place`]
+//! picks the one where every claim allocates with the best score of the core
+//! policy. The pod's host resources are then held in the mirror, and each new
+//! allocation assumed in the view's overlay, so the next decision, made before
+//! any write is answered or watched, already counts them.
+//!
+//! Applying, in the background: each claim's write in the pod's order
+//! (`status.allocation` + `reservedFor`, or `reservedFor` alone for a claim
+//! allocated already), each with the claim's resourceVersion as precondition;
+//! only when every one is written is the pod bound, with a plain Binding (no
+//! `tessera.io/allocation`: the claims say what the pod holds) through
+//! [`crate::binder::Binder::write`]. A 409 is never overwritten: the pod is
+//! decided again on a later pass, from the claim the watch then shows. If a
+//! later claim's write fails, the earlier claims stay allocated and reserved
+//! for the pod, as with kube-scheduler; the retry finds them allocated and
+//! only reserves or binds (which is also how a restarted scheduler finishes a
+//! pod whose claims it wrote before it died).
+//!
+//! Not done here: preemption for such pods, gang members with claims (refused
+//! with a reason), and pods asking both `tessera.io/*` resources and claims.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tessera_core::placement::Placement;
+use tessera_core::request::GpuAsk;
+use tokio::time::Instant;
+
+use super::{Standalone, node_allows, selector_matches, unsupported};
+use crate::binder::{BindError, Binder};
+use crate::convert;
+use crate::dra::cel::Env;
+use crate::dra::place::place;
+use crate::dra::pod::{NotReady, Step, pod_claims};
+use crate::dra::types::{AllocationResult, ConsumerReference, ResourceClaim};
+use crate::dra::view::SharedDraView;
+use crate::dra::write::{
+    PodRef, WriteError, Written, allocation_result, write_allocation, write_reservation,
+};
+use crate::mirror::{QuotaCheck, Reservation};
+
+/// Whether and how this scheduler allocates claims.
+#[derive(Clone, Default)]
+pub enum Dra {
+    /// `--dra` not given: pods with claims are refused with a reason.
+    #[default]
+    Off,
+    /// `--dra` given, but the API server does not serve `resource.k8s.io/v1` (why).
+    Unserved(String),
+    On(SharedDraView),
+}
+
+/// Longest wait for the API's answer to one claim write.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why placing a pod failed after it was decided.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error(
+        "ResourceClaim {claim} changed since it was read (409 Conflict): nothing was overwritten; the pod is decided again from the claim as it is now"
+    )]
+    ClaimConflict { claim: String },
+    #[error(transparent)]
+    Claim(#[from] WriteError),
+    #[error(
+        "writing ResourceClaim {claim}: no answer within {secs} s; its devices stay assumed taken until the watch shows the outcome"
+    )]
+    ClaimTimeout { claim: String, secs: u64 },
+    #[error("this replica is not the leader; only the leader writes claims")]
+    NotLeader,
+}
+
+/// One claim write: a new allocation (with the reservation), or the reservation alone.
+pub(super) struct ClaimWrite {
+    claim: ResourceClaim,
+    allocation: Option<AllocationResult>,
+}
+
+/// A decided DRA pod: its node and the claim writes before its Binding.
+pub(super) struct DraDecided {
+    pub(super) node: String,
+    writes: Vec<ClaimWrite>,
+}
+
+fn pod_ref(pod: &Pod) -> PodRef {
+    PodRef {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: convert::pod_uid(pod).to_string(),
+    }
+}
+
+fn key(c: &ResourceClaim) -> String {
+    format!(
+        "{}/{}",
+        c.metadata.namespace.as_deref().unwrap_or_default(),
+        c.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// `claim` as it will be once `allocation` and the reservation for `pod` are written.
+fn as_written(claim: &ResourceClaim, allocation: &AllocationResult, pod: &PodRef) -> ResourceClaim {
+    let mut c = claim.clone();
+    let mut status = c.status.take().unwrap_or_default();
+    status.allocation = Some(allocation.clone());
+    if !status.reserved_for.iter().any(|r| r.uid == pod.uid) {
+        status.reserved_for.push(ConsumerReference {
+            api_group: None,
+            resource: "pods".into(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            extra: Default::default(),
+        });
+    }
+    c.status = Some(status);
+    c
+}
+
+fn uid_of(c: &ResourceClaim) -> &str {
+    c.metadata.uid.as_deref().unwrap_or_default()
+}
+
+impl Standalone {
+    /// Places (or refuses) a pod with claims: see the module docs.
+    pub(super) fn attempt_dra(&mut self, pod: Pod) {
+        let key = convert::pod_key(&pod);
+        let view = match &self.dra {
+            Dra::Off => {
+                let why = format!(
+                    "pod {key} uses DRA ResourceClaims: this scheduler allocates them only when run with --dra (standalone mode)"
+                );
+                return self.failed(&pod, why, "dra off".into());
+            }
+            Dra::Unserved(reason) => {
+                let why = format!(
+                    "pod {key} uses DRA ResourceClaims, but {reason}: Tessera cannot allocate them"
+                );
+                return self.failed(&pod, why, "dra unserved".into());
+            }
+            Dra::On(view) => view.clone(),
+        };
+        match self.decide_dra(&view, &pod) {
+            Err((message, reason)) => self.failed(&pod, message, reason),
+            Ok(d) => {
+                self.preemptor.placed(convert::pod_uid(&pod));
+                let binder = self.binder.clone();
+                self.binds.spawn(async move {
+                    let node = d.node.clone();
+                    let outcome = write_then_bind(&binder, &view, &pod, d).await;
+                    (pod, node, outcome)
+                });
+            }
+        }
+    }
+
+    /// Decides the pod's node and claim allocations, holds its host resources
+    /// in the mirror and assumes its allocations in the view, in one critical
+    /// section. `Err` carries the event sentence and the metrics reason.
+    fn decide_dra(&self, view: &SharedDraView, pod: &Pod) -> Result<DraDecided, (String, String)> {
+        let started = std::time::Instant::now();
+        let key = convert::pod_key(pod);
+        let invalid = |e: String| (e, "invalid request".to_string());
+        let mut m = self.mirror.lock();
+        let catalog = m.cluster().catalog.clone();
+        let asks = convert::pod_asks(pod, &catalog);
+        let req = asks.request.map_err(|e| invalid(e.to_string()))?;
+        let host = asks.host.map_err(invalid)?;
+        if req.gpu != GpuAsk::None {
+            return Err(invalid(format!(
+                "pod {key} asks both tessera.io GPUs and DRA ResourceClaims: ask for devices one way"
+            )));
+        }
+        if let Some(why) = unsupported(pod) {
+            return Err((why, "unsupported".to_string()));
+        }
+        if let QuotaCheck::Refused(why) = m.quota(pod, &req) {
+            return Err((why, "queue quota".to_string()));
+        }
+        let mut v = view.lock();
+        let now = Instant::now();
+        v.expire(now);
+        let classes = v.classes();
+        let claims = pod_claims(pod, |ns, n| v.claim(ns, n), &classes).map_err(|e| match e {
+            NotReady::Wait(m) => (m, "waiting for claims".to_string()),
+            NotReady::Refuse(m) => (m, "claims refused".to_string()),
+        })?;
+        let usage = v.usage();
+        let inventories = v.inventories().clone();
+        let (nodes, policy) = m
+            .host_fitting(&req, &host, |facts| node_allows(pod, facts))
+            .map_err(|e| {
+                let reason = e
+                    .ranked()
+                    .first()
+                    .map(|(r, _)| r.to_string())
+                    .unwrap_or_else(|| "no nodes".into());
+                (e.to_string(), reason)
+            })?;
+        let facts: Vec<_> = nodes.iter().map(|(_, f)| f.clone()).collect();
+        let plan = place(
+            &claims,
+            &facts,
+            &inventories,
+            &usage,
+            policy,
+            &Env::new(),
+            &selector_matches,
+        )
+        .map_err(|e| (e.sentence(), "claims do not fit".to_string()))?;
+        self.metrics
+            .observe_decision("standalone", started.elapsed());
+        let Some(id) = nodes
+            .iter()
+            .find(|(_, f)| f.name == plan.node)
+            .map(|(id, _)| *id)
+        else {
+            return Err((
+                format!("node {} left the candidates", plan.node),
+                "ledger refused".into(),
+            ));
+        };
+        let placement = Placement {
+            node: id,
+            cpu_milli: req.cpu_milli,
+            memory_mib: req.memory_mib,
+            ..Placement::default()
+        };
+        match m.hold(pod, placement, req, host) {
+            Ok(Reservation::Write { .. }) => {}
+            Ok(Reservation::AlreadyBound) => {
+                return Err((format!("pod {key} is bound already"), "bound".into()));
+            }
+            Err(e) => return Err((e.to_string(), "ledger refused".into())),
+        }
+        let who = pod_ref(pod);
+        let mut writes = Vec::new();
+        for (i, c) in claims.iter().enumerate() {
+            match &c.step {
+                Step::Ready => {}
+                Step::Reserve => writes.push(ClaimWrite {
+                    claim: c.claim.clone(),
+                    allocation: None,
+                }),
+                Step::Allocate(_) => {
+                    let Some((_, alloc)) = plan.allocations.iter().find(|(j, _)| *j == i) else {
+                        continue;
+                    };
+                    let result = allocation_result(alloc, uid_of(&c.claim));
+                    v.assume(as_written(&c.claim, &result, &who), now);
+                    writes.push(ClaimWrite {
+                        claim: c.claim.clone(),
+                        allocation: Some(result),
+                    });
+                }
+            }
+        }
+        Ok(DraDecided {
+            node: plan.node,
+            writes,
+        })
+    }
+}
+
+/// Drops what was assumed for `writes` (none of them was written).
+fn abandon(view: &SharedDraView, writes: &[ClaimWrite]) {
+    let mut v = view.lock();
+    for w in writes.iter().filter(|w| w.allocation.is_some()) {
+        v.forget(uid_of(&w.claim));
+    }
+}
+
+/// Writes the claims in order, then binds; on a failure, what was not written
+/// is given back (the mirror's hold, the overlay's assumptions) and the pod
+/// is retried.
+async fn write_then_bind(
+    binder: &Binder,
+    view: &SharedDraView,
+    pod: &Pod,
+    d: DraDecided,
+) -> Result<(), PlaceError> {
+    let who = pod_ref(pod);
+    let failed = |from: usize, e: PlaceError| {
+        abandon(view, &d.writes[from..]);
+        binder.mirror().lock().unreserve(&who.uid);
+        Err(e)
+    };
+    for (k, w) in d.writes.iter().enumerate() {
+        if !binder.leadership().is_leader() {
+            return failed(k, PlaceError::NotLeader);
+        }
+        let call = async {
+            match &w.allocation {
+                Some(a) => write_allocation(binder.client(), &w.claim, a, &who).await,
+                None => write_reservation(binder.client(), &w.claim, &who).await,
+            }
+        };
+        match tokio::time::timeout(WRITE_TIMEOUT, call).await {
+            Ok(Ok(Written::Allocated(c))) => view.lock().written(*c, Instant::now()),
+            Ok(Ok(Written::Conflict)) => {
+                return failed(
+                    k,
+                    PlaceError::ClaimConflict {
+                        claim: key(&w.claim),
+                    },
+                );
+            }
+            // Refused: nothing of it holds. Otherwise it may have landed.
+            Ok(Err(e)) if e.nothing_written() => return failed(k, e.into()),
+            Ok(Err(e)) => return failed(k + 1, e.into()),
+            Err(_) => {
+                return failed(
+                    k + 1,
+                    PlaceError::ClaimTimeout {
+                        claim: key(&w.claim),
+                        secs: WRITE_TIMEOUT.as_secs(),
+                    },
+                );
+            }
+        }
+    }
+    binder.write(pod, &d.node, None).await?;
+    Ok(())
+}

@@ -1,0 +1,552 @@
+//! Standalone mode with `--dra` against the stateful API-server double
+//! (`tests/apiserver`, extended with `resource.k8s.io/v1`; those responses are
+//! not recorded in ../shared/fixtures, see `apiserver/dra.rs`): Tessera
+//! allocates pods' ResourceClaims with its policy, writes each claim's
+//! allocation and reservation before the Binding, respects claims allocated by
+//! others, never overwrites a changed claim, never gives one device twice (also
+//! while the watch lags behind its writes), finishes after a restart, and says
+//! why a pod waits or is refused.
+
+mod apiserver;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apiserver::cluster::node_of;
+use apiserver::dra::{claim, classes, pod_with_claims, slice};
+use apiserver::process::Process;
+use apiserver::{ApiServer, Config, Resource};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::{Value, json};
+use tessera_core::policy::{self, PolicyArgs};
+use tessera_k8s::binder::Binder;
+use tessera_k8s::dra::view::SharedDraView;
+use tessera_k8s::leader::Leadership;
+use tessera_k8s::metrics::Metrics;
+use tessera_k8s::mirror::{Mirror, SharedMirror};
+use tessera_k8s::run::RawConfig;
+use tessera_k8s::standalone::{Dra, Standalone};
+
+const KEY: &[u8] = b"dra-standalone-test-signing-key!";
+const NS: &str = "ml";
+
+fn key_file() -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("tessera-dra-test-key-{}", std::process::id()));
+    std::fs::write(&p, KEY).unwrap();
+    p
+}
+
+fn config(policy: &str) -> tessera_k8s::run::Config {
+    RawConfig {
+        mode: Some("standalone".into()),
+        listen: Some("127.0.0.1:0".into()),
+        metrics_listen: Some("127.0.0.1:0".into()),
+        signing_key_file: Some(key_file()),
+        scheduler_name: Some("tessera".into()),
+        leader_elect: Some(false),
+        policy: Some(policy.into()),
+        dra: Some(true),
+        ..RawConfig::default()
+    }
+    .resolve()
+    .expect("valid config")
+}
+
+/// A Ready node with CPU and memory and no GpuNode (a DRA node).
+fn node(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        }
+    })
+}
+
+/// Nodes with `gpus` GPUs each published as slices, and the chart's classes.
+fn cluster(server: &ApiServer, nodes: &[(&str, u32)]) {
+    for (n, gpus) in nodes {
+        server.create(Resource::Nodes, &node(n)).unwrap();
+        server.create(Resource::Slices, &slice(n, *gpus)).unwrap();
+    }
+    for c in classes() {
+        server.create(Resource::DeviceClasses, &c).unwrap();
+    }
+}
+
+fn get(server: &ApiServer, r: Resource, name: &str) -> Value {
+    let ns = if r == Resource::Slices || r == Resource::DeviceClasses {
+        ""
+    } else {
+        NS
+    };
+    server
+        .get(r, ns, name)
+        .unwrap_or_else(|| panic!("{name} stored"))
+}
+
+/// `(node, device)` of each allocation result of a stored claim.
+fn devices(claim: &Value) -> Vec<(String, String)> {
+    claim
+        .pointer("/status/allocation/devices/results")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["pool"].as_str().unwrap_or_default().to_string(),
+                r["device"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn reserved_uids(claim: &Value) -> Vec<String> {
+    claim
+        .pointer("/status/reservedFor")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["uid"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Event notes about pod `name`.
+fn notes(server: &ApiServer, name: &str) -> Vec<String> {
+    let mut v: Vec<String> = server
+        .objects::<Value>(Resource::Events)
+        .into_iter()
+        .filter(|e| e.pointer("/regarding/name").and_then(Value::as_str) == Some(name))
+        .filter_map(|e| e["note"].as_str().map(str::to_string))
+        .collect();
+    v.extend(
+        server
+            .objects::<Value>(Resource::CoreEvents)
+            .into_iter()
+            .filter(|e| e.pointer("/involvedObject/name").and_then(Value::as_str) == Some(name))
+            .filter_map(|e| e["message"].as_str().map(str::to_string)),
+    );
+    v
+}
+
+async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn bound_to(server: &ApiServer, pod: &str) -> Option<String> {
+    node_of(&get(server, Resource::Pods, pod)).map(str::to_string)
+}
+
+/// The policy picks the device, not first fit: with one GPU of `node-a` held
+/// by another claim, `binpack` puts a one-GPU claim beside it and `spread`
+/// on the empty `node-b`; either way the claim's allocation and reservation
+/// are written before the Binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_gets_the_policys_device_and_is_written_before_the_binding() {
+    for (policy, want_node) in [("binpack", "node-a"), ("spread", "node-b")] {
+        let server = ApiServer::new(Config::default());
+        cluster(&server, &[("node-a", 4), ("node-b", 4)]);
+        // Someone else's claim holds node-a's gpu-0.
+        let mut held = claim(NS, "held", "gpu.tessera.io", 1);
+        held["status"] = json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a", "device": "gpu-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": "other", "uid": "uid-other"}]});
+        server.create(Resource::Claims, &held).unwrap();
+        server
+            .create(Resource::Claims, &claim(NS, "c1", "gpu.tessera.io", 1))
+            .unwrap();
+        let p = server
+            .create(
+                Resource::Pods,
+                &pod_with_claims(NS, "p1", &[("gpu", Ok("c1"))]),
+            )
+            .unwrap();
+        let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+        let proc = Process::start(&server, config(policy), &[]);
+        until(
+            &format!("{policy}: p1 bound"),
+            Duration::from_secs(20),
+            || bound_to(&server, "p1").is_some(),
+        )
+        .await;
+        assert_eq!(
+            bound_to(&server, "p1").as_deref(),
+            Some(want_node),
+            "{policy}"
+        );
+        let c1 = get(&server, Resource::Claims, "c1");
+        let got = devices(&c1);
+        assert_eq!(got.len(), 1, "{policy}: {c1}");
+        assert_eq!(got[0].0, want_node, "{policy}: {c1}");
+        assert_ne!(got[0], ("node-a".to_string(), "gpu-0".to_string()));
+        assert_eq!(reserved_uids(&c1), [uid], "{policy}");
+        assert_eq!(
+            c1.pointer(
+                "/status/allocation/nodeSelector/nodeSelectorTerms/0/matchFields/0/values/0"
+            ),
+            Some(&json!(want_node))
+        );
+        // The claim's write came before the Binding.
+        let writes = server.writes();
+        let claim_at = writes
+            .iter()
+            .position(|w| w.resource == "resourceclaims" && w.name == "c1" && w.status == 200);
+        let bind_at = writes
+            .iter()
+            .position(|w| w.subresource == "binding" && w.name == "p1" && w.status == 201);
+        assert!(
+            claim_at.is_some() && claim_at < bind_at,
+            "{policy}: claim write {claim_at:?}, binding {bind_at:?}"
+        );
+        // The other claim is untouched.
+        assert_eq!(
+            devices(&get(&server, Resource::Claims, "held")),
+            [("node-a".to_string(), "gpu-0".to_string())]
+        );
+        proc.kill().unwrap();
+    }
+}
+
+/// A claim allocated by someone else is respected: the pod goes to its node,
+/// the allocation is not rewritten, the pod is only added to `reservedFor`.
+/// A pod whose claim uses another driver's class gets an event naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_allocations_are_respected_and_other_drivers_refused() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2), ("node-b", 2)]);
+    let mut theirs = claim(NS, "theirs", "gpu.tessera.io", 1);
+    let alloc = json!({"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-b", "device": "gpu-1",
+         "futureField": "kept"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}});
+    theirs["status"] = json!({"allocation": alloc.clone(),
+        "reservedFor": [{"resource": "pods", "name": "first", "uid": "uid-first"}]});
+    server.create(Resource::Claims, &theirs).unwrap();
+    let p = server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NS, "sharer", &[("gpu", Ok("theirs"))]),
+        )
+        .unwrap();
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    // Another driver's class and a claim of it.
+    server
+        .create(
+            Resource::DeviceClasses,
+            &json!({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [
+                {"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}),
+        )
+        .unwrap();
+    server
+        .create(Resource::Claims, &claim(NS, "nv", "gpu.nvidia.com", 1))
+        .unwrap();
+    server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NS, "nvpod", &[("gpu", Ok("nv"))]),
+        )
+        .unwrap();
+    let proc = Process::start(&server, config("tessera"), &[]);
+    until("sharer bound", Duration::from_secs(20), || {
+        bound_to(&server, "sharer").is_some()
+    })
+    .await;
+    assert_eq!(bound_to(&server, "sharer").as_deref(), Some("node-b"));
+    let c = get(&server, Resource::Claims, "theirs");
+    assert_eq!(
+        c["status"]["allocation"], alloc,
+        "allocation rewritten: {c}"
+    );
+    assert_eq!(reserved_uids(&c), ["uid-first".to_string(), uid]);
+    until("nvpod's event", Duration::from_secs(20), || {
+        notes(&server, "nvpod").iter().any(|n| {
+            n.contains("ResourceClaim ml/nv") && n.contains("not of driver gpu.tessera.io")
+        })
+    })
+    .await;
+    assert_eq!(bound_to(&server, "nvpod"), None);
+    assert!(devices(&get(&server, Resource::Claims, "nv")).is_empty());
+    proc.kill().unwrap();
+}
+
+/// A pod whose claim comes from a template waits, with a reason, until
+/// `status.resourceClaimStatuses` names the claim the controller made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_claim_waits_for_the_pods_claim_status() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 1)]);
+    let p = server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NS, "tp", &[("gpu", Err("one-gpu"))]),
+        )
+        .unwrap();
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let proc = Process::start(&server, config("tessera"), &[]);
+    until("tp's waiting event", Duration::from_secs(20), || {
+        notes(&server, "tp")
+            .iter()
+            .any(|n| n.contains("template ml/one-gpu") && n.contains("resourceClaimStatuses"))
+    })
+    .await;
+    assert_eq!(bound_to(&server, "tp"), None);
+    // The resourceclaim controller's work: the claim, owned by the pod, then the pod's status.
+    let mut c = claim(NS, "tp-gpu-x7k2p", "gpu.tessera.io", 1);
+    c["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod", "name": "tp",
+        "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
+    c["metadata"]["annotations"] = json!({"resource.kubernetes.io/pod-claim-name": "gpu"});
+    server.create(Resource::Claims, &c).unwrap();
+    let (client, _session) = server.client();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client, NS);
+    pods.patch_status(
+        "tp",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"resourceClaimStatuses": [
+            {"name": "gpu", "resourceClaimName": "tp-gpu-x7k2p"}]}})),
+    )
+    .await
+    .unwrap();
+    until("tp bound", Duration::from_secs(90), || {
+        bound_to(&server, "tp").is_some()
+    })
+    .await;
+    let c = get(&server, Resource::Claims, "tp-gpu-x7k2p");
+    assert_eq!(devices(&c), [("node-a".to_string(), "gpu-0".to_string())]);
+    assert_eq!(reserved_uids(&c), [uid]);
+    proc.kill().unwrap();
+}
+
+/// After a restart: claims allocated before it are counted (a new claim gets
+/// another device), and a pod whose claim is allocated and reserved for it
+/// but which is not bound is bound to that node without rewriting the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_scheduler_finishes_what_it_wrote_and_counts_it() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2), ("node-b", 2)]);
+    // What the previous process wrote before it died: c1 allocated on
+    // node-b/gpu-1 and reserved for p1, p1 not bound.
+    let p1 = server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NS, "p1", &[("gpu", Ok("c1"))]),
+        )
+        .unwrap();
+    let uid1 = p1["metadata"]["uid"].as_str().unwrap().to_string();
+    let mut c1 = claim(NS, "c1", "gpu.tessera.io", 1);
+    c1["status"] = json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-b", "device": "gpu-1"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "p1", "uid": uid1}]});
+    server.create(Resource::Claims, &c1).unwrap();
+    let c1_rv = get(&server, Resource::Claims, "c1")["metadata"]["resourceVersion"].clone();
+    // node-a full (both GPUs held by others): a new claim can only get node-b/gpu-0.
+    for (i, dev) in ["gpu-0", "gpu-1"].iter().enumerate() {
+        let mut c = claim(NS, &format!("full-{i}"), "gpu.tessera.io", 1);
+        c["status"] = json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a", "device": dev}]}},
+            "reservedFor": [{"resource": "pods", "name": "x", "uid": format!("uid-x{i}")}]});
+        server.create(Resource::Claims, &c).unwrap();
+    }
+    server
+        .create(Resource::Claims, &claim(NS, "c2", "gpu.tessera.io", 1))
+        .unwrap();
+    server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NS, "p2", &[("gpu", Ok("c2"))]),
+        )
+        .unwrap();
+    let proc = Process::start(&server, config("spread"), &[]);
+    until("both bound", Duration::from_secs(20), || {
+        bound_to(&server, "p1").is_some() && bound_to(&server, "p2").is_some()
+    })
+    .await;
+    assert_eq!(bound_to(&server, "p1").as_deref(), Some("node-b"));
+    let c1 = get(&server, Resource::Claims, "c1");
+    assert_eq!(
+        c1["metadata"]["resourceVersion"], c1_rv,
+        "c1 was rewritten: {c1}"
+    );
+    assert_eq!(
+        devices(&get(&server, Resource::Claims, "c2")),
+        [("node-b".to_string(), "gpu-0".to_string())]
+    );
+    assert_eq!(bound_to(&server, "p2").as_deref(), Some("node-b"));
+    proc.kill().unwrap();
+}
+
+// ---- the loop on its own, with a view fed by the test (a watch that lags) -------
+
+struct Loop {
+    server: ApiServer,
+    view: SharedDraView,
+    mirror: SharedMirror,
+    standalone: Standalone,
+}
+
+/// A standalone loop whose DRA view holds what the server has now, and is
+/// never updated unless the test does it.
+fn standalone_loop(server: ApiServer) -> Loop {
+    let nodes: Vec<Node> = server.objects(Resource::Nodes);
+    let pods: Vec<Pod> = server.objects(Resource::Pods);
+    let policy = policy::by_name("binpack", &PolicyArgs::default()).unwrap();
+    let mirror = SharedMirror::new(Mirror::from_objects(
+        policy,
+        KEY.to_vec(),
+        nodes,
+        vec![],
+        pods,
+    ));
+    let view = SharedDraView::new();
+    refresh(&server, &view);
+    let (client, _session) = server.client();
+    let leader = Leadership::always();
+    let standalone = Standalone::new(
+        "tessera".into(),
+        mirror.clone(),
+        Binder::new(client.clone(), mirror.clone(), leader.clone()),
+        leader,
+        Arc::new(Metrics::new()),
+        Some(kube::runtime::events::Recorder::new(
+            client,
+            kube::runtime::events::Reporter::from("tessera"),
+        )),
+        Default::default(),
+    )
+    .with_dra(Dra::On(view.clone()));
+    Loop {
+        server,
+        view,
+        mirror,
+        standalone,
+    }
+}
+
+/// The view catches up with the server (what the watch would deliver).
+fn refresh(server: &ApiServer, view: &SharedDraView) {
+    let mut v = view.lock();
+    v.replace_claims(server.objects(Resource::Claims));
+    v.replace_slices(server.objects(Resource::Slices));
+    v.replace_classes(server.objects(Resource::DeviceClasses));
+}
+
+/// Two pods, one GPU: the first pod's allocation is written, the watch never
+/// shows it, and the second pod must still not get the same GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_never_share_a_dedicated_gpu_while_the_watch_lags() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 1)]);
+    for i in 1..=2 {
+        server
+            .create(
+                Resource::Claims,
+                &claim(NS, &format!("c{i}"), "gpu.tessera.io", 1),
+            )
+            .unwrap();
+        server
+            .create(
+                Resource::Pods,
+                &pod_with_claims(NS, &format!("p{i}"), &[("gpu", Ok(&format!("c{i}")))]),
+            )
+            .unwrap();
+    }
+    let mut l = standalone_loop(server);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    // Exactly one claim got the GPU and exactly one pod was bound.
+    let alloc: Vec<Vec<(String, String)>> = ["c1", "c2"]
+        .iter()
+        .map(|c| devices(&get(&l.server, Resource::Claims, c)))
+        .collect();
+    assert_eq!(
+        alloc.iter().filter(|d| !d.is_empty()).count(),
+        1,
+        "one GPU, given once: {alloc:?}"
+    );
+    // Again, the view still lagging: the assumed write keeps counting.
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let alloc2: Vec<Vec<(String, String)>> = ["c1", "c2"]
+        .iter()
+        .map(|c| devices(&get(&l.server, Resource::Claims, c)))
+        .collect();
+    assert_eq!(alloc, alloc2);
+    let bound: Vec<bool> = ["p1", "p2"]
+        .iter()
+        .map(|p| bound_to(&l.server, p).is_some())
+        .collect();
+    assert_eq!(bound.iter().filter(|b| **b).count(), 1, "{bound:?}");
+    assert!(l.view.lock().assumed() >= 1);
+    drop(l.mirror);
+}
+
+/// A claim that changed since it was read (someone allocated it meanwhile)
+/// is not overwritten: the 409 sends the pod back, and once the view shows
+/// the new claim the pod goes where that allocation says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_claim_write_is_never_overwritten() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2), ("node-b", 2)]);
+    server
+        .create(Resource::Claims, &claim(NS, "c1", "gpu.tessera.io", 1))
+        .unwrap();
+    let p = server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NS, "p1", &[("gpu", Ok("c1"))]),
+        )
+        .unwrap();
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let mut l = standalone_loop(server);
+    // Another scheduler allocates c1 after our view read it.
+    let theirs = json!({"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-b", "device": "gpu-1"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}});
+    let (client, _s) = l.server.client();
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client, NS, &tessera_k8s::dra::write::claims_resource());
+    api.patch_status(
+        "c1",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"allocation": theirs.clone()}})),
+    )
+    .await
+    .unwrap();
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let c1 = get(&l.server, Resource::Claims, "c1");
+    assert_eq!(c1["status"]["allocation"], theirs, "overwritten: {c1}");
+    assert!(reserved_uids(&c1).is_empty());
+    assert!(
+        l.server
+            .writes()
+            .iter()
+            .any(|w| w.resource == "resourceclaims" && w.status == 409),
+        "our write was sent with the old resourceVersion and refused"
+    );
+    assert_eq!(bound_to(&l.server, "p1"), None);
+    assert!(
+        l.mirror.lock().held(&uid).is_none(),
+        "the hold is given back"
+    );
+    // The watch catches up; after the backoff the pod follows their allocation.
+    refresh(&l.server, &l.view);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(bound_to(&l.server, "p1").as_deref(), Some("node-b"));
+    let c1 = get(&l.server, Resource::Claims, "c1");
+    assert_eq!(c1["status"]["allocation"], theirs);
+    assert_eq!(reserved_uids(&c1), [uid]);
+}
