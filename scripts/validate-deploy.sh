@@ -744,6 +744,8 @@ SCENARIOS = {
                                                  "annotations": {"grafana_folder": "GPUs"}}},
     "DRA driver": {"nodeAgent": {"dra": {"enabled": True}}},
     "DRA driver, no slice policy": {"nodeAgent": {"dra": {"enabled": True, "slicePolicy": False}}},
+    "standalone scheduler allocating DRA claims": {"scheduler": {"mode": "standalone", "dra": True},
+                                                   "nodeAgent": {"dra": {"enabled": True}}},
     "DRA driver, monitored": {"nodeAgent": {"dra": {"enabled": True}},
                               "monitoring": {"podMonitor": True, "serviceMonitor": True}},
     "DRA driver, another kubelet root": {"nodeAgent": {
@@ -777,6 +779,7 @@ MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
     "an unknown agent update strategy": ({"nodeAgent": {"updateStrategy": "Recreate"}}, "nodeAgent.updateStrategy must be OnDelete or RollingUpdate"),
     "an unknown anti-affinity": ({"scheduler": {"antiAffinity": "maybe"}}, "scheduler.antiAffinity must be hard or soft"),
     "an unknown MPS daemon mode": ({"nodeAgent": {"mpsDaemons": "sidecar"}}, "nodeAgent.mpsDaemons must be per-gpu or external"),
+    "DRA claims in extender mode": ({"scheduler": {"dra": True}}, "scheduler.dra needs scheduler.mode=standalone"),
     "an unknown DRA agent update strategy": ({"nodeAgent": {"dra": {"enabled": True, "updateStrategy": "Recreate"}}},
                                              "nodeAgent.dra.updateStrategy must be OnDelete or RollingUpdate"),
     "a relative DRA socket directory": ({"nodeAgent": {"dra": {"enabled": True, "pluginDir": "plugins/gpu.tessera.io"}}},
@@ -1290,6 +1293,18 @@ RBAC_NEEDS = {
 }
 
 
+# The scheduler with --dra (crates/tessera-k8s/src/dra: watch.rs lists and watches the
+# three kinds, write.rs merge-patches a claim's status; 1.36 checks the same write
+# against resourceclaims/binding).
+RBAC_NEEDS_SCHEDULER_DRA = {
+    ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+    ("resource.k8s.io", "resourceslices"): {"list", "watch"},
+    ("resource.k8s.io", "deviceclasses"): {"list", "watch"},
+    ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+    ("resource.k8s.io", "resourceclaims/binding"): {"patch"},
+}
+
+
 def granted_verbs(roles):
     """(apiGroup, resource) -> the verbs the rules of these ClusterRoles grant."""
     granted = {}
@@ -1314,6 +1329,10 @@ def check_rbac(objs, where):
             fail(where, f"no ClusterRole for the {component}")
             continue
         granted = granted_verbs(roles)
+        if component == "scheduler" and any(
+                "--dra" in (c.get("args") or []) for o in objs if o["kind"] == "Deployment"
+                for c in o["spec"]["template"]["spec"]["containers"]):
+            needs = {**needs, **RBAC_NEEDS_SCHEDULER_DRA}
         for (g, res), verbs in needs.items():
             have = granted.get((g, res), set())
             missing = set() if "*" in have else verbs - have
