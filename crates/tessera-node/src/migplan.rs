@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tessera_core::allocation::{Allocation, VerifyingKeys};
 use tokio::sync::watch;
 
-use crate::backend::{BackendError, GpuBackend};
+use crate::backend::{BackendError, GpuBackend, GpuInfo, MigInstance};
 use crate::deviceplugin::NodeView;
 use crate::deviceplugin::allocate::PodInfo;
 
@@ -254,30 +254,20 @@ impl MigPlanner {
             let Some(gpu) = view.grant_gpu(g) else {
                 continue;
             };
-            let exists = gpu.mig_enabled
-                && gpu
-                    .mig_instances
-                    .iter()
-                    .any(|i| i.profile == m.profile && i.start == Some(m.start));
-            if exists {
-                continue;
-            }
-            if !gpu.mig_enabled {
-                if !m.enable_mig_mode {
-                    return Err(BackendError::Mig {
-                        gpu: gpu.uuid.clone(),
-                        code: "NVML_ERROR_NOT_SUPPORTED",
-                        message: "MIG mode is off and the decision does not plan to switch it on"
-                            .into(),
-                    });
-                }
-                self.backend.set_mig_mode(&gpu.uuid, true)?;
-                self.lock_switched().push(gpu.uuid.clone());
-                self.save();
-            }
-            let inst = self
-                .backend
-                .create_mig_instance(&gpu.uuid, &m.profile, m.start)?;
+            let inst = match ensure_instance(
+                self.backend.as_ref(),
+                gpu,
+                &m.profile,
+                m.start,
+                m.enable_mig_mode,
+                &mut || {
+                    self.lock_switched().push(gpu.uuid.clone());
+                    self.save();
+                },
+            )? {
+                Ensured::Existing => continue,
+                Ensured::Created(inst) => inst,
+            };
             tracing::info!(gpu = %gpu.uuid, profile = %m.profile, start = m.start, uuid = %inst.uuid, pod = %alloc.pod, "created planned MIG instance");
             self.lock_created().insert(
                 inst.uuid,
@@ -384,6 +374,53 @@ impl MigPlanner {
     fn lock_unchecked(&self) -> std::sync::MutexGuard<'_, State> {
         self.unchecked.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// What [`ensure_instance`] found or did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ensured {
+    /// The GPU already has an instance of that profile at that start: nothing done.
+    Existing,
+    /// The instance was created now.
+    Created(MigInstance),
+}
+
+/// Makes an instance of `profile` at memory slice `start` exist on `gpu`: the one
+/// creation path of the device-plugin planner ([`MigPlanner::apply`]) and the DRA
+/// driver ([`crate::dra::mig`]). A GPU out of MIG mode is switched on only when
+/// `may_switch` says so; `switched` runs right after a switch, before the creation,
+/// so the caller records it even if the creation then fails. A refused creation
+/// leaves the GPU's instances as they were (the backend's contract). Blocking.
+pub fn ensure_instance(
+    backend: &dyn GpuBackend,
+    gpu: &GpuInfo,
+    profile: &str,
+    start: u8,
+    may_switch: bool,
+    switched: &mut dyn FnMut(),
+) -> Result<Ensured, BackendError> {
+    let exists = gpu.mig_enabled
+        && gpu
+            .mig_instances
+            .iter()
+            .any(|i| i.profile == profile && i.start == Some(start));
+    if exists {
+        return Ok(Ensured::Existing);
+    }
+    if !gpu.mig_enabled {
+        if !may_switch {
+            return Err(BackendError::Mig {
+                gpu: gpu.uuid.clone(),
+                code: "NVML_ERROR_NOT_SUPPORTED",
+                message: "MIG mode is off and switching it on is not allowed here".into(),
+            });
+        }
+        backend.set_mig_mode(&gpu.uuid, true)?;
+        switched();
+    }
+    backend
+        .create_mig_instance(&gpu.uuid, profile, start)
+        .map(Ensured::Created)
 }
 
 fn write_atomically(path: &Path, state: &State) -> std::io::Result<()> {

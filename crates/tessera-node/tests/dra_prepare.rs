@@ -219,11 +219,27 @@ async fn a_share_gets_its_limits_from_the_consumed_capacity() {
         json!([
             "NVIDIA_VISIBLE_DEVICES=void",
             "TESSERA_ISOLATION=mps",
-            // 250 per-mille → 25 %; 20Gi = 20480 MiB on the client's device 0.
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
             "TESSERA_GPU_MEMORY_MIB=20480"
         ])
+    );
+    // The client's limits and its daemon's pipe are the share device's own edits
+    // (only a container handed the share gets them); an external daemon
+    // (`--mps-daemons external`, the default) serves the node at <root>/pipe.
+    assert_eq!(
+        spec["devices"][0]["containerEdits"],
+        json!({
+            "env": [
+                "TESSERA_DRA_DEVICE_0=GPU-0",
+                "CUDA_MPS_PIPE_DIRECTORY=/tessera/mps/pipe",
+                // 250 per-mille → 25 %; 20Gi = 20480 MiB on the client's device 0.
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"
+            ],
+            "mounts": [
+                {"hostPath": "/run/tessera/mps/pipe", "containerPath": "/tessera/mps/pipe", "options": ["rbind", "rw"]},
+                {"hostPath": "/run/tessera/mps/shm", "containerPath": "/dev/shm", "options": ["rbind", "rw"]}
+            ]
+        })
     );
 }
 

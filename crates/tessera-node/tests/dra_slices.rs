@@ -232,30 +232,38 @@ fn partitionable_mig_puts_counters_in_their_own_slice_and_placements_consume_the
     let (view, versions) = node(
         r#"
 gpus:
-  - { uuid: GPU-p, product: NVIDIA A100-SXM4-80GB }
+  - { uuid: GPU-p, product: NVIDIA A100-SXM4-80GB, mig: { enabled: true } }
+  - { uuid: GPU-q, product: NVIDIA A100-SXM4-80GB }
 "#,
     );
     let options = SliceOptions {
         partitionable_mig: true,
+        consumable_capacity: true,
         ..Default::default()
     };
     let slices = slices_json(&view, &versions, options);
     let n = check_valid(&slices);
     assert_eq!(slices.len(), 2);
-    let set = &slices[0]["spec"]["sharedCounters"][0];
+    let sets = slices[0]["spec"]["sharedCounters"].as_array().unwrap();
+    assert_eq!(sets.len(), 1, "only the GPU in MIG mode is partitioned");
+    let set = &sets[0];
     assert_eq!(set["name"], "gpu-0-counter-set");
     assert_eq!(set["counters"]["compute-slices"]["value"], "7");
     assert_eq!(set["counters"]["memory-slice-7"]["value"], "1");
     let devs = devices(&slices);
     assert!(n > 10, "every placement is a device: {n}");
-    // The whole GPU consumes every counter, so it and any partition exclude each other.
-    let whole = devs.iter().find(|d| d["name"] == "gpu-0").unwrap();
-    assert_eq!(
-        whole["consumesCounters"][0]["counters"]
-            .as_object()
-            .unwrap()
-            .len(),
-        9
+    // The GPU in MIG mode is its placements only (the driver creates an allocated
+    // placement's instance at prepare); the GPU out of MIG mode is a whole GPU only,
+    // shareable, with no placement: the driver never switches MIG mode.
+    assert!(!devs.iter().any(|d| d["name"] == "gpu-0"));
+    let whole = devs.iter().find(|d| d["name"] == "gpu-1").unwrap();
+    assert!(whole.get("consumesCounters").is_none(), "{whole}");
+    assert_eq!(whole["allowMultipleAllocations"], true);
+    assert!(
+        !devs
+            .iter()
+            .any(|d| d["name"].as_str().unwrap().starts_with("gpu-1-mig-")),
+        "no placement on a GPU out of MIG mode"
     );
     // 3g.40gb at 4 takes compute 3 and memory slices 4..8.
     let p = devs
@@ -287,7 +295,11 @@ gpus:
 #[test]
 fn many_devices_are_split_at_the_limit_keeping_each_gpu_together() {
     let gpus: String = (0..12)
-        .map(|i| format!("  - {{ uuid: GPU-{i}, product: NVIDIA A100-SXM4-80GB }}\n"))
+        .map(|i| {
+            format!(
+                "  - {{ uuid: GPU-{i}, product: NVIDIA A100-SXM4-80GB, mig: {{ enabled: true }} }}\n"
+            )
+        })
         .collect();
     let (view, versions) = node(&format!("gpus:\n{gpus}"));
     let options = SliceOptions {

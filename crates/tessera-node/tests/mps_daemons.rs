@@ -6,36 +6,14 @@
 //! real client does.
 
 mod common;
+mod fake_mps;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
+use fake_mps::{FAKE_CONTROL, write_script};
 use tessera_core::request::Isolation;
-
-const FAKE_CONTROL: &str = r#"#!/bin/sh
-set -u
-if [ "${1:-}" = "-f" ]; then
-  env | grep -E '^(CUDA_VISIBLE_DEVICES|CUDA_MPS_PIPE_DIRECTORY)=' | sort > "$CUDA_MPS_LOG_DIRECTORY/env"
-  echo $$ > "$CUDA_MPS_LOG_DIRECTORY/pid"
-  mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control" || exit 1
-  while :; do
-    while read -r cmd; do
-      echo "$cmd" >> "$CUDA_MPS_LOG_DIRECTORY/commands"
-      if [ "$cmd" = quit ]; then rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
-    done < "$CUDA_MPS_PIPE_DIRECTORY/control"
-  done
-fi
-cat > "$CUDA_MPS_PIPE_DIRECTORY/control"
-"#;
-
-fn write_script(dir: &Path, body: &str) -> PathBuf {
-    let path = dir.join("fake-mps-control");
-    std::fs::write(&path, body).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
-}
 
 fn start(dir: &Path, root: &Path, binary: PathBuf) -> Agent {
     let root = root.display().to_string();

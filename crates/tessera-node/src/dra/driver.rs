@@ -7,7 +7,10 @@
 //! ([`HealthTracker`]: fatal XIDs hold a GPU down for the quiet period, the
 //! backend's probe on every `health_interval`), turned into device taints (or
 //! the device left out, see [`SliceOptions::device_taints`]) and refused at
-//! prepare. `/healthz` and `/readyz` are served on `probe_addr`
+//! prepare. Prepare creates allocated MIG placements' instances and starts
+//! shares' MPS daemons ([`super::prepare`]); the daemons are supervised here on
+//! the health tick, and what was set up for which claim is kept in
+//! [`DriverConfig::state_file`]. `/healthz` and `/readyz` are served on `probe_addr`
 //! ([`super::probe`]); the metrics and `GpuNode` inventory of the
 //! device-plugin agent ([`crate::run`]) are not part of this mode yet.
 
@@ -21,16 +24,19 @@ use tokio::sync::watch;
 
 use super::DraConfig;
 use super::apiserver::{KubeClaims, SlicePublisher};
+use super::mig::MigCreator;
 use super::prepare::{ClaimSource, Preparer, ResourceClaim};
 use super::probe::SliceState;
 use super::registration::RegistrationState;
 use super::server::{DraServerError, serve};
+use super::share::ShareMps;
 use super::slice::{DriverVersions, SliceOptions, resource_slices};
 use crate::backend::{BackendError, GpuBackend, Probe, ProcReader, XidEvent};
 use crate::deviceplugin::NodeView;
-use crate::deviceplugin::allocate::NoPods;
+use crate::deviceplugin::allocate::{MpsConfig, NoPods};
 use crate::health::{HealthTracker, XidPolicy};
 use crate::metrics::{Collector, XidStats};
+use crate::mps::{MpsDaemonConfig, MpsDaemons};
 
 /// How long a failed publish waits before the next try.
 const PUBLISH_RETRY: Duration = Duration::from_secs(10);
@@ -49,6 +55,24 @@ pub struct DriverConfig {
     pub quiet_period: Duration,
     /// Where `/healthz`, `/readyz` and `/metrics` are served (`None`: nowhere).
     pub probe_addr: Option<SocketAddr>,
+    /// Where MPS daemons' pipes are and whether the driver runs them (per GPU set).
+    pub mps: MpsConfig,
+    /// The MPS control binary started with per-GPU daemons.
+    pub mps_binary: PathBuf,
+    /// How long an MPS daemon no prepared claim uses is kept before it is stopped.
+    pub mps_grace: Duration,
+    /// Where what prepare set up for which claim (MIG instances it created, MPS
+    /// daemons in use) is kept across restarts (`None`: memory only, so an agent
+    /// restart leaks the instances of claims prepared before it).
+    pub state_file: Option<PathBuf>,
+}
+
+impl DriverConfig {
+    /// The default state file: beside the DRA socket, in the directory the
+    /// DaemonSet mounts from the host, so it outlives the agent's container.
+    pub fn default_state_file(sockets: &DraConfig) -> PathBuf {
+        sockets.plugin_dir.join("prepared.json")
+    }
 }
 
 /// Failures that stop the driver.
@@ -103,6 +127,7 @@ pub async fn watch_health(
         gpus,
         health: tracker.all(),
     });
+    let sender = view_tx.clone();
     let halt = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (xid_tx, mut xid_rx) = tokio::sync::mpsc::unbounded_channel::<XidEvent>();
     {
@@ -164,7 +189,14 @@ pub async fn watch_health(
             }
         }
     });
-    Ok((view, HealthGuard { halt, task }))
+    Ok((
+        view,
+        HealthGuard {
+            halt,
+            task,
+            view: sender,
+        },
+    ))
 }
 
 /// Stops [`watch_health`]'s thread and task when dropped.
@@ -172,6 +204,15 @@ pub async fn watch_health(
 pub struct HealthGuard {
     halt: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
+    view: watch::Sender<NodeView>,
+}
+
+impl HealthGuard {
+    /// The view's sender, for a change of the GPUs' layout made by the driver
+    /// itself (a MIG instance created at prepare): health stays the task's.
+    pub fn view_sender(&self) -> watch::Sender<NodeView> {
+        self.view.clone()
+    }
 }
 
 impl Drop for HealthGuard {
@@ -190,8 +231,24 @@ pub async fn run_driver(
     client: Option<kube::Client>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
+    let source: Arc<dyn ClaimSource> = match &client {
+        Some(c) => Arc::new(KubeClaims::new(c.clone())),
+        None => Arc::new(NoApiServer),
+    };
+    run_driver_with_claims(config, backend, procs, client, source, shutdown).await
+}
+
+/// [`run_driver`] reading claims from `source` (a test's fake API).
+pub async fn run_driver_with_claims(
+    config: DriverConfig,
+    backend: Arc<dyn GpuBackend>,
+    procs: Arc<dyn ProcReader>,
+    client: Option<kube::Client>,
+    source: Arc<dyn ClaimSource>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DriverError> {
     let xids = XidStats::default();
-    let (view, _health) = watch_health(
+    let (view, health) = watch_health(
         backend.clone(),
         config.xid_policy.clone(),
         config.quiet_period,
@@ -303,16 +360,44 @@ pub async fn run_driver(
         })
     });
 
-    let source: Arc<dyn ClaimSource> = match client {
-        Some(c) => Arc::new(KubeClaims::new(c)),
-        None => Arc::new(NoApiServer),
-    };
-    let preparer = Arc::new(Preparer::new(
+    // MPS daemons of shares: started at prepare, supervised here (restarted
+    // while a prepared claim uses them, stopped once none has for the grace).
+    let daemons = config.mps.per_gpu_daemons.then(|| {
+        Arc::new(MpsDaemons::new(MpsDaemonConfig {
+            binary: config.mps_binary.clone(),
+            root: config.mps.host_root.clone().into(),
+            grace: config.mps_grace,
+            ..MpsDaemonConfig::default()
+        }))
+    });
+    let mut preparer = Preparer::new(
         source,
         view.clone(),
         config.node_name.clone(),
         config.cdi_dir.clone(),
-    ));
+    )
+    .with_options(config.options)
+    .with_mig(MigCreator::new(backend.clone(), health.view_sender()))
+    .with_mps(ShareMps {
+        config: config.mps.clone(),
+        daemons: daemons.clone(),
+    });
+    if let Some(path) = &config.state_file {
+        preparer = preparer.with_state(path.clone());
+    }
+    let preparer = Arc::new(preparer);
+    let supervisor = daemons.is_some().then(|| {
+        let preparer = preparer.clone();
+        // On the health tick, as on the device-plugin path (its reap tick).
+        let every = config.health_interval.max(Duration::from_millis(50));
+        tokio::spawn(async move {
+            loop {
+                // First at once: claims prepared before a restart get their daemons back.
+                preparer.supervise_mps().await;
+                tokio::time::sleep(every).await;
+            }
+        })
+    });
     let (state, registration) = watch::channel(RegistrationState::Pending);
     let (probe_stop, probe_stopped) = tokio::sync::oneshot::channel::<()>();
     let probes = probe_listener.map(|listener| {
@@ -331,6 +416,14 @@ pub async fn run_driver(
         })
     });
     let result = serve(&config.sockets, preparer, state, shutdown).await;
+    if let Some(s) = supervisor {
+        s.abort();
+        let _ = s.await;
+    }
+    if let Some(d) = daemons {
+        // Stopped with the driver; their clients lose them, as on the device-plugin path.
+        tokio::task::spawn_blocking(move || d.shutdown()).await.ok();
+    }
     if let Some(p) = publisher {
         p.abort();
     }

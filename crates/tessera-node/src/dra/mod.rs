@@ -19,6 +19,10 @@
 //!   at all; the server routes on the path alone and accepts it (tested).
 //! - [`prepare`]: reads each claim's allocation and writes a CDI spec for
 //!   exactly its `gpu.tessera.io` devices on this node; unprepare removes it.
+//!   [`plan`] is its pure half. On the way it creates an allocated MIG placement's instance ([`mig`],
+//!   [`placement`]) and starts a share's MPS daemon ([`share`]); [`records`]
+//!   keeps what it set up for which claim across restarts, so unprepare undoes
+//!   exactly that.
 //! - [`apiserver`]: reads claims and publishes the slices (server-side apply)
 //!   in the first `resource.k8s.io` version the server serves (v1, v1beta2,
 //!   v1beta1).
@@ -33,12 +37,17 @@
 
 pub mod apiserver;
 pub mod driver;
+pub mod mig;
+pub mod placement;
+pub mod plan;
 pub mod prepare;
 pub mod probe;
 pub mod proto;
+pub mod records;
 pub mod registration;
 pub mod server;
 pub mod service;
+pub mod share;
 pub mod slice;
 
 use std::path::PathBuf;

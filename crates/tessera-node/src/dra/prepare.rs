@@ -18,21 +18,31 @@
 //! as the `cdi-cri` strategy names it (`nvidia.com/gpu=<GPU- or MIG-UUID>`), so
 //! each prepared device answers both names. Unprepare removes the file.
 //! Both are idempotent; the file is written whole (temporary file, rename).
+//!
+//! Before the spec is written, prepare sets up what the devices need: the MIG
+//! instance of an allocated partitionable placement that does not exist yet
+//! ([`super::mig`]; destroyed at unprepare once no claim uses it), and for a
+//! share the MPS daemon and the client's limits and mounts as device edits
+//! ([`super::share`]). What it set up for which claim is recorded
+//! ([`super::records`]); a prepare that fails part-way undoes what it did, so
+//! a failed claim leaves no instance behind.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::watch;
 
 use super::DRIVER_NAME;
+use super::mig::MigCreator;
+use super::plan::{Want, cdi_spec, resolve, share_gpus};
+use super::records::{self, Disposal, Records};
 use super::service::{ClaimPreparer, ClaimRef, PreparedDevice};
-use super::slice::{gpu_device_name, mig_device_name};
+use super::share::ShareMps;
+use super::slice::{SliceOptions, gpu_device_name, mig_device_name};
 use crate::backend::GpuInfo;
 use crate::deviceplugin::NodeView;
-use crate::deviceplugin::handover::CDI_KIND;
 
 /// The CDI kind of the per-claim specs.
 pub const CDI_CLAIM_KIND: &str = "gpu.tessera.io/claim";
@@ -167,13 +177,25 @@ fn valid_uid(uid: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// Prepares claims from the node's inventory and writes CDI specs.
+/// Prepares claims from the node's inventory and writes CDI specs; creates the
+/// MIG instances of allocated placements and runs the MPS daemons of shares.
 pub struct Preparer {
     source: Arc<dyn ClaimSource>,
     view: watch::Receiver<NodeView>,
     /// The pool name: the node's name.
     node: String,
     cdi_dir: PathBuf,
+    /// What the slices publish (which placements exist to be created).
+    options: SliceOptions,
+    /// Creates placements' instances (none: a placement without an instance is
+    /// "no device", as before the driver could create them).
+    mig: Option<MigCreator>,
+    mps: ShareMps,
+    /// What was set up for which claim; the lock also makes prepare and
+    /// unprepare one at a time, so two claims never race for one placement.
+    records: tokio::sync::Mutex<Records>,
+    /// Where the records are kept across restarts (none: memory only).
+    state: Option<PathBuf>,
 }
 
 impl Preparer {
@@ -188,7 +210,46 @@ impl Preparer {
             view,
             node,
             cdi_dir,
+            options: SliceOptions::default(),
+            mig: None,
+            mps: ShareMps::default(),
+            records: tokio::sync::Mutex::new(Records::default()),
+            state: None,
         }
+    }
+
+    /// The slices' options: with `partitionable_mig`, placements are prepared.
+    pub fn with_options(mut self, options: SliceOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Lets prepare create (and unprepare destroy) placements' MIG instances.
+    pub fn with_mig(mut self, mig: MigCreator) -> Self {
+        self.mig = Some(mig);
+        self
+    }
+
+    /// How shares reach their MPS daemon.
+    pub fn with_mps(mut self, mps: ShareMps) -> Self {
+        self.mps = mps;
+        self
+    }
+
+    /// Keeps the records in `path` and takes over what an earlier run left there.
+    /// An unreadable file is logged and replaced (as the device-plugin planner's):
+    /// its instances are then never destroyed, which leaks rather than destroys.
+    pub fn with_state(mut self, path: PathBuf) -> Self {
+        let records = records::load(&path).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "starting without the DRA state file");
+            Records::default()
+        });
+        if !records.instances.is_empty() || !records.mps.is_empty() {
+            tracing::info!(instances = records.instances.len(), mps_claims = records.mps.len(), path = %path.display(), "took over what the driver set up before a restart");
+        }
+        self.records = tokio::sync::Mutex::new(records);
+        self.state = Some(path);
+        self
     }
 
     /// `<cdi dir>/gpu.tessera.io-claim_<uid>.json`.
@@ -196,132 +257,181 @@ impl Preparer {
         self.cdi_dir.join(format!("{DRIVER_NAME}-claim_{uid}.json"))
     }
 
-    /// The CDI spec and the answer for a claim, or why it cannot be prepared. Pure.
-    fn plan(
+    /// One MPS supervision pass over the daemons prepared claims use.
+    pub async fn supervise_mps(&self) {
+        let held = self.records.lock().await.mps_sets();
+        self.mps.supervise(held).await;
+    }
+
+    fn save(&self, records: &Records) -> Result<(), String> {
+        match &self.state {
+            Some(path) => records::save(path, records).map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
+    /// Creates what the claim lacks, starts its MPS daemon and writes its CDI
+    /// spec. The MIG instances created are added to `made` as they are, so a
+    /// failure can undo them.
+    async fn set_up(
         &self,
         claim: &ClaimRef,
         rc: &ResourceClaim,
-        view: &NodeView,
-    ) -> Result<(serde_json::Value, Vec<PreparedDevice>), String> {
+        records: &mut Records,
+        made: &mut Vec<String>,
+    ) -> Result<Vec<PreparedDevice>, String> {
         let who = format!("claim {}/{}", claim.namespace, claim.name);
-        if rc.metadata.uid != claim.uid {
-            return Err(format!(
-                "{who} has UID {:?}, not {:?} as the kubelet asked (recreated?)",
-                rc.metadata.uid, claim.uid
-            ));
+        let mut view = self.view.borrow().clone();
+        let wants = resolve(claim, rc, &view, &self.node, self.options)?;
+        for (r, want) in &wants {
+            let Want::Create(p) = want else { continue };
+            let place = format!(
+                "MIG instance {} at memory slice {} of GPU {}",
+                p.profile, p.start, p.gpu_uuid
+            );
+            let Some(mig) = &self.mig else {
+                return Err(format!(
+                    "{who}: device {}: {place} does not exist, and this driver does not create MIG instances",
+                    r.device
+                ));
+            };
+            let gpu = view
+                .gpu(&p.gpu_uuid)
+                .cloned()
+                .ok_or_else(|| format!("{who}: device {}: no GPU {}", r.device, p.gpu_uuid))?;
+            let created = mig
+                .create(gpu, p.clone())
+                .await
+                .map_err(|e| format!("{who}: device {}: cannot create {place}: {e}", r.device))?;
+            if let Some(inst) = created {
+                tracing::info!(claim = %claim.uid, device = %r.device, uuid = %inst.uuid, "created MIG instance for claim");
+                records.created(&inst.uuid, &p.gpu_uuid, &p.profile, p.start, &claim.uid);
+                made.push(inst.uuid);
+                self.save(records).map_err(|e| format!("{who}: {e}"))?;
+            }
         }
-        let alloc = rc
-            .status
-            .allocation
-            .as_ref()
-            .ok_or_else(|| format!("{who} is not allocated"))?;
-        let mine: Vec<&AllocationResult> = alloc
-            .devices
-            .results
+        if let Some(mig) = wants
             .iter()
-            .filter(|r| r.driver == DRIVER_NAME)
-            .collect();
-        let mut devices = Vec::new();
-        let mut answer = Vec::new();
-        let mut limits = Vec::new();
-        let mut memory = Vec::new();
-        let mut shared = false;
-        for (i, r) in mine.iter().enumerate() {
-            if r.pool != self.node {
-                return Err(format!(
-                    "{who}: device {}/{} is in pool {:?}, not this node's ({:?})",
-                    r.pool, r.device, r.pool, self.node
-                ));
+            .any(|(_, w)| matches!(w, Want::Create(_)))
+            .then_some(self.mig.as_ref())
+            .flatten()
+        {
+            view = mig.refresh().await.map_err(|e| {
+                format!("{who}: cannot read the GPUs after creating MIG instances: {e}")
+            })?;
+        }
+        let mut devices = Vec::with_capacity(wants.len());
+        for (r, _) in &wants {
+            let target = find_device(&view.gpus, &r.device).ok_or_else(|| {
+                format!(
+                    "{who}: device {:?} is not there after creating it",
+                    r.device
+                )
+            })?;
+            if let Some(m) = &target.mig_uuid {
+                records.hold(m, &claim.uid);
             }
-            let target = find_device(&view.gpus, &r.device)
-                .ok_or_else(|| format!("{who}: this node has no device {:?}", r.device))?;
-            if !view.is_healthy(&target.gpu_uuid) {
-                return Err(format!(
-                    "{who}: device {} (GPU {}) is unhealthy",
-                    r.device, target.gpu_uuid
-                ));
-            }
-            // The memory of what the container gets: the MIG instance's, or the GPU's.
-            let gpu_memory = view
-                .gpu(&target.gpu_uuid)
-                .map_or(0, |g| match &target.mig_uuid {
-                    Some(m) => g
-                        .mig_instances
-                        .iter()
-                        .find(|i| &i.uuid == m)
-                        .map_or(0, |i| i.memory_mib),
-                    None => g.memory_mib,
-                });
-            if r.share_id.is_some() {
-                shared = true;
-                let mem = match r.consumed_capacity.get("memory") {
-                    Some(q) => quantity_mib(q).ok_or_else(|| {
-                        format!("{who}: device {}: memory {q:?} is not a quantity", r.device)
-                    })?,
-                    None => gpu_memory,
+            devices.push((*r, target));
+        }
+        let gpus = share_gpus(&devices);
+        if !gpus.is_empty() {
+            self.mps
+                .ensure(gpus.clone())
+                .await
+                .map_err(|e| format!("{who}: MPS for {}: {e}", gpus.join(",")))?;
+            records.mps.insert(claim.uid.clone(), gpus);
+        }
+        self.save(records).map_err(|e| format!("{who}: {e}"))?;
+        let (spec, answer) = cdi_spec(claim, &devices, &view, &self.mps)?;
+        let path = self.spec_path(&claim.uid);
+        let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        write_atomic(&path, &bytes)
+            .map_err(|e| format!("cannot write CDI spec {}: {e}", path.display()))?;
+        Ok(answer)
+    }
+
+    /// Undoes a failed prepare: destroys the instances it created and forgets
+    /// its MPS use unless an earlier prepare of the claim had recorded it.
+    async fn roll_back(
+        &self,
+        claim: &ClaimRef,
+        made: &[String],
+        mps_before: Option<Vec<String>>,
+        records: &mut Records,
+    ) {
+        if let Some(mig) = &self.mig {
+            for uuid in made {
+                let Some(owned) = records.instances.iter().find(|i| &i.uuid == uuid).cloned()
+                else {
+                    continue;
                 };
-                let compute: u32 = match r.consumed_capacity.get("compute") {
-                    Some(q) => q
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|c| (1..=1000).contains(c))
-                        .ok_or_else(|| {
-                            format!(
-                                "{who}: device {}: compute {q:?} is not a per-mille in 1..=1000",
-                                r.device
-                            )
-                        })?,
-                    None => 1000,
-                };
-                limits.push((i, mem, compute));
-                memory.push(mem.to_string());
-            } else {
-                memory.push(gpu_memory.to_string());
-            }
-            let cdi_name = format!("{}-{}", claim.uid, r.device);
-            devices.push(json!({
-                "name": cdi_name,
-                "containerEdits": {
-                    "env": [format!("TESSERA_DRA_DEVICE_{i}={}", target.uuid())]
+                match mig.destroy(&owned).await {
+                    Ok(()) => records.forget(uuid),
+                    // Kept in the records: unprepare (the kubelet's cleanup) tries again.
+                    Err(e) => {
+                        tracing::error!(claim = %claim.uid, uuid = %uuid, error = %e, "cannot destroy the MIG instance of a failed prepare")
+                    }
                 }
-            }));
-            answer.push(PreparedDevice {
-                request_names: vec![r.request.clone()],
-                pool_name: r.pool.clone(),
-                device_name: r.device.clone(),
-                cdi_device_ids: vec![
-                    format!("{CDI_CLAIM_KIND}={cdi_name}"),
-                    format!("{CDI_KIND}={}", target.uuid()),
-                ],
-                share_id: r.share_id.clone(),
-            });
+            }
+            if !made.is_empty()
+                && let Err(e) = mig.refresh().await
+            {
+                tracing::warn!(error = %e, "cannot read the GPUs after a failed prepare");
+            }
         }
-        let mut env = vec!["NVIDIA_VISIBLE_DEVICES=void".to_string()];
-        if shared {
-            // The share's limits, numbered as the client sees its devices.
-            let pct = limits
-                .iter()
-                .map(|(_, _, c)| c.div_ceil(10).clamp(1, 100))
-                .max()
-                .unwrap_or(100);
-            let mem: Vec<String> = limits.iter().map(|(i, m, _)| format!("{i}={m}M")).collect();
-            env.push("TESSERA_ISOLATION=mps".into());
-            env.push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}"));
-            env.push(format!(
-                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={}",
-                mem.join(",")
-            ));
-        } else {
-            env.push("TESSERA_ISOLATION=exclusive".into());
+        match mps_before {
+            Some(set) => {
+                records.mps.insert(claim.uid.clone(), set);
+            }
+            None => {
+                records.mps.remove(&claim.uid);
+            }
         }
-        env.push(format!("TESSERA_GPU_MEMORY_MIB={}", memory.join(",")));
-        let spec = json!({
-            "cdiVersion": CDI_VERSION,
-            "kind": CDI_CLAIM_KIND,
-            "containerEdits": {"env": env},
-            "devices": devices,
-        });
-        Ok((spec, answer))
+        if let Err(e) = self.save(records) {
+            tracing::warn!(error = %e, "after a failed prepare");
+        }
+    }
+
+    /// Destroys the instances only `claim` used (unprepare). Errors are collected:
+    /// what could not be destroyed stays recorded and is tried again.
+    async fn release_instances(&self, claim: &ClaimRef, records: &mut Records) -> Vec<String> {
+        let last = records.release(&claim.uid);
+        let Some(mig) = self.mig.as_ref().filter(|_| !last.is_empty()) else {
+            return Vec::new();
+        };
+        let gpus = match mig.discover().await {
+            Ok(g) => g,
+            Err(e) => {
+                return vec![format!(
+                    "cannot list the GPUs to destroy the MIG instances of claim {}/{}: {e}",
+                    claim.namespace, claim.name
+                )];
+            }
+        };
+        let mut errors = Vec::new();
+        for owned in &last {
+            match records::disposal(owned, &gpus) {
+                Disposal::Destroy => match mig.destroy(owned).await {
+                    Ok(()) => {
+                        tracing::info!(claim = %claim.uid, uuid = %owned.uuid, "destroyed the claim's MIG instance");
+                        records.forget(&owned.uuid);
+                    }
+                    Err(e) => errors.push(format!(
+                        "cannot destroy MIG instance {} of GPU {}: {e}",
+                        owned.uuid, owned.gpu
+                    )),
+                },
+                Disposal::Gone => records.forget(&owned.uuid),
+                Disposal::Unknown => errors.push(format!(
+                    "GPU {} of MIG instance {} is not listed; the instance is kept",
+                    owned.gpu, owned.uuid
+                )),
+            }
+        }
+        if let Err(e) = mig.refresh().await {
+            errors.push(format!("cannot read the GPUs after destroying: {e}"));
+        }
+        errors
     }
 }
 
@@ -341,24 +451,45 @@ impl ClaimPreparer for Preparer {
             return Err(format!("claim UID {:?} is not a Kubernetes UID", claim.uid));
         }
         let rc = self.source.get(&claim.namespace, &claim.name).await?;
-        let view = self.view.borrow().clone();
-        let (spec, answer) = self.plan(claim, &rc, &view)?;
-        let path = self.spec_path(&claim.uid);
-        let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
-        write_atomic(&path, &bytes)
-            .map_err(|e| format!("cannot write CDI spec {}: {e}", path.display()))?;
-        Ok(answer)
+        let mut records = self.records.lock().await;
+        let mps_before = records.mps.get(&claim.uid).cloned();
+        let mut made = Vec::new();
+        match self.set_up(claim, &rc, &mut records, &mut made).await {
+            Ok(answer) => Ok(answer),
+            Err(e) => {
+                self.roll_back(claim, &made, mps_before, &mut records).await;
+                drop(records);
+                // A daemon started for this claim alone is stopped again.
+                self.supervise_mps().await;
+                Err(e)
+            }
+        }
     }
 
     async fn unprepare(&self, claim: &ClaimRef) -> Result<(), String> {
         if !valid_uid(&claim.uid) {
             return Err(format!("claim UID {:?} is not a Kubernetes UID", claim.uid));
         }
+        let mut records = self.records.lock().await;
         let path = self.spec_path(&claim.uid);
         match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(format!("cannot remove CDI spec {}: {e}", path.display())),
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot remove CDI spec {}: {e}", path.display())),
+        }
+        let mut errors = self.release_instances(claim, &mut records).await;
+        let had_mps = records.mps.remove(&claim.uid).is_some();
+        if let Err(e) = self.save(&records) {
+            errors.push(e);
+        }
+        drop(records);
+        if had_mps {
+            self.supervise_mps().await;
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
         }
     }
 }

@@ -17,10 +17,12 @@
 //! - an existing MIG instance is device `gpu-<index>-mig-<profile>-<start>`
 //!   (`type`="mig", `uuid`, `parentUUID`, `parentIndex`, `profile`, ...).
 //! - with [`SliceOptions::partitionable_mig`] (KEP-4815, `DRAPartitionableDevices`)
-//!   a MIG-capable GPU of a known model gets a counter set
+//!   a MIG-capable GPU of a known model that is in MIG mode gets a counter set
 //!   `gpu-<index>-counter-set` (`compute-slices`, `memory-slice-<k>`) and every
-//!   possible placement is a device that consumes its slices; the whole GPU
-//!   consumes them all, so it and its partitions exclude each other. Counter
+//!   possible placement is a device that consumes its slices, so overlapping
+//!   placements exclude each other; the driver creates a placement's instance
+//!   at prepare ([`super::mig`]). A GPU out of MIG mode stays a whole GPU: the
+//!   driver never switches MIG mode ([`super::placement`] says why). Counter
 //!   sets go in a slice of their own, as the 1.35 API requires.
 //!
 //! An unhealthy GPU's devices carry a taint (`gpu.tessera.io/xid=<xid>` or
@@ -379,12 +381,7 @@ fn gpu_devices(
     catalog: &Catalog,
 ) -> (Vec<Device>, Option<CounterSet>) {
     let common = common_attributes(gpu, versions);
-    let geometry = options
-        .partitionable_mig
-        .then(|| gpu.model.as_deref().and_then(|m| catalog.find(m)))
-        .flatten()
-        .and_then(|id| catalog.spec(id).mig.clone())
-        .filter(|_| gpu.mig_capable);
+    let geometry = super::placement::published_geometry(gpu, options, catalog);
     let mut devices = Vec::new();
     let mut counter_set = None;
 
@@ -497,14 +494,8 @@ fn gpu_devices(
             all.extend((0..slices).map(|k| (format!("memory-slice-{k}"), 1)));
             counter_set = Some(CounterSet {
                 name: set.clone(),
-                counters: counters(all.clone()),
+                counters: counters(all),
             });
-            if !gpu.mig_enabled {
-                devices.push(whole_gpu(vec![CounterConsumption {
-                    counter_set: set.clone(),
-                    counters: counters(all),
-                }]));
-            }
             for p in &geo.profiles {
                 for &start in &p.starts {
                     let Some(mask) = geo.placement_mask(p, start) else {

@@ -610,12 +610,13 @@ async fn run_dra(
     if let Some(fatal) = &args.xid_fatal {
         xid_policy.always_fatal.extend(fatal);
     }
+    let sockets = DraConfig {
+        registry_dir: args.dra_registry_dir.clone(),
+        plugin_dir: args.dra_plugin_dir.clone(),
+    };
     let config = DriverConfig {
         node_name,
-        sockets: DraConfig {
-            registry_dir: args.dra_registry_dir.clone(),
-            plugin_dir: args.dra_plugin_dir.clone(),
-        },
+        sockets: sockets.clone(),
         cdi_dir: args.cdi_dir.clone(),
         options: args.dra_features,
         health_interval: args.health_interval,
@@ -623,6 +624,16 @@ async fn run_dra(
         quiet_period: args.quiet_period,
         // /healthz, /readyz and /metrics.
         probe_addr,
+        // Shares are MPS clients as on the device-plugin path: the same flags say
+        // where the pipes are and whether the agent runs the daemons.
+        mps: MpsConfig {
+            host_root: args.mps_root.clone(),
+            per_gpu_daemons: args.mps_daemons == "per-gpu",
+            ..MpsConfig::default()
+        },
+        mps_binary: args.mps_control_binary.clone(),
+        mps_grace: tessera_node::migplan::DEFAULT_GRACE,
+        state_file: Some(DriverConfig::default_state_file(&sockets)),
     };
     match run_driver(config, backend, procs, client, signalled()).await {
         Ok(()) => Ok(ExitCode::SUCCESS),
