@@ -744,6 +744,8 @@ SCENARIOS = {
                                                  "annotations": {"grafana_folder": "GPUs"}}},
     "DRA driver": {"nodeAgent": {"dra": {"enabled": True}}},
     "DRA driver, no slice policy": {"nodeAgent": {"dra": {"enabled": True, "slicePolicy": False}}},
+    "DRA driver, shares with your own MPS daemons": {"nodeAgent": {"mpsDaemons": "external", "dra": {
+        "enabled": True, "features": "consumable-capacity"}}},
     "standalone scheduler allocating DRA claims": {"scheduler": {"mode": "standalone", "dra": True},
                                                    "nodeAgent": {"dra": {"enabled": True}}},
     "DRA driver, monitored": {"nodeAgent": {"dra": {"enabled": True}},
@@ -1350,8 +1352,20 @@ def check_agent_update_strategy(objs, where, values):
         got = o["spec"].get("updateStrategy", {}).get("type", "RollingUpdate")
         want = na.get("updateStrategy") or ("OnDelete" if na.get("mpsDaemons", "per-gpu") == "per-gpu" else "RollingUpdate")
         if any("--dra" in (c.get("args") or []) for c in o["spec"]["template"]["spec"]["containers"]):
-            # The DRA driver runs no MPS daemon (nodeAgent.dra.updateStrategy).
-            want = (na.get("dra") or {}).get("updateStrategy") or "RollingUpdate"
+            # The DRA driver runs MPS daemons only for shares (consumable-capacity).
+            dra = na.get("dra") or {}
+            shares = "consumable-capacity" in (dra.get("features") or "").replace(" ", "").split(",")
+            per_gpu = shares and na.get("mpsDaemons", "per-gpu") == "per-gpu"
+            want = dra.get("updateStrategy") or ("OnDelete" if per_gpu else "RollingUpdate")
+            args = [a for c in o["spec"]["template"]["spec"]["containers"] for a in c.get("args") or []]
+            mounts = {m["mountPath"] for c in o["spec"]["template"]["spec"]["containers"]
+                      for m in c.get("volumeMounts") or []}
+            root = na.get("mpsRoot", "/run/tessera/mps")
+            if per_gpu and (f"--mps-daemons=per-gpu" not in args or root not in mounts or "/dev/shm" not in mounts):
+                fail(where, f"{describe(o)}: shares need the driver's MPS daemons: --mps-daemons=per-gpu and "
+                            f"{root} and /dev/shm mounted (args {args}, mounts {sorted(mounts)})")
+            if shares and not per_gpu and "--mps-daemons=external" not in args:
+                fail(where, f"{describe(o)}: nodeAgent.mpsDaemons external, yet the driver is not told so")
         if got != want:
             fail(where, f"{describe(o)}: updateStrategy {got}, expected {want} (mpsDaemons {na.get('mpsDaemons', 'per-gpu')})")
         for c in o["spec"]["template"]["spec"]["containers"]:
