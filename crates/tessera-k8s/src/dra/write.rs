@@ -26,6 +26,19 @@ pub struct PodRef {
     pub uid: String,
 }
 
+impl PodRef {
+    /// The pod as an entry of a claim's `status.reservedFor`.
+    fn consumer(&self) -> ConsumerReference {
+        ConsumerReference {
+            api_group: None,
+            resource: "pods".into(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            extra: Default::default(),
+        }
+    }
+}
+
 /// What the write came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Written {
@@ -166,13 +179,7 @@ pub fn status_patch(
         .map(|s| s.reserved_for.clone())
         .unwrap_or_default();
     if !reserved.iter().any(|r| r.uid == pod.uid) {
-        reserved.push(ConsumerReference {
-            api_group: None,
-            resource: "pods".into(),
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-            extra: Default::default(),
-        });
+        reserved.push(pod.consumer());
     }
     Ok(json!({
         "metadata": {"resourceVersion": rv},
@@ -204,13 +211,7 @@ pub fn reserve_patch(claim: &ResourceClaim, pod: &PodRef) -> Result<Value, Write
         if reserved.len() >= super::pod::MAX_RESERVED_FOR {
             return Err(WriteError::Full { claim: name });
         }
-        reserved.push(ConsumerReference {
-            api_group: None,
-            resource: "pods".into(),
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-            extra: Default::default(),
-        });
+        reserved.push(pod.consumer());
     }
     Ok(json!({
         "metadata": {"resourceVersion": rv},
