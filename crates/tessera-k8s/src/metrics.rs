@@ -54,6 +54,7 @@ pub struct Metrics {
     preemptions: Family<Labels, Counter>,
     preempted_gpu_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     bind_failures: Counter,
+    dra_problems: Gauge,
     /// Held while a scrape sets the cluster gauges ([`Metrics::apply_cluster`]).
     scrape: std::sync::Mutex<()>,
 }
@@ -253,7 +254,14 @@ impl Metrics {
             "GPU time (GPU-equivalent seconds) the evicted pods had run, by the victim's queue",
             preempted_gpu_seconds.clone(),
         );
+        let dra_problems = Gauge::default();
+        registry.register(
+            "dra_problems",
+            "DRA objects that do not read and devices left out of nodes' inventories (standalone --dra; as of the last pod with claims decided)",
+            dra_problems.clone(),
+        );
         Metrics {
+            dra_problems,
             preemptions,
             preempted_gpu_seconds,
             queue_gpus,
@@ -282,6 +290,13 @@ impl Metrics {
     /// Counts a failed bind (extender or standalone).
     pub fn bind_failed(&self) {
         self.bind_failures.inc();
+    }
+
+    /// How many problems the DRA view has ([`crate::dra::view::DraView::problems`]):
+    /// a claim or slice that does not read, or a device left out, is
+    /// otherwise seen only by the pods it makes wait or fail.
+    pub fn set_dra_problems(&self, n: usize) {
+        self.dra_problems.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Leadership, election errors and cache sync, as of now.

@@ -5,7 +5,8 @@
 //! allocation and reservation before the Binding, respects claims allocated by
 //! others, never overwrites a changed claim, never gives one device twice (also
 //! while the watch lags behind its writes), finishes after a restart, and says
-//! why a pod waits or is refused.
+//! why a pod waits or is refused; against a server without `resource.k8s.io/v1`
+//! it still places every other pod.
 
 mod apiserver;
 
@@ -549,4 +550,122 @@ async fn a_conflicting_claim_write_is_never_overwritten() {
     let c1 = get(&l.server, Resource::Claims, "c1");
     assert_eq!(c1["status"]["allocation"], theirs);
     assert_eq!(reserved_uids(&c1), [uid]);
+}
+
+/// The double as a cluster without `resource.k8s.io` (Kubernetes before
+/// 1.34, or the group turned off): every path of the group is answered as a
+/// real API server answers a group it does not serve, `404` with the
+/// `NotFound` Status "the server could not find the requested resource" and
+/// empty details (the double's `no_route`; ../shared/fixtures records no such
+/// answer, so this is the standard Status of that shape).
+fn client_without_dra(server: &ApiServer) -> kube::Client {
+    let (inner, _session) = server.service();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let mut inner = inner.clone();
+        async move {
+            if req.uri().path().starts_with("/apis/resource.k8s.io/") {
+                let body = serde_json::to_vec(&apiserver::status::no_route().body).unwrap();
+                return Ok(http::Response::builder()
+                    .status(404)
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(body))
+                    .unwrap());
+            }
+            tower::Service::call(&mut inner, req).await
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+/// `--dra` against an API server that does not serve `resource.k8s.io/v1`:
+/// the scheduler still starts and places an ordinary `tessera.io/gpu` pod,
+/// and refuses a pod with claims with an event saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_dra_api_ordinary_pods_are_placed_and_claims_refused() {
+    use apiserver::cluster::{Shape, add_gpu_nodes, pod};
+    let server = ApiServer::new(Config::default());
+    add_gpu_nodes(&server, 1, 2);
+    server
+        .create(
+            Resource::Pods,
+            &pod(NS, "plain", "tessera", Shape::Whole(1), 1000, 1024, 0),
+        )
+        .unwrap();
+    server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NS, "claimer", &[("gpu", Ok("c1"))]),
+        )
+        .unwrap();
+    let mut config = config("tessera");
+    config.listen = apiserver::process::free_addr();
+    config.metrics_listen = apiserver::process::free_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(tessera_k8s::run::run(
+        config,
+        client_without_dra(&server),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    until("plain bound", Duration::from_secs(20), || {
+        bound_to(&server, "plain").is_some()
+    })
+    .await;
+    assert_eq!(bound_to(&server, "plain").as_deref(), Some("gpu-node-0"));
+    let refused = |n: &String| {
+        n.contains("uses DRA ResourceClaims")
+            && n.contains("the API server does not serve resource.k8s.io/v1")
+    };
+    until("claimer refused", Duration::from_secs(20), || {
+        notes(&server, "claimer").iter().any(refused)
+    })
+    .await;
+    assert_eq!(bound_to(&server, "claimer"), None);
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+}
+
+/// The DRA view's problems reach `/metrics`: a slice that does not read and
+/// a device left out of node-a's inventory count 2 in `tessera_dra_problems`
+/// once a pod with claims is decided, and the rest of the view still works
+/// (the pod's claim is allocated on node-a's good GPU).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_views_problems_are_counted_in_metrics() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 1)]);
+    server
+        .create(Resource::Claims, &claim(NS, "c1", "gpu.tessera.io", 1))
+        .unwrap();
+    server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NS, "p1", &[("gpu", Ok("c1"))]),
+        )
+        .unwrap();
+    let mut l = standalone_loop(server);
+    let gauge = |l: &Loop| {
+        l.standalone
+            .metrics
+            .encode()
+            .unwrap()
+            .lines()
+            .find_map(|s| s.strip_prefix("tessera_dra_problems ").map(str::to_string))
+    };
+    assert_eq!(gauge(&l).as_deref(), Some("0"));
+    {
+        let mut v = l.view.lock();
+        v.upsert_slice(json!({"metadata": {"name": "broken"}, "spec": {"driver": 7}}));
+        let mut s = get(&l.server, Resource::Slices, "node-a-gpu.tessera.io");
+        let bad = json!({"name": "gpu-9", "attributes": {"type": {"string": "gpu", "int": 1}}});
+        s["spec"]["devices"].as_array_mut().unwrap().push(bad);
+        v.upsert_slice(s);
+    }
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(gauge(&l).as_deref(), Some("2"));
+    assert_eq!(
+        devices(&get(&l.server, Resource::Claims, "c1")),
+        [("node-a".to_string(), "gpu-0".to_string())]
+    );
 }

@@ -9,9 +9,12 @@
 //! (selectors, availability, constraints): those are the [`Fit`]'s usable GPUs,
 //! and the policy picks among them and scores the node, as it does for pods.
 //!
-//! Devices the core does not model (MIG partitions, other drivers' devices)
-//! are packed instead: the candidate whose counter set has least left first,
-//! so partitions fill one GPU before touching the next.
+//! Partitionable MIG placements go through the core's MIG layout instead
+//! ([`super::mig`]): the placement the device-plugin path would pick for the
+//! profile. Only devices the core cannot model (other drivers' devices, MIG
+//! devices of unknown models or without counters) are packed: the candidate
+//! whose counter set has least left first, so they fill one counter set
+//! before touching the next. Neither asks the policy for a score (0).
 
 use std::collections::BTreeMap;
 
@@ -203,7 +206,9 @@ pub fn choose(
         return None;
     }
     if !candidates.iter().all(|&i| is_whole_gpu(&inv.devices[i])) {
-        return Some((pack(state, candidates, need_n), 0.0));
+        let picked = super::mig::choose_placements(inv, state, candidates, need_n)
+            .unwrap_or_else(|| pack(state, candidates, need_n));
+        return (picked.len() == need_n).then_some((picked, 0.0));
     }
     let (catalog, node, used, whole) = core_node(inv, state);
     let pos = |i: usize| whole.iter().position(|&w| w == i);

@@ -16,7 +16,8 @@
 //! - [`inventory`]: one node's devices (from its slices) and what other claims
 //!   already hold of them.
 //! - [`allocate`]: the allocator: feasibility, constraints, `firstAvailable`,
-//!   and the device choice through [`choose`], which asks the core policy.
+//!   and the device choice through [`choose`], which asks the core policy,
+//!   and [`mig`], which places MIG partitions by the core's MIG layout.
 //! - [`write`]: `status.allocation` and `status.reservedFor` through the
 //!   status subresource, with the claim's `resourceVersion` as precondition.
 //! - [`pod`]: the claims a pod uses and what each still needs (allocate,
@@ -31,6 +32,7 @@ pub mod cel;
 pub mod choose;
 pub mod claim;
 pub mod inventory;
+pub mod mig;
 pub mod overlay;
 pub mod place;
 pub mod pod;

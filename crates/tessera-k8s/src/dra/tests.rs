@@ -405,3 +405,142 @@ fn shares_record_every_capacity_rounded_to_the_policy() {
     assert_eq!(r.devices.results[0].consumed_capacity["memory"], "2Mi");
     assert!(r.devices.results[0].share_id.is_some());
 }
+
+/// A node of A100-80GBs in MIG mode as the node agent publishes them with
+/// `partitionable-mig`: per GPU a counter set `gpu-<i>-counter-set`
+/// (`compute-slices`, `memory-slice-<k>`) and a device per placement the
+/// model's table allows, consuming the profile's compute slices and the
+/// memory slices it covers.
+fn mig_slice(node: &str, gpus: usize) -> ResourceSlice {
+    let catalog = tessera_core::model::Catalog::default();
+    let a100 = catalog.find("A100-80GB").unwrap();
+    let geo = catalog.spec(a100).mig.clone().unwrap();
+    let mut sets = Vec::new();
+    let mut devices = Vec::new();
+    for g in 0..gpus {
+        let set = format!("gpu-{g}-counter-set");
+        let mut all = json!({"compute-slices": {"value": geo.compute_slices.to_string()}});
+        for k in 0..geo.memory_slices {
+            all[format!("memory-slice-{k}")] = json!({"value": "1"});
+        }
+        sets.push(json!({"name": set, "counters": all}));
+        for p in &geo.profiles {
+            for &start in &p.starts {
+                let Some(mask) = geo.placement_mask(p, start) else {
+                    continue;
+                };
+                let mut used = json!({"compute-slices": {"value": p.compute_slices.to_string()}});
+                for k in (0..8).filter(|k| mask & (1 << k) != 0) {
+                    used[format!("memory-slice-{k}")] = json!({"value": "1"});
+                }
+                let label: String = p.name.chars().filter(char::is_ascii_alphanumeric).collect();
+                devices.push(json!({
+                    "name": format!("gpu-{g}-mig-{label}-{start}"),
+                    "attributes": {"type": {"string": "mig"}, "profile": {"string": p.name},
+                        "parentIndex": {"int": g}, "parentUUID": {"string": format!("GPU-{g}")},
+                        "model": {"string": "A100-80GB"},
+                        "productName": {"string": "NVIDIA A100-SXM4-80GB"}},
+                    "capacity": {"memory": {"value": format!("{}Mi", p.memory_mib)}},
+                    "consumesCounters": [{"counterSet": set, "counters": used}]
+                }));
+            }
+        }
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{node}-gpu.tessera.io-0")},
+        "spec": {"driver": "gpu.tessera.io", "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "nodeName": node, "sharedCounters": sets, "devices": devices}
+    }))
+    .unwrap()
+}
+
+/// A claim for one MIG placement of `profile`.
+fn mig_claim(uid: &str, profile: &str) -> ResourceClaim {
+    claim(
+        uid,
+        json!([{"name": "m", "exactly": {"deviceClassName": "mig.tessera.io",
+            "selectors": [{"cel": {"expression":
+                format!("device.attributes['gpu.tessera.io'].profile == '{profile}'")}}]}}]),
+        json!([]),
+    )
+}
+
+/// A claim of `node`'s pool holding `device`, as the API server serves it.
+fn holding(uid: &str, node: &str, device: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "ml", "uid": uid, "resourceVersion": "1"},
+        "spec": {"devices": {"requests": [{"name": "m", "exactly": {"deviceClassName": "mig.tessera.io"}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "m", "driver": "gpu.tessera.io", "pool": node, "device": device}]}}}
+    }))
+    .unwrap()
+}
+
+/// Where counter packing and the core's MIG layout differ. On an empty
+/// A100-80GB (7 compute, 8 memory slices) a `3g.40gb` may start at memory
+/// slice 0 or 4. Packing takes the first in publication order, 0 (slices
+/// 0-3): the only `4g.40gb` placement (slices 0-3) is gone, 4 free compute
+/// slices are left and at most 3 usable (another `3g.40gb` at 4). The core's
+/// `best_start` takes 4: all 4 free compute slices stay usable, by the
+/// `4g.40gb` at 0. So a later `4g.40gb` claim fits after our choice and not
+/// after packing's.
+#[test]
+fn mig_placements_follow_the_core_layout_not_counter_packing() {
+    let s = mig_slice("n1", 1);
+    let first = mig_claim("a", "3g.40gb");
+    let a = run(&first, &s, &[], &*tessera()).unwrap().unwrap();
+    assert_eq!(devices(&a), ["gpu-0-mig-3g40gb-4"]);
+    let later = mig_claim("b", "4g.40gb");
+    let b = run(&later, &s, &[allocated(first, &a)], &*tessera())
+        .unwrap()
+        .unwrap();
+    assert_eq!(devices(&b), ["gpu-0-mig-4g40gb-0"]);
+    // Where packing put the 3g.40gb, the 4g.40gb has no room.
+    let packed = holding("p", "n1", "gpu-0-mig-3g40gb-0");
+    assert!(run(&later, &s, &[packed], &*tessera()).unwrap().is_err());
+}
+
+/// Across GPUs the core's rank: a GPU already partly used before an untouched
+/// one (gpu-1 holds a 1g.10gb, so a second 1g.10gb goes there, even though
+/// gpu-0 comes first), and on it the start that keeps the largest instance
+/// possible. With gpu-1's 1g.10gb at slice 6, slices 0-5 are free: a 1g.10gb
+/// at 4 or 5 keeps the 4g.40gb at 0 (4 of the 5 free compute slices in one
+/// instance) where one at 0 would not; 4 is the lower of the two.
+#[test]
+fn mig_placements_prefer_the_partly_used_gpu() {
+    let s = mig_slice("n1", 2);
+    let held = holding("h", "n1", "gpu-1-mig-1g10gb-6");
+    let c = mig_claim("a", "1g.10gb");
+    let a = run(&c, &s, std::slice::from_ref(&held), &*tessera())
+        .unwrap()
+        .unwrap();
+    assert_eq!(devices(&a), ["gpu-1-mig-1g10gb-4"]);
+    // Two at once: the second placement is ranked with the first one held.
+    let two = claim(
+        "t",
+        json!([{"name": "m", "exactly": {"deviceClassName": "mig.tessera.io", "count": 2,
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.tessera.io'].profile == '1g.10gb'"}}]}}]),
+        json!([]),
+    );
+    let t = run(&two, &s, &[held], &*tessera()).unwrap().unwrap();
+    assert_eq!(devices(&t), ["gpu-1-mig-1g10gb-4", "gpu-1-mig-1g10gb-5"]);
+}
+
+/// Placements of a model the catalog does not know cannot be mapped to a
+/// layout: they are packed, the first in publication order (the 3g.40gb at
+/// slice 0), not placed as the core would place an A100's.
+#[test]
+fn unknown_mig_models_fall_back_to_packing() {
+    let mut s = mig_slice("n1", 1);
+    for d in &mut s.spec.devices {
+        for name in ["model", "productName"] {
+            if let Some(a) = d.attributes.get_mut(name) {
+                a.string = Some("Mystery-GPU".into());
+            }
+        }
+    }
+    let a = run(&mig_claim("a", "3g.40gb"), &s, &[], &*tessera())
+        .unwrap()
+        .unwrap();
+    assert_eq!(devices(&a), ["gpu-0-mig-3g40gb-0"]);
+}

@@ -247,8 +247,9 @@ impl DraView {
         self.inventories.get_or_insert_default()
     }
 
-    /// Objects that did not read, and devices left out of inventories.
-    pub fn problems(&self) -> Vec<String> {
+    /// Objects that did not read, and devices left out of inventories (so
+    /// `&mut`: the inventories are built if a slice changed).
+    pub fn problems(&mut self) -> Vec<String> {
         let mut v: Vec<String> = self
             .claims
             .iter()
@@ -259,6 +260,12 @@ impl DraView {
             })
             .collect();
         v.extend(self.unread.iter().map(|(k, e)| format!("{k}: {e}")));
+        let skipped: Vec<String> = self
+            .inventories()
+            .iter()
+            .flat_map(|(node, inv)| inv.skipped.iter().map(move |s| format!("node {node}: {s}")))
+            .collect();
+        v.extend(skipped);
         v
     }
 
@@ -304,7 +311,8 @@ mod tests {
             json!({"metadata": {"name": "s-bad"}, "spec": {"driver": 7}}),
             json!({"metadata": {"name": "s-good"}, "spec": {"driver": DRIVER, "nodeName": "n1",
                 "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-                "devices": [{"name": "gpu-0"}]}}),
+                "devices": [{"name": "gpu-0"},
+                    {"name": "gpu-1", "attributes": {"type": {"string": "gpu", "int": 1}}}]}}),
         ]);
         assert!(matches!(v.claim("ml", "bad"), Some(Err(e)) if e.contains("invalid type")));
         assert!(matches!(v.claim("ml", "good"), Some(Ok(_))));
@@ -321,6 +329,14 @@ mod tests {
                 .iter()
                 .any(|p| p.starts_with("resourceslice s-bad:"))
         );
+        // The device that does not read is left out, and named.
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("node n1: gpu.tessera.io/n1/gpu-1:")),
+            "{problems:?}"
+        );
+        assert_eq!(problems.len(), 3, "{problems:?}");
         // A pod using the bad claim is told which and why.
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "ml", "uid": "pu"},

@@ -185,6 +185,9 @@ impl Standalone {
         let mut v = view.lock();
         let now = Instant::now();
         v.expire(now);
+        // Counted where a decision needs the view anyway: the problems matter
+        // to pods with claims, and the view is current here.
+        self.metrics.set_dra_problems(v.problems().len());
         let classes = v.classes();
         let claims = pod_claims(pod, |ns, n| v.claim(ns, n), &classes).map_err(|e| match e {
             NotReady::Wait(m) => (m, "waiting for claims".to_string()),
