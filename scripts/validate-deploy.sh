@@ -746,6 +746,7 @@ SCENARIOS = {
     "DRA driver, no slice policy": {"nodeAgent": {"dra": {"enabled": True, "slicePolicy": False}}},
     "DRA driver, shares with your own MPS daemons": {"nodeAgent": {"mpsDaemons": "external", "dra": {
         "enabled": True, "features": "consumable-capacity"}}},
+    "a longer GpuNode TTL": {"scheduler": {"gpunodeTtl": 600}},
     "standalone scheduler allocating DRA claims": {"scheduler": {"mode": "standalone", "dra": True},
                                                    "nodeAgent": {"dra": {"enabled": True}}},
     "DRA driver, monitored": {"nodeAgent": {"dra": {"enabled": True}},

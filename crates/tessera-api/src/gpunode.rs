@@ -148,6 +148,14 @@ pub enum GpuHealth {
     Unhealthy,
 }
 
+/// How often a running node agent refreshes `status.heartbeatTime` when
+/// nothing else in its status changed (the contract between agent and
+/// scheduler; the scheduler's staleness TTL is a few of these).
+///
+/// 60 s: at 5,000 nodes that is 83 status writes (and watch events) a second,
+/// and a dead agent's node stops taking pods within the TTL (3 periods).
+pub const HEARTBEAT_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What the node agent last observed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
@@ -173,6 +181,15 @@ pub struct GpuNodeStatus {
     /// When the agent last wrote this status (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_update: Option<String>,
+    /// When the node agent last wrote this status (RFC 3339); a running agent
+    /// rewrites it at least every 60 seconds. Its presence promises those
+    /// rewrites: the scheduler places no new pods on a node whose GpuNode has
+    /// not changed for a few periods (its agent is gone). The scheduler measures
+    /// that on its own clock from the changes it sees, never by comparing this
+    /// time with its clock. Absent (an older agent, a hand-written object): the
+    /// node is never taken as stale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_time: Option<String>,
     /// The agent's MPS control daemons (`--mps-daemons per-gpu`), one per set of
     /// GPUs that MPS shares are served on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -368,6 +385,19 @@ mod tests {
         let old: GpuNodeStatus =
             serde_json::from_value(serde_json::json!({"health": "Healthy"})).unwrap();
         assert_eq!(old.pod_resources, None);
+        // Nor does it heartbeat: None, which the scheduler never expires.
+        assert_eq!(old.heartbeat_time, None);
+    }
+
+    #[test]
+    fn heartbeat_wire_name_is_stable() {
+        let status = GpuNodeStatus {
+            heartbeat_time: Some("2026-12-04T19:00:00Z".into()),
+            ..GpuNodeStatus::default()
+        };
+        let v = serde_json::to_value(&status).unwrap();
+        assert_eq!(v["heartbeatTime"], "2026-12-04T19:00:00Z");
+        assert_eq!(serde_json::from_value::<GpuNodeStatus>(v).unwrap(), status);
     }
 
     #[test]

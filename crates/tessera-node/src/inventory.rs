@@ -3,7 +3,9 @@
 //!
 //! `spec` is written with server-side apply (field manager
 //! [`FIELD_MANAGER`]) when the hardware view changes; `status` (per-GPU health
-//! and a summary) on every health change. Labels are merged into the Node.
+//! and a summary) on every health change, and at least once per
+//! [`Heartbeat`] period with a fresh `heartbeatTime`, so the scheduler can tell
+//! a live agent from a gone one. Labels are merged into the Node.
 
 use std::collections::BTreeMap;
 
@@ -123,6 +125,46 @@ pub fn gpu_node_status(
         })
         .collect();
     api::GpuNodeStatus::summarise(spec, conditions, free_memory_mib)
+}
+
+/// When the `GpuNode` status is next written with nothing else changed: one
+/// write per period, counted from the last write of any cause, so the
+/// scheduler sees the object change while the agent lives (its staleness TTL
+/// is a few periods) and a quiet node costs one write a period.
+#[derive(Debug, Clone, Copy)]
+pub struct Heartbeat {
+    period: std::time::Duration,
+    next: std::time::Instant,
+}
+
+impl Heartbeat {
+    /// The first heartbeat is due one `period` after `written` (the start-up write).
+    pub fn new(period: std::time::Duration, written: std::time::Instant) -> Self {
+        Heartbeat {
+            period,
+            next: written + period,
+        }
+    }
+
+    /// When a write is next due if nothing else causes one.
+    pub fn deadline(&self) -> std::time::Instant {
+        self.next
+    }
+
+    pub fn due(&self, now: std::time::Instant) -> bool {
+        now >= self.next
+    }
+
+    /// The status was written at `now` (for whatever cause): the next is one period on.
+    pub fn written(&mut self, now: std::time::Instant) {
+        self.next = now + self.period;
+    }
+}
+
+/// The wall-clock time a status write carries as `heartbeatTime` (RFC 3339).
+/// Only people read it; the scheduler goes by the object changing.
+pub fn heartbeat_now() -> String {
+    jiff::Timestamp::now().to_string()
 }
 
 /// GFD's sanitised product name: `NVIDIA A100-SXM4-80GB` → `A100-SXM4-80GB`, `Tesla T4` → `Tesla-T4`.
@@ -312,6 +354,21 @@ mod tests {
     use super::*;
     use crate::backend::GpuBackend;
     use crate::backend::fake::Fake;
+
+    /// A write of any cause restarts the period; nothing is due before it ends.
+    #[test]
+    fn heartbeat_is_due_one_period_after_the_last_write() {
+        let period = std::time::Duration::from_secs(30);
+        let t0 = std::time::Instant::now();
+        let mut hb = Heartbeat::new(period, t0);
+        assert!(!hb.due(t0 + period / 2));
+        assert!(hb.due(t0 + period));
+        // A health change wrote the status at 20 s: the heartbeat moves to 50 s.
+        hb.written(t0 + std::time::Duration::from_secs(20));
+        assert!(!hb.due(t0 + period));
+        assert_eq!(hb.deadline(), t0 + std::time::Duration::from_secs(50));
+        assert!(hb.due(t0 + std::time::Duration::from_secs(50)));
+    }
 
     #[test]
     fn labels_follow_gfd() {

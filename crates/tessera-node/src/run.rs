@@ -15,15 +15,18 @@ use crate::deviceplugin::handover::DeviceList;
 use crate::deviceplugin::registration::{PluginConfig, PluginStatus, run_plugins};
 use crate::deviceplugin::{NodeView, Resource};
 use crate::health::{GpuHealth, HealthTracker, XidPolicy};
-use crate::inventory::{Inventory, gpu_node_spec, gpu_node_status, node_labels};
+use crate::inventory::{
+    Heartbeat, Inventory, gpu_node_spec, gpu_node_status, heartbeat_now, node_labels,
+};
 use crate::metrics::{Collector, PodResourcesSource, XidStats};
 use crate::migplan::MigPlanner;
 use crate::mps::{MpsDaemonConfig, MpsDaemons, held_sets};
 use crate::nodesettings::NodeSettings;
 use crate::podresources::{KubeletPods, report};
 
-/// How often the `GpuNode` status (free memory) is refreshed without a health change.
-const STATUS_REFRESH: Duration = Duration::from_secs(60);
+/// How often a running agent rewrites its `GpuNode` status when nothing in it
+/// changed (the period the scheduler's staleness TTL is counted in).
+pub use tessera_api::gpunode::HEARTBEAT_PERIOD;
 /// How often the kubelet's PodResources API is read for the `GpuNode` status
 /// (also shortly after each `Allocate`); the status is written when it changes.
 const POD_RESOURCES_REFRESH: Duration = Duration::from_secs(10);
@@ -45,6 +48,11 @@ pub struct AgentConfig {
     pub quiet_period: Duration,
     /// How often the backend is probed for health.
     pub health_interval: Duration,
+    /// How often the `GpuNode` status is rewritten (with a fresh `heartbeatTime`)
+    /// when nothing in it changed: the scheduler stops placing pods on a node
+    /// whose GpuNode stays unchanged for a few periods. Normally
+    /// [`tessera_api::gpunode::HEARTBEAT_PERIOD`]; shorter only in tests.
+    pub heartbeat_period: Duration,
     /// HMAC key shared with the scheduler, and keys that verify only (a rotation's
     /// previous or next key).
     pub allocation_key: tessera_core::allocation::KeyRing,
@@ -162,7 +170,9 @@ pub async fn run(
         if let Err(e) = inv.publish_spec(&spec).await {
             tracing::warn!(error = %e, "inventory not published");
         }
-        if let Err(e) = inv.publish_status(&gpu_node_status(&spec, &view, 0)).await {
+        let mut status = gpu_node_status(&spec, &view, 0);
+        status.heartbeat_time = Some(heartbeat_now());
+        if let Err(e) = inv.publish_status(&status).await {
             tracing::warn!(error = %e, "inventory status not published");
         }
         if config.node_labels {
@@ -231,17 +241,21 @@ pub async fn run(
         let node = config.node_name.clone();
         let xids = xids.clone();
         let interval = config.health_interval;
+        let mut heartbeat = Heartbeat::new(config.heartbeat_period, Instant::now());
         let stop = stopped();
         tokio::spawn(async move {
             let mut stop = std::pin::pin!(stop);
             let mut free_mib = 0u64;
-            let mut last_status = Instant::now();
             let mut last_mps: Vec<tessera_api::MpsDaemonState> = Vec::new();
             loop {
                 let mut changes = Vec::new();
                 let mut report_changed = false;
                 tokio::select! {
                     _ = &mut stop => break,
+                    // Its own wake-up: a health interval longer than the period
+                    // (or none elapsing, under a stream of events) must not
+                    // delay the heartbeat past the scheduler's TTL.
+                    _ = tokio::time::sleep_until(heartbeat.deadline().into()) => {}
                     Ok(()) = report_rx.changed() => report_changed = true,
                     Some(ev) = xid_rx.recv() => {
                         let info = crate::health::xid_info(ev.xid);
@@ -270,7 +284,7 @@ pub async fn run(
                         free_mib = free;
                     }
                 }
-                let status_due = last_status.elapsed() >= STATUS_REFRESH;
+                let status_due = heartbeat.due(Instant::now());
                 if changes.is_empty() && !status_due && !report_changed {
                     continue;
                 }
@@ -285,8 +299,10 @@ pub async fn run(
                 if !changes.is_empty() {
                     view_tx.send_modify(|v| v.health = tracker.all());
                 }
+                // Also without an API server: the deadline must move on, or its
+                // wake-up would fire at once, every turn.
+                heartbeat.written(Instant::now());
                 if let Some(inv) = &inventory {
-                    last_status = Instant::now();
                     let view = view_tx.borrow().clone();
                     let spec = gpu_node_spec(&node, &view);
                     let mut status = gpu_node_status(&spec, &view, free_mib);
@@ -305,6 +321,7 @@ pub async fn run(
                     }
                     status.mps_daemons = last_mps.clone();
                     status.pod_resources = report_rx.borrow_and_update().clone();
+                    status.heartbeat_time = Some(heartbeat_now());
                     if let Err(e) = inv.publish_status(&status).await {
                         tracing::warn!(error = %e, "inventory status not published");
                     }

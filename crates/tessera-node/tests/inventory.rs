@@ -184,6 +184,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         xid_policy: XidPolicy::default(),
         quiet_period: Duration::from_secs(3600),
         health_interval: Duration::from_millis(50),
+        heartbeat_period: tessera_api::gpunode::HEARTBEAT_PERIOD,
         allocation_key: b"k".to_vec().into(),
         mps: MpsConfig::default(),
         device_list: Default::default(),
@@ -324,6 +325,7 @@ async fn status_carries_pod_resources_from_the_kubelet() {
         xid_policy: XidPolicy::default(),
         quiet_period: Duration::from_secs(3600),
         health_interval: Duration::from_millis(50),
+        heartbeat_period: tessera_api::gpunode::HEARTBEAT_PERIOD,
         allocation_key: b"k".to_vec().into(),
         mps: MpsConfig::default(),
         device_list: Default::default(),
@@ -431,4 +433,116 @@ async fn the_dra_driver_retires_the_nodes_gpunode_on_the_object_it_read() {
     assert!(inv.retire().await.unwrap(), "the GpuNode is deleted");
     assert!(!inv.retire().await.unwrap(), "none left: nothing deleted");
     server.await.unwrap();
+}
+
+/// A quiet node (steady GPUs, no kubelet report) rewrites its GpuNode status
+/// through the status subresource once per heartbeat period with a fresh
+/// `heartbeatTime`, so the scheduler can tell a live agent from a gone one;
+/// and not more often, although its health is probed every 50 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_agent_heartbeats_once_per_period() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods};
+    use tessera_node::deviceplugin::registration::PluginConfig;
+    use tessera_node::health::XidPolicy;
+    use tessera_node::run::{AgentConfig, AgentDeps};
+    use tokio::time::Instant;
+
+    let period = Duration::from_millis(400);
+    let fake = Fake::from_yaml(GPUS, "t").unwrap();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "default");
+    let (seen_tx, mut seen) =
+        tokio::sync::mpsc::unbounded_channel::<(Instant, String, http::Method, serde_json::Value)>(
+        );
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let at = Instant::now();
+            let (path, method) = (req.uri().path().to_string(), req.method().clone());
+            let body = body_json(req).await;
+            let mut reply = body.clone();
+            reply["metadata"]["name"] = "node-a".into();
+            if reply.get("spec").is_none() {
+                reply["spec"] = serde_json::json!({"nodeName": "node-a"});
+            }
+            send.send_response(Response::new(Body::from(
+                serde_json::to_vec(&reply).unwrap(),
+            )));
+            let _ = seen_tx.send((at, path, method, body));
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig {
+        node_name: "node-a".into(),
+        plugin: PluginConfig {
+            dir: dir.path().to_path_buf(),
+            poll: Duration::from_millis(100),
+        },
+        slots: 2,
+        metrics_addr: None,
+        xid_policy: XidPolicy::default(),
+        quiet_period: Duration::from_secs(3600),
+        health_interval: Duration::from_millis(50),
+        heartbeat_period: period,
+        allocation_key: b"k".to_vec().into(),
+        mps: MpsConfig::default(),
+        device_list: Default::default(),
+        nvidia_gpu: true,
+        node_labels: false,
+        mig_grace: Duration::from_millis(300),
+        mig_state: None,
+        mps_binary: "nvidia-cuda-mps-control".into(),
+        allocate_state: None,
+    };
+    let deps = AgentDeps {
+        backend: Arc::new(fake.clone()),
+        procs: Arc::new(fake.proc_reader()),
+        pods: Arc::new(NoPods("test".into())),
+        pod_resources: None,
+        kubelet: None,
+        inventory: Some(Inventory::new(client, "node-a".into())),
+        node_settings: None,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(tessera_node::run::run(config, deps, async {
+        let _ = stopped.await;
+    }));
+    let wait = Duration::from_secs(20);
+    // The start-up write and four heartbeats after it.
+    let mut writes: Vec<(Instant, String)> = Vec::new();
+    while writes.len() < 5 {
+        let (at, path, method, body) = tokio::time::timeout(wait, seen.recv())
+            .await
+            .expect("a status write within the wait bound")
+            .unwrap();
+        if !path.ends_with("/status") {
+            continue;
+        }
+        assert_eq!(path, "/apis/tessera.io/v1alpha1/gpunodes/node-a/status");
+        assert_eq!(method, http::Method::PATCH);
+        assert_eq!(body["status"]["health"], "Healthy", "{body}");
+        let beat = body["status"]["heartbeatTime"]
+            .as_str()
+            .unwrap_or_else(|| panic!("every status write carries heartbeatTime: {body}"));
+        assert!(beat.parse::<jiff::Timestamp>().is_ok(), "RFC 3339: {beat}");
+        writes.push((at, beat.to_string()));
+    }
+    let _ = stop.send(());
+    tokio::time::timeout(wait, agent)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    for pair in writes.windows(2) {
+        let gap = pair[1].0 - pair[0].0;
+        // Not more often: each write is due one period after the last; the
+        // quarter's slack is for when the mock server saw each request.
+        assert!(
+            gap >= period * 3 / 4,
+            "status written {gap:?} after the last, period {period:?}"
+        );
+        // Each write is a change the scheduler sees (a new resourceVersion).
+        assert_ne!(pair[0].1, pair[1].1, "heartbeatTime moves on");
+    }
 }

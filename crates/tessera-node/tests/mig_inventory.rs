@@ -58,6 +58,7 @@ async fn gpunode_shows_the_layout_the_agent_made() {
         xid_policy: XidPolicy::default(),
         quiet_period: Duration::from_secs(3600),
         health_interval: Duration::from_millis(50),
+        heartbeat_period: tessera_api::gpunode::HEARTBEAT_PERIOD,
         allocation_key: KEY.to_vec().into(),
         mps: MpsConfig::default(),
         device_list: "volume-mounts".parse().unwrap(),

@@ -1,8 +1,9 @@
-//! Why a node takes no new GPU grants until the next rebuild finds it
-//! consistent: what its bound pods hold cannot be counted in the ledger, so its
-//! GPUs would look freer than they are. One typed reason per cause, worded in
-//! one place; the extender's filter, the standalone loop and `tessera explain`
-//! show it as the node's rejection.
+//! Why a node takes no new GPU grants: until the next rebuild finds it
+//! consistent (what its bound pods hold cannot be counted in the ledger, so its
+//! GPUs would look freer than they are), or until its node agent reports again
+//! ([`Block::AgentSilent`], see [`super::liveness`]). One typed reason per
+//! cause, worded in one place; the extender's filter, the standalone loop and
+//! `tessera explain` show it as the node's rejection.
 
 use std::fmt;
 
@@ -29,6 +30,14 @@ pub enum Block {
         pod: String,
         uuid: String,
         why: String,
+    },
+    /// The node's `GpuNode` promises heartbeats but has not changed for
+    /// `silent_s` seconds (at least the TTL, `ttl_s`): its agent is gone, and
+    /// the kubelet would refuse GPU pods. Measured on the scheduler's clock.
+    AgentSilent {
+        gpunode: String,
+        silent_s: u64,
+        ttl_s: u64,
     },
 }
 
@@ -77,6 +86,14 @@ impl fmt::Display for Block {
             Block::HeldTwice { pod, uuid, why } => write!(
                 f,
                 "GPU {uuid} is held by pod {pod} through another device plugin and cannot be counted ({why}); nothing more is placed here until one leaves"
+            ),
+            Block::AgentSilent {
+                gpunode,
+                silent_s,
+                ttl_s,
+            } => write!(
+                f,
+                "GpuNode {gpunode} has not changed for {silent_s}s (its node agent heartbeats; stale after {ttl_s}s): the agent has stopped reporting, so nothing new is placed here until it reports again; pods already here stay counted (a GpuNode without status.heartbeatTime, from an older agent, is never taken as stale)"
             ),
         }
     }

@@ -69,38 +69,46 @@ impl Mirror {
     }
 
     /// A GpuNode was added or changed. The agents republish status every
-    /// minute (free memory, timestamps); only a change to the GPUs themselves
-    /// (spec) or to a GPU's health rebuilds the cluster.
+    /// heartbeat period (free memory, timestamps); only a change to the GPUs
+    /// themselves (spec) or to a GPU's health rebuilds the cluster. Any change
+    /// restarts the node's staleness clock (see [`super::liveness`]).
     /// Returns whether placement may have changed: not for the agents' status
     /// republishing (83 a second at 5,000 nodes), which the standalone loop
-    /// need not wake for.
+    /// need not wake for, unless it lifts a staleness block.
     pub fn upsert_inventory(&mut self, gn: GpuNode) -> bool {
         let Some(name) = gn.metadata.name.clone() else {
             return false;
         };
-        let same = self
-            .inventory
-            .get(&name)
+        let old = self.inventory.remove(&name);
+        let same = old
+            .as_ref()
             .is_some_and(|old| same_inventory_for_placement(old, &gn));
-        let known = self.inventory.insert(name, gn).is_some();
+        // A heartbeat is status churn, but one that ends a staleness block wakes a pass.
+        let revived = self.saw_inventory(&name, old.as_ref(), &gn);
+        self.inventory.insert(name, gn);
         self.dirty |= !same;
-        if !known {
+        if old.is_none() {
             self.learn_waiting();
         }
-        !same
+        !same || revived
     }
 
     pub fn remove_inventory(&mut self, name: &str) {
         if self.inventory.remove(name).is_some() {
             self.dirty = true;
         }
+        self.forget_inventory_clock(name);
     }
 
     pub fn replace_inventory(&mut self, items: impl IntoIterator<Item = GpuNode>) {
-        self.inventory = items
-            .into_iter()
-            .filter_map(|n| n.metadata.name.clone().map(|k| (k, n)))
-            .collect();
+        let old = std::mem::replace(
+            &mut self.inventory,
+            items
+                .into_iter()
+                .filter_map(|n| n.metadata.name.clone().map(|k| (k, n)))
+                .collect(),
+        );
+        self.saw_inventory_list(&old);
         self.dirty = true;
         self.learn_waiting();
     }

@@ -8,6 +8,10 @@
 //! our own is a reservation between deciding a bind and the watch stream
 //! showing the bound pod; it is dropped if the bind fails.
 //!
+//! Inventory expires too: a node whose agent heartbeats but whose `GpuNode`
+//! has not changed for [`INVENTORY_TTL`] takes no new pods until it changes
+//! again ([`liveness`]).
+//!
 //! Reservations expire: one not confirmed by the API server within
 //! [`RESERVATION_TTL`] is dropped (a caller that went away, a bind whose outcome
 //! is unknown and never showed up in the watch), as kube-scheduler's assume
@@ -20,7 +24,8 @@
 //! churn (heartbeats, the agents' free-memory figures) is stored without a
 //! rebuild. Pod changes apply to the ledger in place.
 //!
-//! Parts: [`ingest`] (watch events and holds), [`reservations`] (assumed
+//! Parts: [`ingest`] (watch events and holds), [`liveness`] (agents gone
+//! quiet), [`reservations`] (assumed
 //! placements with deadlines), [`verdicts`] (per-shape node judgements for the
 //! extender and the standalone loop), [`queues`] (queues and quota admission),
 //! [`groups`] (gangs), [`shared`] (the lock every task shares it through);
@@ -49,6 +54,7 @@ mod foreign;
 mod groups;
 mod ingest;
 mod learning;
+mod liveness;
 mod preemption;
 mod queues;
 mod reservations;
@@ -58,6 +64,7 @@ mod verdicts;
 pub use blocks::{Block, Unread};
 pub use groups::gang_of;
 pub use learning::{Shape, WorkloadReport};
+pub use liveness::INVENTORY_TTL;
 pub use preemption::{PreemptionPlan, Victim, may_preempt_for, victims_text};
 pub use queues::{QueueFigures, QuotaCheck, queue_spec};
 pub use reservations::{Held, RESERVATION_TTL, Reservation, ReserveError};
@@ -115,6 +122,15 @@ pub struct Mirror {
     groups: BTreeMap<String, tessera_api::PodGroupSpec>,
     /// PodDisruptionBudgets (see [`preemption`]).
     disruption: preemption::Disruption,
+    /// When the mirror last saw each `GpuNode` change, on its own clock (see [`liveness`]).
+    inventory_changed: HashMap<String, Instant>,
+    /// How long a heartbeating `GpuNode` may stay unchanged.
+    inventory_ttl: std::time::Duration,
+    /// Nodes (by name) whose `GpuNode` is stale: no new pods until it changes.
+    /// Apart from `blocked`, which a rebuild clears: only a change lifts these.
+    stale: HashMap<String, Block>,
+    /// No `GpuNode` can turn stale before this (a scan is skipped until then).
+    next_liveness: Option<Instant>,
 }
 
 impl Mirror {
@@ -151,6 +167,10 @@ impl Mirror {
             queues: Default::default(),
             groups: BTreeMap::new(),
             disruption: Default::default(),
+            inventory_changed: HashMap::new(),
+            inventory_ttl: INVENTORY_TTL,
+            stale: HashMap::new(),
+            next_liveness: None,
         };
         // A learning policy is built from the learned target (the cold-start prior
         // until pods arrive) from the start, whatever the caller built it from.
@@ -184,11 +204,17 @@ impl Mirror {
         hostfit::check(&facts.allocatable, self.host_used.get(&facts.name), ask)
     }
 
-    /// Rebuilds the core cluster and ledger if nodes or inventory changed.
+    /// Rebuilds the core cluster and ledger if nodes or inventory changed, and
+    /// blocks the nodes whose `GpuNode` has turned stale meanwhile (every
+    /// decision comes here first, so no other event is needed for that).
     pub fn refresh(&mut self) {
-        if !self.dirty {
-            return;
+        if self.dirty {
+            self.rebuild();
         }
+        self.expire_inventory();
+    }
+
+    fn rebuild(&mut self) {
         self.dirty = false;
         self.generation += 1;
         self.node_problems.clear();
@@ -316,6 +342,13 @@ impl Mirror {
     /// Everything wrong with the mirrored objects: nodes and inventory, replays, pods.
     pub fn problems(&self) -> Vec<String> {
         let mut v = self.node_problems.clone();
+        let mut stale: Vec<String> = self
+            .stale
+            .iter()
+            .map(|(node, block)| format!("node {node}: {block}"))
+            .collect();
+        stale.sort();
+        v.extend(stale);
         let mut pods: Vec<&String> = self
             .held
             .values()

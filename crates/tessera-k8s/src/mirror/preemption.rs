@@ -151,7 +151,13 @@ impl Mirror {
         if !self.disruption.synced {
             return None;
         }
-        let allowed_nodes: Vec<bool> = self.facts.iter().map(|f| eligible(f).is_ok()).collect();
+        // Room made on a node whose agent is gone would be evicted for nothing:
+        // the pod could not go there.
+        let allowed_nodes: Vec<bool> = self
+            .facts
+            .iter()
+            .map(|f| eligible(f).is_ok() && self.stale_block(&f.name).is_none())
+            .collect();
         let own_queue = self.queues.queue_of(pod).ok().flatten();
         let reclaim_ok = own_queue.is_some()
             && matches!(

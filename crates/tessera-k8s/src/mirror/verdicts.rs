@@ -5,8 +5,9 @@
 //! A verdict here is the core's judge after the checks only Kubernetes has: the
 //! node's countable resources (pod slots, device-plugin resources; part of the
 //! shape's key, and forgotten when the pods held on the node change), a node
-//! blocked until the next rebuild, a node with no GPU inventory. A rebuild of
-//! the cluster, or of a learning policy, drops every shape.
+//! blocked until the next rebuild or until its agent reports again (forgotten
+//! when that changes), a node with no GPU inventory. A rebuild of the cluster,
+//! or of a learning policy, drops every shape.
 
 use crate::convert::{self, NodeFacts};
 use crate::hostfit::{self, HostAsk};
@@ -78,16 +79,24 @@ pub(super) struct Judging<'m> {
     ledger: &'m Ledger,
     policy: &'m dyn Policy,
     blocked: &'m FxHashMap<NodeId, super::Block>,
+    /// Nodes, by name, whose agent stopped reporting (see [`super::liveness`]).
+    stale: &'m std::collections::HashMap<String, super::Block>,
     facts: &'m [NodeFacts],
     host_used: &'m FxHashMap<String, BTreeMap<String, u64>>,
     rng: &'m mut SmallRng,
 }
 
 impl Judging<'_> {
-    /// The core's judge on node `id`, after the checks of a node blocked until
-    /// the next rebuild and of a GPU request on a node with no GPU inventory.
+    /// The core's judge on node `id`, after the checks of a node blocked (until
+    /// the next rebuild, or until its agent reports again) and of a GPU request
+    /// on a node with no GPU inventory.
     pub(super) fn node(&mut self, id: NodeId, req: &Request) -> Result<Scored, Reason> {
-        if let Some(why) = self.blocked.get(&id) {
+        let stale = || {
+            (!self.stale.is_empty())
+                .then(|| self.stale.get(&self.cluster.node(id).name))
+                .flatten()
+        };
+        if let Some(why) = self.blocked.get(&id).or_else(stale) {
             return Err(Reason::Excluded {
                 why: why.to_string(),
             });
@@ -144,6 +153,7 @@ impl Mirror {
                 ledger: &self.ledger,
                 policy: self.policy.as_ref(),
                 blocked: &self.blocked,
+                stale: &self.stale,
                 facts: &self.facts,
                 host_used: &self.host_used,
                 rng: &mut self.rng,

@@ -74,6 +74,9 @@ pub struct RawConfig {
     pub queue_usage_weight: Option<f64>,
     /// Allocate pods' DRA ResourceClaims (`resource.k8s.io/v1`) in standalone mode.
     pub dra: Option<bool>,
+    /// How long a GpuNode whose agent heartbeats may stay unchanged before its
+    /// node takes no new pods (default [`crate::mirror::INVENTORY_TTL`]).
+    pub gpunode_ttl: Option<Duration>,
 }
 
 /// A configuration field that is wrong, by name.
@@ -130,6 +133,8 @@ pub struct Config {
     pub usage_history: Option<(Duration, f64)>,
     /// Standalone mode allocates pods' DRA ResourceClaims (`--dra`).
     pub dra: bool,
+    /// Staleness TTL of heartbeating GpuNodes (`--gpunode-ttl`).
+    pub gpunode_ttl: Duration,
 }
 
 impl RawConfig {
@@ -382,6 +387,20 @@ impl RawConfig {
                 Some((h, w))
             }
         };
+        let gpunode_ttl = self.gpunode_ttl.unwrap_or(crate::mirror::INVENTORY_TTL);
+        // Shorter than the agents' heartbeat period, every live node would be
+        // blocked between two heartbeats.
+        let period = tessera_api::gpunode::HEARTBEAT_PERIOD;
+        if gpunode_ttl <= period {
+            return Err(invalid(
+                "gpunode-ttl",
+                format!(
+                    "{}s is not longer than the node agents' heartbeat period ({}s)",
+                    gpunode_ttl.as_secs(),
+                    period.as_secs()
+                ),
+            ));
+        }
         let mut scheduler_names = vec![scheduler_name.clone()];
         for n in self.serve_scheduler_names {
             if !scheduler_names.contains(&n) {
@@ -403,6 +422,7 @@ impl RawConfig {
             gpu_equivalents,
             usage_history,
             dra,
+            gpunode_ttl,
         })
     }
 }
@@ -599,6 +619,29 @@ mod tests {
             ..raw(key)
         });
         assert!(e.starts_with("verify-key-dir: "), "{e}");
+    }
+
+    /// The GpuNode staleness TTL: three heartbeat periods by default; one not
+    /// longer than a period (every live node blocked between heartbeats) is refused.
+    #[test]
+    fn gpunode_ttl_defaults_and_must_exceed_the_heartbeat_period() {
+        let (_d, key) = key_file(b"0123456789abcdef0123\n");
+        assert_eq!(
+            raw(key.clone()).resolve().unwrap().gpunode_ttl,
+            Duration::from_secs(180)
+        );
+        let with = |s| RawConfig {
+            gpunode_ttl: Some(Duration::from_secs(s)),
+            ..raw(key.clone())
+        };
+        assert_eq!(
+            with(300).resolve().unwrap().gpunode_ttl,
+            Duration::from_secs(300)
+        );
+        let Err(e) = with(60).resolve() else {
+            panic!("a TTL of one heartbeat period is refused")
+        };
+        assert!(e.to_string().starts_with("gpunode-ttl: 60s"), "{e}");
     }
 
     #[test]

@@ -155,6 +155,7 @@ pub async fn run(
         .with_verify_only(config.verify_keys.clone());
     let mut m = Mirror::new(policy, keys);
     m.set_gpu_equivalents(config.gpu_equivalents.clone());
+    m.set_inventory_ttl(config.gpunode_ttl);
     if let Some((half_life, weight)) = config.usage_history {
         m.set_usage_history(half_life, weight);
     }

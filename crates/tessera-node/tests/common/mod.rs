@@ -175,6 +175,7 @@ pub fn start_agent_tweaked(
         xid_policy: XidPolicy::default(),
         quiet_period: quiet,
         health_interval: Duration::from_millis(50),
+        heartbeat_period: tessera_api::gpunode::HEARTBEAT_PERIOD,
         allocation_key: KEY.to_vec().into(),
         mps: MpsConfig::default(),
         device_list: device_list.parse().unwrap(),

@@ -476,6 +476,7 @@ pub fn run(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         xid_policy,
         quiet_period: args.quiet_period,
         health_interval: args.health_interval,
+        heartbeat_period: tessera_node::run::HEARTBEAT_PERIOD,
         allocation_key,
         mps: MpsConfig {
             host_root: args.mps_root.clone(),

@@ -106,6 +106,11 @@ pub struct SchedulerArgs {
     /// Weight of the decayed usage against current usage, 0..=1 (default 0.5).
     #[arg(long)]
     pub queue_usage_weight: Option<f64>,
+    /// Seconds a GpuNode whose node agent heartbeats (every 60 s) may stay
+    /// unchanged before its node takes no new pods (default 180: three
+    /// heartbeats). Measured on the scheduler's clock from the last change it saw.
+    #[arg(long)]
+    pub gpunode_ttl: Option<u64>,
     /// Requests a second to the API server, client-side (kube-scheduler's
     /// --kube-api-qps; its default is 50). 0, the default, leaves it to the API
     /// server's priority and fairness: a limit of 50 would cap binds at about 50 a second.
@@ -166,6 +171,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         queue_usage_half_life: a.queue_usage_half_life.map(std::time::Duration::from_secs),
         queue_usage_weight: a.queue_usage_weight,
         dra: Some(a.dra),
+        gpunode_ttl: a.gpunode_ttl.map(std::time::Duration::from_secs),
         ..RawConfig::default()
     };
     let config = match raw.resolve() {
