@@ -147,10 +147,8 @@ async fn publishes_gpunode_status_and_labels() {
 async fn running_agent_marks_failed_gpus_in_the_inventory() {
     use std::sync::Arc;
     use std::time::Duration;
-    use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods};
-    use tessera_node::deviceplugin::registration::PluginConfig;
-    use tessera_node::health::XidPolicy;
-    use tessera_node::run::{AgentConfig, AgentDeps};
+    use tessera_node::deviceplugin::allocate::NoPods;
+    use tessera_node::run::AgentDeps;
 
     let fake = Fake::from_yaml(GPUS, "t").unwrap();
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -173,28 +171,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig {
-        node_name: "node-a".into(),
-        plugin: PluginConfig {
-            dir: dir.path().to_path_buf(),
-            poll: Duration::from_millis(100),
-        },
-        slots: 2,
-        metrics_addr: None,
-        xid_policy: XidPolicy::default(),
-        quiet_period: Duration::from_secs(3600),
-        health_interval: Duration::from_millis(50),
-        heartbeat_period: tessera_api::gpunode::HEARTBEAT_PERIOD,
-        allocation_key: b"k".to_vec().into(),
-        mps: MpsConfig::default(),
-        device_list: Default::default(),
-        nvidia_gpu: true,
-        node_labels: false,
-        mig_grace: Duration::from_millis(300),
-        mig_state: None,
-        mps_binary: "nvidia-cuda-mps-control".into(),
-        allocate_state: None,
-    };
+    let config = agent_config(dir.path(), tessera_api::gpunode::HEARTBEAT_PERIOD);
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),
@@ -250,12 +227,10 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
 async fn status_carries_pod_resources_from_the_kubelet() {
     use std::sync::Arc;
     use std::time::Duration;
-    use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods};
-    use tessera_node::deviceplugin::registration::PluginConfig;
-    use tessera_node::health::XidPolicy;
+    use tessera_node::deviceplugin::allocate::NoPods;
     use tessera_node::podresources::PodResourcesClient;
     use tessera_node::proto::podresources as prpb;
-    use tessera_node::run::{AgentConfig, AgentDeps};
+    use tessera_node::run::AgentDeps;
 
     let fake = Fake::from_yaml(GPUS, "t").unwrap();
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -314,28 +289,7 @@ async fn status_carries_pod_resources_from_the_kubelet() {
         },
     ]);
     let socket = common::start_pod_resources(dir.path(), kubelet.clone());
-    let config = AgentConfig {
-        node_name: "node-a".into(),
-        plugin: PluginConfig {
-            dir: dir.path().to_path_buf(),
-            poll: Duration::from_millis(100),
-        },
-        slots: 2,
-        metrics_addr: None,
-        xid_policy: XidPolicy::default(),
-        quiet_period: Duration::from_secs(3600),
-        health_interval: Duration::from_millis(50),
-        heartbeat_period: tessera_api::gpunode::HEARTBEAT_PERIOD,
-        allocation_key: b"k".to_vec().into(),
-        mps: MpsConfig::default(),
-        device_list: Default::default(),
-        nvidia_gpu: true,
-        node_labels: false,
-        mig_grace: Duration::from_millis(300),
-        mig_state: None,
-        mps_binary: "nvidia-cuda-mps-control".into(),
-        allocate_state: None,
-    };
+    let config = agent_config(dir.path(), tessera_api::gpunode::HEARTBEAT_PERIOD);
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),
@@ -443,10 +397,8 @@ async fn the_dra_driver_retires_the_nodes_gpunode_on_the_object_it_read() {
 async fn quiet_agent_heartbeats_once_per_period() {
     use std::sync::Arc;
     use std::time::Duration;
-    use tessera_node::deviceplugin::allocate::{MpsConfig, NoPods};
-    use tessera_node::deviceplugin::registration::PluginConfig;
-    use tessera_node::health::XidPolicy;
-    use tessera_node::run::{AgentConfig, AgentDeps};
+    use tessera_node::deviceplugin::allocate::NoPods;
+    use tessera_node::run::AgentDeps;
     use tokio::time::Instant;
 
     let period = Duration::from_millis(400);
@@ -473,28 +425,7 @@ async fn quiet_agent_heartbeats_once_per_period() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig {
-        node_name: "node-a".into(),
-        plugin: PluginConfig {
-            dir: dir.path().to_path_buf(),
-            poll: Duration::from_millis(100),
-        },
-        slots: 2,
-        metrics_addr: None,
-        xid_policy: XidPolicy::default(),
-        quiet_period: Duration::from_secs(3600),
-        health_interval: Duration::from_millis(50),
-        heartbeat_period: period,
-        allocation_key: b"k".to_vec().into(),
-        mps: MpsConfig::default(),
-        device_list: Default::default(),
-        nvidia_gpu: true,
-        node_labels: false,
-        mig_grace: Duration::from_millis(300),
-        mig_state: None,
-        mps_binary: "nvidia-cuda-mps-control".into(),
-        allocate_state: None,
-    };
+    let config = agent_config(dir.path(), period);
     let deps = AgentDeps {
         backend: Arc::new(fake.clone()),
         procs: Arc::new(fake.proc_reader()),
@@ -544,5 +475,38 @@ async fn quiet_agent_heartbeats_once_per_period() {
         );
         // Each write is a change the scheduler sees (a new resourceVersion).
         assert_ne!(pair[0].1, pair[1].1, "heartbeatTime moves on");
+    }
+}
+
+/// The agent of these tests: node `node-a`, plugin sockets in `dir`, fast health
+/// checks, heartbeats every `heartbeat_period`.
+fn agent_config(
+    dir: &std::path::Path,
+    heartbeat_period: std::time::Duration,
+) -> tessera_node::run::AgentConfig {
+    use tessera_node::deviceplugin::allocate::MpsConfig;
+    use tessera_node::deviceplugin::registration::PluginConfig;
+    use tessera_node::health::XidPolicy;
+    tessera_node::run::AgentConfig {
+        node_name: "node-a".into(),
+        plugin: PluginConfig {
+            dir: dir.to_path_buf(),
+            poll: std::time::Duration::from_millis(100),
+        },
+        slots: 2,
+        metrics_addr: None,
+        xid_policy: XidPolicy::default(),
+        quiet_period: std::time::Duration::from_secs(3600),
+        health_interval: std::time::Duration::from_millis(50),
+        heartbeat_period,
+        allocation_key: b"k".to_vec().into(),
+        mps: MpsConfig::default(),
+        device_list: Default::default(),
+        nvidia_gpu: true,
+        node_labels: false,
+        mig_grace: std::time::Duration::from_millis(300),
+        mig_state: None,
+        mps_binary: "nvidia-cuda-mps-control".into(),
+        allocate_state: None,
     }
 }

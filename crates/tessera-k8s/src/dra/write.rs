@@ -150,6 +150,18 @@ pub fn allocation_result(alloc: &NodeAllocation, claim_uid: &str) -> AllocationR
     }
 }
 
+/// The claim's resourceVersion, which every write carries as its precondition.
+fn precondition(claim: &ResourceClaim, name: &str) -> Result<String, WriteError> {
+    claim
+        .metadata
+        .resource_version
+        .clone()
+        .ok_or(WriteError::Incomplete {
+            claim: name.to_string(),
+            field: "metadata.resourceVersion",
+        })
+}
+
 /// The merge patch: the allocation, the claim's consumers plus `pod`, and the
 /// resourceVersion precondition. Pure, so tests read it without a server.
 pub fn status_patch(
@@ -165,14 +177,7 @@ pub fn status_patch(
     {
         return Err(WriteError::AlreadyAllocated { claim: name });
     }
-    let rv = claim
-        .metadata
-        .resource_version
-        .clone()
-        .ok_or(WriteError::Incomplete {
-            claim: name.clone(),
-            field: "metadata.resourceVersion",
-        })?;
+    let rv = precondition(claim, &name)?;
     let mut reserved: Vec<ConsumerReference> = claim
         .status
         .as_ref()
@@ -198,14 +203,7 @@ pub fn reserve_patch(claim: &ResourceClaim, pod: &PodRef) -> Result<Value, Write
             field: "status.allocation",
         });
     };
-    let rv = claim
-        .metadata
-        .resource_version
-        .clone()
-        .ok_or(WriteError::Incomplete {
-            claim: name.clone(),
-            field: "metadata.resourceVersion",
-        })?;
+    let rv = precondition(claim, &name)?;
     let mut reserved = status.reserved_for.clone();
     if !reserved.iter().any(|r| r.uid == pod.uid) {
         if reserved.len() >= super::pod::MAX_RESERVED_FOR {
