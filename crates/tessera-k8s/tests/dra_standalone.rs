@@ -17,8 +17,9 @@ use apiserver::cluster::node_of;
 use apiserver::dra::{claim, classes, pod_with_claims, slice};
 use apiserver::process::Process;
 use apiserver::{ApiServer, Config, Resource};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use serde_json::{Value, json};
+use tessera_api::{GpuQueue, GpuQueueSpec, QueueResources};
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_k8s::binder::Binder;
 use tessera_k8s::dra::view::SharedDraView;
@@ -488,6 +489,89 @@ async fn two_pods_never_share_a_dedicated_gpu_while_the_watch_lags() {
         .collect();
     assert_eq!(bound.iter().filter(|b| **b).count(), 1, "{bound:?}");
     assert!(l.view.lock().assumed() >= 1);
+    drop(l.mirror);
+}
+
+/// Claims count against queue quotas: with a queue guaranteed one GPU (no
+/// borrowing) and two pods of its namespace asking one GPU each through
+/// claims, on a node with two free GPUs, one pod is bound and the other waits
+/// with the quota's sentence, its claim left unallocated; the queue's usage
+/// counts the bound pod's GPU, also once the watch shows the written claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_count_against_their_queue_s_quota_and_usage() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2)]);
+    for i in 1..=2 {
+        server
+            .create(
+                Resource::Claims,
+                &claim(NS, &format!("c{i}"), "gpu.tessera.io", 1),
+            )
+            .unwrap();
+        server
+            .create(
+                Resource::Pods,
+                &pod_with_claims(NS, &format!("p{i}"), &[("gpu", Ok(&format!("c{i}")))]),
+            )
+            .unwrap();
+    }
+    let mut l = standalone_loop(server);
+    {
+        let mut m = l.mirror.lock();
+        // Room for the pods' CPU and memory: only the GPU is short.
+        let guaranteed = QueueResources {
+            gpus: Some("1".into()),
+            cpu: Some("64".into()),
+            memory: Some("512Gi".into()),
+        };
+        m.replace_queues(vec![GpuQueue::new(
+            "team-a",
+            GpuQueueSpec {
+                guaranteed,
+                borrow: Some(false),
+                ..Default::default()
+            },
+        )]);
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(NS.into());
+        ns.metadata.labels = Some([("tessera.io/queue".to_string(), "team-a".to_string())].into());
+        m.replace_namespaces(vec![ns]);
+    }
+    let team_a_gpu_milli = |l: &Loop| {
+        let report = l.mirror.lock().queue_report();
+        let q = report.iter().find(|q| q.name == "team-a").expect("team-a");
+        q.allocated.gpu_eq_milli
+    };
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    // One GPU-equivalent held by the bound pod's claim (assumed, not yet watched).
+    assert_eq!(team_a_gpu_milli(&l), 1000);
+    // The watch catches up; the next pass counts the written claim the same.
+    refresh(&l.server, &l.view);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(team_a_gpu_milli(&l), 1000);
+    let bound: Vec<&str> = ["p1", "p2"]
+        .into_iter()
+        .filter(|p| bound_to(&l.server, p).is_some())
+        .collect();
+    assert_eq!(bound.len(), 1, "one GPU of quota: one pod, {bound:?}");
+    let (ok, waiting) = if bound[0] == "p1" {
+        ("c1", "p2")
+    } else {
+        ("c2", "p1")
+    };
+    let other = if ok == "c1" { "c2" } else { "c1" };
+    assert_eq!(devices(&get(&l.server, Resource::Claims, ok)).len(), 1);
+    let left = get(&l.server, Resource::Claims, other);
+    assert!(devices(&left).is_empty(), "{left}");
+    assert!(reserved_uids(&left).is_empty(), "{left}");
+    let said = notes(&l.server, waiting);
+    assert!(
+        said.iter()
+            .any(|n| n.contains("team-a") && n.contains("guaranteed quota")),
+        "{said:?}"
+    );
     drop(l.mirror);
 }
 

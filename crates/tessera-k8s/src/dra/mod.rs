@@ -23,6 +23,7 @@
 //! - [`pod`]: the claims a pod uses and what each still needs (allocate,
 //!   reserve, nothing), or why the pod waits or is refused.
 //! - [`place`]: the node for a pod's claims, by the allocator's score.
+//! - [`quota`]: what claims' devices count against queue quotas.
 //! - [`overlay`]: allocations written but not yet shown by the watch.
 //! - [`view`]: the watched claims, slices and classes plus the overlay;
 //!   [`watch`] feeds it (standalone mode with `--dra`).
@@ -37,6 +38,7 @@ pub mod overlay;
 pub mod place;
 pub mod pod;
 pub mod quantity;
+pub mod quota;
 pub mod types;
 pub mod view;
 pub mod watch;

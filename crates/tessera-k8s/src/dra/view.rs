@@ -35,6 +35,8 @@ fn read<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
     serde_json::from_value(v).map_err(|e| e.to_string())
 }
 
+static EMPTY: BTreeMap<String, NodeInventory> = BTreeMap::new();
+
 /// The DRA objects as last listed and watched.
 #[derive(Debug, Default)]
 pub struct DraView {
@@ -245,6 +247,17 @@ impl DraView {
     pub fn inventories(&mut self) -> &BTreeMap<String, NodeInventory> {
         let _ = self.inventory("");
         self.inventories.get_or_insert_default()
+    }
+
+    /// Every readable claim (as [`DraView::claims`]) with the inventories
+    /// (built if needed), for what claims count against quotas.
+    pub fn claims_and_inventories(
+        &mut self,
+    ) -> (Vec<&ResourceClaim>, &BTreeMap<String, NodeInventory>) {
+        let _ = self.inventory("");
+        let this = &*self;
+        let inventories = this.inventories.as_ref().map_or(&EMPTY, |m| m);
+        (this.claims().collect(), inventories)
     }
 
     /// Objects that did not read, and devices left out of inventories (so

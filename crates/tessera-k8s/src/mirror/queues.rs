@@ -7,9 +7,11 @@
 //!   queue is not subject to quotas.
 //! - Usage is counted from the held pods (bound, or reserved while their bind is
 //!   in flight) by their real grants in GPU-equivalents, so a restart counts the
-//!   same. An ask is checked at the most it can count on any GPU model it may
-//!   land on ([`GpuEquivalents::request_upper_bound`]), so no placement takes a
-//!   queue past its quota.
+//!   same; GPUs held through DRA claims count too, as their holder computes
+//!   them ([`Mirror::set_claim_holdings`]). An ask is checked at the most it
+//!   can count on any GPU model it may land on
+//!   ([`GpuEquivalents::request_upper_bound`]), so no placement takes a queue
+//!   past its quota.
 //! - A `GpuQueue` whose spec cannot be read, or a tree that does not hold
 //!   together (a cycle, an unknown parent, children guaranteed more than their
 //!   parent), is reported as a problem and the last tree that held is kept:
@@ -51,6 +53,9 @@ pub(super) struct Queues {
     version: u64,
     /// Time-decayed usage for the fair order, when configured (see [`Mirror::set_usage_history`]).
     history: Option<History>,
+    /// Milli GPU-equivalents the pods' DRA claims hold, by pod uid (see
+    /// [`Mirror::set_claim_holdings`]).
+    claims: BTreeMap<String, u64>,
 }
 
 /// Recent usage per queue, blended into the usage the fair order reads.
@@ -212,6 +217,31 @@ impl Mirror {
         self.queues.usage = None;
     }
 
+    /// How GPU models count against quotas.
+    pub fn gpu_equivalents(&self) -> &GpuEquivalents {
+        &self.queues.ge
+    }
+
+    /// What the pods' allocated DRA claims hold now, in milli GPU-equivalents
+    /// by pod uid: counted in their queues' usage as grants are. Whoever holds
+    /// the DRA view computes it ([`crate::dra::quota::pod_holdings`]), so the
+    /// mirror never reads the view (whose lock comes after the mirror's).
+    pub fn set_claim_holdings(&mut self, held: BTreeMap<String, u64>) {
+        if self.queues.claims != held {
+            self.queues.claims = held;
+            self.queues.version += 1;
+        }
+    }
+
+    /// Pod `uid`'s claims now hold `gpu_eq_milli` (decided, before the
+    /// watch shows them; the next [`Mirror::set_claim_holdings`] replaces it).
+    pub fn hold_claims(&mut self, uid: &str, gpu_eq_milli: u64) {
+        if self.queues.claims.get(uid) != Some(&gpu_eq_milli) {
+            self.queues.claims.insert(uid.to_string(), gpu_eq_milli);
+            self.queues.version += 1;
+        }
+    }
+
     pub fn replace_queues(&mut self, items: impl IntoIterator<Item = GpuQueue>) {
         self.queues.objects = items
             .into_iter()
@@ -319,6 +349,19 @@ impl Mirror {
                 continue;
             };
             usage.add(tree, q, self.queues.ge.placement(&self.cluster, p));
+        }
+        for (uid, milli) in &self.queues.claims {
+            if Some(uid.as_str()) == skip_uid {
+                continue;
+            }
+            let Some(q) = self
+                .pods
+                .get(uid)
+                .and_then(|pod| self.queues.queue_of(pod).ok().flatten())
+            else {
+                continue;
+            };
+            usage.add(tree, q, Resources::new(*milli, 0, 0));
         }
         if skip_uid.is_none() {
             self.queues.usage = Some((key, usage.clone()));
@@ -459,6 +502,18 @@ impl Mirror {
 
     /// May `pod` (asking `req`) take more of its queue's quota now?
     pub fn quota(&mut self, pod: &Pod, req: &Request) -> QuotaCheck {
+        self.quota_with_claims(pod, req, 0)
+    }
+
+    /// [`Mirror::quota`] for a pod whose DRA claims will also take
+    /// `claims_gpu_eq_milli` (its claims already held are not counted against
+    /// it: a pod being re-judged does not count against itself).
+    pub fn quota_with_claims(
+        &mut self,
+        pod: &Pod,
+        req: &Request,
+        claims_gpu_eq_milli: u64,
+    ) -> QuotaCheck {
         self.refresh();
         self.queues.rebuild();
         let queue = match self.queues.queue_of(pod) {
@@ -467,7 +522,8 @@ impl Mirror {
             Err(e) => return QuotaCheck::Refused(e),
         };
         let uid = convert::pod_uid(pod).to_string();
-        let skip = self.held.contains_key(&uid).then_some(uid.as_str());
+        let skip = (self.held.contains_key(&uid) || self.queues.claims.contains_key(&uid))
+            .then_some(uid.as_str());
         let Some(usage) = self.queue_usage(skip) else {
             return QuotaCheck::NoQueue;
         };
@@ -475,7 +531,7 @@ impl Mirror {
             return QuotaCheck::NoQueue;
         };
         let ask = Resources::new(
-            self.queues.ge.request_upper_bound(&self.cluster, req),
+            self.queues.ge.request_upper_bound(&self.cluster, req) + claims_gpu_eq_milli,
             req.cpu_milli,
             req.memory_mib,
         );

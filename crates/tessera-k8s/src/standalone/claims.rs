@@ -9,6 +9,16 @@
 //! allocation assumed in the view's overlay, so the next decision, made before
 //! any write is answered or watched, already counts them.
 //!
+//! Quotas: the GPUs the pod's claims take count against its queue as grants
+//! do ([`crate::dra::quota`]: whole GPUs, shares and MIG placements in
+//! GPU-equivalents). They are known only once the node is chosen (what
+//! `allocationMode: All` takes depends on it), so the quota is checked on the
+//! plan, before anything is held; a pod over quota waits with the same
+//! sentence and reason (`queue quota`) as on the device-plugin path. What
+//! allocated claims hold is told to the mirror (`count_claims`, at each
+//! pass and each decision, and at once for a decided pod), so queue usage,
+//! fair shares and borrowing count it, whoever allocated the claims.
+//!
 //! Applying, in the background: each claim's write in the pod's order
 //! (`status.allocation` + `reservedFor`, or `reservedFor` alone for a claim
 //! allocated already), each with the claim's resourceVersion as precondition;
@@ -24,10 +34,13 @@
 //! Not done here: preemption for such pods, gang members with claims (refused
 //! with a reason), and pods asking both `tessera.io/*` resources and claims.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use tessera_core::model::Catalog;
 use tessera_core::placement::Placement;
+use tessera_core::queue::GpuEquivalents;
 use tessera_core::request::GpuAsk;
 use tokio::time::Instant;
 
@@ -35,14 +48,17 @@ use super::{Standalone, node_allows, selector_matches, unsupported};
 use crate::binder::{BindError, Binder};
 use crate::convert;
 use crate::dra::cel::Env;
+use crate::dra::inventory::NodeInventory;
+use crate::dra::place::Plan;
 use crate::dra::place::place;
-use crate::dra::pod::{NotReady, Step, pod_claims};
+use crate::dra::pod::{NotReady, PodClaim, Step, pod_claims};
+use crate::dra::quota::{Devices, devices_milli, pod_holdings};
 use crate::dra::types::{AllocationResult, ConsumerReference, ResourceClaim};
-use crate::dra::view::SharedDraView;
+use crate::dra::view::{DraView, SharedDraView};
 use crate::dra::write::{
     PodRef, WriteError, Written, allocation_result, write_allocation, write_reservation,
 };
-use crate::mirror::{QuotaCheck, Reservation};
+use crate::mirror::{Mirror, QuotaCheck, Reservation};
 
 /// Whether and how this scheduler allocates claims.
 #[derive(Clone, Default)]
@@ -179,12 +195,10 @@ impl Standalone {
         if let Some(why) = unsupported(pod) {
             return Err((why, "unsupported".to_string()));
         }
-        if let QuotaCheck::Refused(why) = m.quota(pod, &req) {
-            return Err((why, "queue quota".to_string()));
-        }
         let mut v = view.lock();
         let now = Instant::now();
         v.expire(now);
+        count_claims(&mut m, &mut v);
         // Counted where a decision needs the view anyway: the problems matter
         // to pods with claims, and the view is current here.
         self.metrics.set_dra_problems(v.problems().len());
@@ -218,6 +232,17 @@ impl Standalone {
         .map_err(|e| (e.sentence(), "claims do not fit".to_string()))?;
         self.metrics
             .observe_decision("standalone", started.elapsed());
+        let ask = claims_milli(
+            &catalog,
+            m.gpu_equivalents(),
+            &inventories,
+            &claims,
+            &plan,
+            &pod_ref(pod).uid,
+        );
+        if let QuotaCheck::Refused(why) = m.quota_with_claims(pod, &req, ask) {
+            return Err((why, "queue quota".to_string()));
+        }
         let Some(id) = nodes
             .iter()
             .find(|(_, f)| f.name == plan.node)
@@ -263,11 +288,64 @@ impl Standalone {
                 }
             }
         }
+        // Counted in the queue's usage at once, as the mirror's hold counts
+        // a grant: the next decision and the queue report see it.
+        if ask > 0 {
+            m.hold_claims(&who.uid, ask);
+        }
         Ok(DraDecided {
             node: plan.node,
             writes,
         })
     }
+}
+
+/// Tells the mirror what the allocated claims hold, per pod, so queues count
+/// them in their usage. Called with the mirror's lock held, then the view's.
+pub(super) fn count_claims(m: &mut Mirror, v: &mut DraView) {
+    let catalog = m.cluster().catalog.clone();
+    let (claims, inventories) = v.claims_and_inventories();
+    let held = pod_holdings(&catalog, m.gpu_equivalents(), inventories, claims);
+    m.set_claim_holdings(held);
+}
+
+/// Milli GPU-equivalents the pod `uid`'s claims take once `plan` is applied:
+/// the devices it allocates on the plan's node, and those of its claims
+/// allocated already and reserved for no other pod (a claim another pod holds
+/// counts against that pod's queue).
+fn claims_milli(
+    catalog: &Catalog,
+    ge: &GpuEquivalents,
+    inventories: &BTreeMap<String, NodeInventory>,
+    claims: &[PodClaim],
+    plan: &Plan,
+    uid: &str,
+) -> u64 {
+    let new: u64 = plan
+        .allocations
+        .iter()
+        .map(|(_, a)| {
+            let results = a
+                .results
+                .iter()
+                .filter(|c| !c.admin_access)
+                .map(|c| (&c.device, &c.consumed));
+            devices_milli(catalog, ge, inventories, &plan.node, results)
+        })
+        .sum();
+    let devices = Devices::new(inventories);
+    let held: u64 = claims
+        .iter()
+        .filter(|c| !matches!(c.step, Step::Allocate(_)))
+        .filter(|c| {
+            c.claim
+                .status
+                .as_ref()
+                .is_none_or(|s| s.reserved_for.iter().all(|r| r.uid == uid))
+        })
+        .map(|c| devices.claim_milli(catalog, ge, &c.claim))
+        .sum();
+    new + held
 }
 
 /// Drops what was assumed for `writes` (none of them was written).

@@ -340,6 +340,10 @@ impl Standalone {
         // Binds with an unknown outcome past their deadline: the server says how they ended.
         self.binder.settle_expired().await;
         let now = Instant::now();
+        // Claims' devices count in their pods' queues before the order is made.
+        if let Dra::On(view) = &self.dra {
+            claims::count_claims(&mut self.mirror.lock(), &mut view.lock());
+        }
         let (pending, live) = self.to_try(now);
         self.retries.retain(|uid, _| live.contains(uid));
         self.preemptor.retain(|uid| live.contains(uid));
