@@ -287,6 +287,28 @@ impl Mirror {
         host: &HostAsk,
         eligible: impl Fn(&NodeFacts) -> Result<(), String>,
     ) -> Result<HostFitting<'_>, Explanation> {
+        let (fit, e) = self.judge_eligible(req, host, eligible);
+        if fit.is_empty() {
+            return Err(e);
+        }
+        let fit = fit
+            .into_iter()
+            .map(|(id, _)| (id, self.facts[id.0 as usize].clone()))
+            .collect();
+        Ok((fit, self.policy.as_ref()))
+    }
+
+    /// Brings the mirror up to date and judges every node for the shape
+    /// (verdicts from the shape's cache): the nodes `eligible` allows where it
+    /// fits, with their scores in node order, and the reasons for the rest
+    /// (`eligible`'s counted too). Shared by [`Mirror::decide`] and
+    /// [`Mirror::host_fitting`].
+    fn judge_eligible(
+        &mut self,
+        req: &Request,
+        host: &HostAsk,
+        eligible: impl Fn(&NodeFacts) -> Result<(), String>,
+    ) -> (Vec<(NodeId, f64)>, Explanation) {
         self.refresh();
         self.expire_reservations();
         self.follow_supply();
@@ -302,18 +324,15 @@ impl Mirror {
                 continue;
             }
             match verdicts.known(id) {
-                Some(Ok(_)) => {
+                Some(Ok(score)) => {
                     e.fit += 1;
-                    fit.push((id, facts.clone()));
+                    fit.push((id, score));
                 }
                 Some(Err(r)) => e.add(r.clone()),
                 None => {}
             }
         }
-        if fit.is_empty() {
-            return Err(e);
-        }
-        Ok((fit, self.policy.as_ref()))
+        (fit, e)
     }
 
     /// Places a pod on the best node among those `eligible` allows (standalone
@@ -326,32 +345,15 @@ impl Mirror {
         host: &HostAsk,
         eligible: impl Fn(&NodeFacts) -> Result<(), String>,
     ) -> Result<(Placement, Explanation), Explanation> {
-        self.refresh();
-        self.expire_reservations();
-        self.follow_supply();
-        let key = (req.clone(), host.clone());
-        let (cache, mut judging) = self.split();
-        let verdicts = judging.verdicts(cache, &key, None);
-        let mut e = Explanation::new(judging.cluster.len());
+        let (fit, e) = self.judge_eligible(req, host, eligible);
+        // Ties go to the earlier node, as in the core's order.
         let mut best: Option<(NodeId, f64)> = None;
-        for (i, facts) in judging.facts.iter().enumerate().take(e.total) {
-            let id = NodeId(i as u32);
-            if let Err(why) = eligible(facts) {
-                e.add(Reason::Excluded { why });
-                continue;
-            }
-            match verdicts.known(id) {
-                Some(Ok(score)) => {
-                    e.fit += 1;
-                    // Ties go to the earlier node, as in the core's order.
-                    if best.is_none_or(|(_, b)| score > b) {
-                        best = Some((id, score));
-                    }
-                }
-                Some(Err(r)) => e.add(r.clone()),
-                None => {}
+        for (id, score) in fit {
+            if best.is_none_or(|(_, b)| score > b) {
+                best = Some((id, score));
             }
         }
+        let (_, mut judging) = self.split();
         // Judged once more for the GPUs it picks (the cache keeps scores only).
         let Some((id, Ok(scored))) = best.map(|(id, _)| (id, judging.node(id, req))) else {
             return Err(e);
