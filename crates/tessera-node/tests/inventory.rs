@@ -151,25 +151,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
     use tessera_node::run::AgentDeps;
 
     let fake = Fake::from_yaml(GPUS, "t").unwrap();
-    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(mock, "default");
-    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<(String, serde_json::Value)>();
-    // The API server: answers every request and reports (path, body).
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let path = req.uri().path().to_string();
-            let body = body_json(req).await;
-            let mut reply = body.clone();
-            reply["metadata"]["name"] = "node-a".into();
-            if reply.get("spec").is_none() {
-                reply["spec"] = serde_json::json!({"nodeName": "node-a"});
-            }
-            send.send_response(Response::new(Body::from(
-                serde_json::to_vec(&reply).unwrap(),
-            )));
-            let _ = seen_tx.send((path, body));
-        }
-    });
+    let (client, mut seen) = echo_api();
     let dir = tempfile::tempdir().unwrap();
     let config = agent_config(dir.path(), tessera_api::gpunode::HEARTBEAT_PERIOD);
     let deps = AgentDeps {
@@ -189,7 +171,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
     // Waits for a status write satisfying `pred`.
     let mut status_where = async |pred: &dyn Fn(&serde_json::Value) -> bool| -> serde_json::Value {
         loop {
-            let (path, body) = tokio::time::timeout(wait, seen.recv())
+            let Seen { path, body, .. } = tokio::time::timeout(wait, seen.recv())
                 .await
                 .unwrap()
                 .unwrap();
@@ -403,27 +385,7 @@ async fn quiet_agent_heartbeats_once_per_period() {
 
     let period = Duration::from_millis(400);
     let fake = Fake::from_yaml(GPUS, "t").unwrap();
-    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(mock, "default");
-    let (seen_tx, mut seen) =
-        tokio::sync::mpsc::unbounded_channel::<(Instant, String, http::Method, serde_json::Value)>(
-        );
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let at = Instant::now();
-            let (path, method) = (req.uri().path().to_string(), req.method().clone());
-            let body = body_json(req).await;
-            let mut reply = body.clone();
-            reply["metadata"]["name"] = "node-a".into();
-            if reply.get("spec").is_none() {
-                reply["spec"] = serde_json::json!({"nodeName": "node-a"});
-            }
-            send.send_response(Response::new(Body::from(
-                serde_json::to_vec(&reply).unwrap(),
-            )));
-            let _ = seen_tx.send((at, path, method, body));
-        }
-    });
+    let (client, mut seen) = echo_api();
     let dir = tempfile::tempdir().unwrap();
     let config = agent_config(dir.path(), period);
     let deps = AgentDeps {
@@ -443,7 +405,12 @@ async fn quiet_agent_heartbeats_once_per_period() {
     // The start-up write and four heartbeats after it.
     let mut writes: Vec<(Instant, String)> = Vec::new();
     while writes.len() < 5 {
-        let (at, path, method, body) = tokio::time::timeout(wait, seen.recv())
+        let Seen {
+            at,
+            path,
+            method,
+            body,
+        } = tokio::time::timeout(wait, seen.recv())
             .await
             .expect("a status write within the wait bound")
             .unwrap();
@@ -509,4 +476,41 @@ fn agent_config(
         mps_binary: "nvidia-cuda-mps-control".into(),
         allocate_state: None,
     }
+}
+
+/// A request [`echo_api`] answered, when it arrived.
+struct Seen {
+    at: tokio::time::Instant,
+    path: String,
+    method: http::Method,
+    body: serde_json::Value,
+}
+
+/// A client whose API server answers every request with its own body (named
+/// `node-a`, with a spec where it had none) and reports each request.
+fn echo_api() -> (kube::Client, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let at = tokio::time::Instant::now();
+            let (path, method) = (req.uri().path().to_string(), req.method().clone());
+            let body = body_json(req).await;
+            let mut reply = body.clone();
+            reply["metadata"]["name"] = "node-a".into();
+            if reply.get("spec").is_none() {
+                reply["spec"] = serde_json::json!({"nodeName": "node-a"});
+            }
+            send.send_response(Response::new(Body::from(
+                serde_json::to_vec(&reply).unwrap(),
+            )));
+            let _ = seen_tx.send(Seen {
+                at,
+                path,
+                method,
+                body,
+            });
+        }
+    });
+    (kube::Client::new(mock, "default"), seen)
 }
