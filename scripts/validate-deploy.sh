@@ -1260,7 +1260,7 @@ def check_monitoring(objs, where, values):
                 alerts.add(r.get("alert"))
                 for name in promql_metrics(r["expr"]) - exported:
                     fail(where, f"{describe(pr)}: {r.get('alert')}: reads {name!r}, which no Tessera component exports")
-        for need in ("TesseraNoLeader", "TesseraBindsFailing", "TesseraAgentWithoutGpus", "TesseraGpuUnhealthy"):
+        for need in ("TesseraNoLeader", "TesseraBindsFailing", "TesseraSchedulerProblems", "TesseraAgentWithoutGpus", "TesseraGpuUnhealthy"):
             if need not in alerts:
                 fail(where, f"{describe(pr)}: no alert {need}")
 

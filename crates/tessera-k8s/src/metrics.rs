@@ -55,6 +55,7 @@ pub struct Metrics {
     preempted_gpu_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     bind_failures: Counter,
     dra_problems: Gauge,
+    problems: Gauge,
     /// Held while a scrape sets the cluster gauges ([`Metrics::apply_cluster`]).
     scrape: std::sync::Mutex<()>,
 }
@@ -260,8 +261,15 @@ impl Metrics {
             "DRA objects that do not read and devices left out of nodes' inventories (standalone --dra; as of the last pod with claims decided)",
             dra_problems.clone(),
         );
+        let problems = Gauge::default();
+        registry.register(
+            "problems",
+            "Problems the scheduler's mirror sees (nodes blocked because their agent is silent or their inventory does not read, grants that do not replay, queue trees that do not read), as of the web view's last tick; listed on the web view",
+            problems.clone(),
+        );
         Metrics {
             dra_problems,
+            problems,
             preemptions,
             preempted_gpu_seconds,
             queue_gpus,
@@ -297,6 +305,11 @@ impl Metrics {
     /// otherwise seen only by the pods it makes wait or fail.
     pub fn set_dra_problems(&self, n: usize) {
         self.dra_problems.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// How many problems the mirror has ([`crate::mirror::Mirror::problems`]).
+    pub fn set_problems(&self, n: usize) {
+        self.problems.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Leadership, election errors and cache sync, as of now.

@@ -305,6 +305,23 @@ async fn the_mosaic_loads_in_chromium_shows_reasons_and_updates_live() {
         "!document.querySelector('#pending li[data-pod=\"nlp/huge\"]')",
         "nlp/huge leaving the pending list",
     );
+    // No problem so far, so no problems box; a pod bound to a node Tessera does
+    // not know shows up in it live.
+    assert_eq!(b.eval("document.getElementById('problembox').hidden"), true);
+    {
+        let mut ghost = pod("nlp", "lost", "uid-lost", &[("tessera.io/gpu", "1")]);
+        ghost.spec.as_mut().unwrap().node_name = Some("node-gone".into());
+        s.mirror.lock().upsert_pod(ghost);
+    }
+    let problem = b.wait_for(
+        "document.querySelector('#problembox:not([hidden]) #problems li')?.textContent || null",
+        "the problems box",
+    );
+    assert!(problem.as_str().unwrap().contains("nlp/lost"), "{problem}");
+    assert_eq!(
+        b.eval("document.getElementById('probcount').textContent"),
+        "(1)"
+    );
     assert!(
         b.eval("window.tessera.frames").as_u64().unwrap_or(0) >= 2,
         "the update came as a new frame"
@@ -556,4 +573,39 @@ fn a_delta_carries_only_the_changed_tiles() {
     let (_, quiet) = rx.try_recv().unwrap();
     let quiet: serde_json::Value = serde_json::from_str(&quiet).unwrap();
     assert_eq!(quiet["nodes"].as_array().unwrap().len(), 0);
+}
+
+/// What the mirror finds wrong (here a pod bound to a node Tessera does not
+/// know) is on the page's frames, counted in the summary and in
+/// `tessera_problems`, and gone from all three once it is mended.
+#[test]
+fn the_frames_list_the_mirror_s_problems() {
+    let (kn, gn) = cluster(4);
+    let mirror = common::mirror("tessera", kn, gn, vec![]);
+    let metrics = Arc::new(tessera_k8s::metrics::Metrics::new());
+    let o = tessera_k8s::ui::Observer::new(mirror.clone(), metrics.clone());
+    o.observe(1_000);
+    let full: serde_json::Value = serde_json::from_str(&o.full().1).unwrap();
+    assert_eq!(full["sum"]["problems"], 0);
+    assert!(full.get("problems").is_none(), "{}", full["problems"]);
+
+    let mut ghost = pod("ml", "lost", "uid-lost", &[("tessera.io/gpu", "1")]);
+    ghost.spec.as_mut().unwrap().node_name = Some("node-gone".into());
+    mirror.lock().upsert_pod(ghost);
+    o.observe(3_000);
+    let full: serde_json::Value = serde_json::from_str(&o.full().1).unwrap();
+    assert_eq!(full["sum"]["problems"], 1);
+    let listed = full["problems"][0].as_str().unwrap_or_default();
+    assert!(
+        listed.contains("ml/lost") && listed.contains("node-gone"),
+        "{listed}"
+    );
+    let scraped = metrics.encode().unwrap();
+    assert!(scraped.contains("tessera_problems 1"), "{scraped}");
+
+    mirror.lock().remove_pod("uid-lost");
+    o.observe(5_000);
+    let full: serde_json::Value = serde_json::from_str(&o.full().1).unwrap();
+    assert_eq!(full["sum"]["problems"], 0);
+    assert!(metrics.encode().unwrap().contains("tessera_problems 0"));
 }

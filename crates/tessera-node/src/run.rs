@@ -145,7 +145,7 @@ pub async fn run(
             .map_or_else(Default::default, |rx| *rx.borrow()),
     });
     // The Node's MIG settings, into the view: the device plugins follow them.
-    let mig_dynamic_task = deps.node_settings.clone().map(|mut rx| {
+    let settings_task = deps.node_settings.clone().map(|mut rx| {
         let tx = view_tx.clone();
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
@@ -518,7 +518,7 @@ pub async fn run(
 
     let _ = stop_tx.send(true);
     halt.store(true, Ordering::Relaxed);
-    if let Some(t) = mig_dynamic_task {
+    if let Some(t) = settings_task {
         t.abort();
     }
     let _ = health_task.await;

@@ -146,6 +146,7 @@ pub fn ledger_page(
         nodes: tiles.iter().collect(),
         gone: Vec::new(),
         pending: &[],
+        problems: &[],
         queues: &[],
         workload: None,
         sum: observer::Summary {
@@ -156,6 +157,7 @@ pub fn ledger_page(
             capacity_milli: healthy * 1000,
             frag_milli: tiles.iter().map(|t| u64::from(t.frag_milli)).sum(),
             pending: 0,
+            problems: 0,
         },
         series: Vec::new(),
     };

@@ -34,6 +34,8 @@ pub const BUCKET_MS: u64 = 300_000;
 pub const BUCKETS_KEPT: usize = 7 * 24 * 12;
 /// Pending pods listed on the page (the total is always sent).
 const PENDING_SHOWN: usize = 200;
+/// Problems listed on the page (the total is always sent).
+const PROBLEMS_SHOWN: usize = 100;
 /// Pending pods without a scheduler's message whose reason is computed per
 /// tick (each is a pass over every node); the rest wait for the next ticks.
 const REASONS_PER_TICK: usize = 20;
@@ -62,6 +64,10 @@ pub struct Summary {
     pub capacity_milli: u64,
     pub frag_milli: u64,
     pub pending: usize,
+    /// Everything the mirror found wrong ([`Mirror::problems`]): nodes blocked
+    /// (agent silent, inventory unreadable), grants that do not replay, queue
+    /// trees that do not read.
+    pub problems: usize,
 }
 
 /// One GPU queue's standing (issue 11's `GpuQueue` tree), in milli GPU-equivalents.
@@ -120,6 +126,9 @@ pub struct Frame<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gone: Vec<&'a str>,
     pub pending: &'a [PendingPod],
+    /// The first [`PROBLEMS_SHOWN`] of the mirror's problems (the count is in `sum`).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub problems: &'a [String],
     /// The GPU queues, parents before children (empty: no `GpuQueue` exists).
     #[serde(skip_serializing_if = "<[QueueRow]>::is_empty")]
     pub queues: &'a [QueueRow],
@@ -236,9 +245,19 @@ impl Observer {
                 .into_iter()
                 .map(QueueRow::from_figures)
                 .collect();
-            (parts, (waiting, queues, report), state, catalog, workload)
+            let problems = m.problems();
+            (
+                parts,
+                (waiting, queues, report, problems),
+                state,
+                catalog,
+                workload,
+            )
         };
-        let (waiting, queues, report) = waiting;
+        let (waiting, queues, report, mut problems) = waiting;
+        let n_problems = problems.len();
+        problems.truncate(PROBLEMS_SHOWN);
+        self.metrics.set_problems(n_problems);
         let (tiles, uuids) =
             mosaic::from_parts(&parts, &mut inner.namespaces, &mut inner.models, &workload);
         let holding = crate::accounting::holding(&parts.cluster, &parts.held);
@@ -250,7 +269,7 @@ impl Observer {
             &mut inner.reasons,
             now_ms,
         );
-        let sum = summarise(&tiles, &holding, n_pending);
+        let sum = summarise(&tiles, &holding, n_pending, n_problems);
         let before = inner
             .meter
             .last()
@@ -300,6 +319,7 @@ impl Observer {
             nodes: changed,
             gone,
             pending: &pending,
+            problems: &problems,
             queues: &queues,
             workload: Some(&report),
             sum,
@@ -318,6 +338,7 @@ impl Observer {
             nodes: tiles.iter().collect(),
             gone: Vec::new(),
             pending: &pending,
+            problems: &problems,
             queues: &queues,
             workload: Some(&report),
             sum,
@@ -429,7 +450,7 @@ pub struct Found {
     pub what: String,
 }
 
-fn summarise(tiles: &[Tile], holding: &Holding, pending: usize) -> Summary {
+fn summarise(tiles: &[Tile], holding: &Holding, pending: usize, problems: usize) -> Summary {
     let gpus: usize = tiles.iter().map(|t| t.gpus.len()).sum();
     Summary {
         nodes: tiles.len(),
@@ -443,6 +464,7 @@ fn summarise(tiles: &[Tile], holding: &Holding, pending: usize) -> Summary {
         capacity_milli: holding.capacity_milli.values().sum(),
         frag_milli: tiles.iter().map(|t| u64::from(t.frag_milli)).sum(),
         pending,
+        problems,
     }
 }
 

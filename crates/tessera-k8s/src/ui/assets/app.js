@@ -5,7 +5,7 @@
 "use strict";
 function tesseraStart() {
   const $ = (id) => document.getElementById(id);
-  const st = { ns: [], models: [], tiles: new Map(), order: [], pending: [], queues: [], workload: null, series: [], sum: {}, v: 0 };
+  const st = { ns: [], models: [], tiles: new Map(), order: [], pending: [], problems: [], queues: [], workload: null, series: [], sum: {}, v: 0 };
   window.tessera = { firstMosaicMs: null, frames: 0, state: st };
 
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -72,6 +72,15 @@ function tesseraStart() {
     $("pcount").textContent = `(${st.sum.pending || 0})`;
     $("pending").innerHTML = st.pending.map((p) =>
       `<li data-pod="${esc(p.p)}"><span class="age">${age(p.a)}</span><b>${esc(p.p)}</b><span class="reason">${esc(p.r)}</span></li>`).join("");
+  }
+
+  // What the mirror found wrong (a blocked node, a grant it cannot read): shown
+  // only while there is something, the first hundred with the total.
+  function renderProblems() {
+    const n = st.sum.problems || 0;
+    $("problembox").hidden = n === 0;
+    $("probcount").textContent = n > st.problems.length ? `(${st.problems.length} of ${n})` : `(${n})`;
+    $("problems").innerHTML = st.problems.map((p) => `<li>${esc(p)}</li>`).join("");
   }
 
   // The queue tree, parents first, children indented under them; a bar shows what
@@ -153,6 +162,7 @@ function tesseraStart() {
     if (frame.ns) st.ns = frame.ns;
     if (frame.models) st.models = frame.models;
     st.pending = frame.pending || [];
+    st.problems = frame.problems || [];
     st.queues = frame.queues || [];
     st.workload = frame.workload || null;
     st.sum = frame.sum || {};
@@ -173,7 +183,7 @@ function tesseraStart() {
       st.series = st.series.concat(frame.series || []).slice(-360);
     }
     if (relayout) renderMosaic();
-    renderSummary(); renderPending(); renderQueues(); renderWorkload(); renderLegend(); renderCharts(); highlight();
+    renderSummary(); renderPending(); renderProblems(); renderQueues(); renderWorkload(); renderLegend(); renderCharts(); highlight();
     window.tessera.frames++;
   }
 
@@ -189,6 +199,7 @@ function tesseraStart() {
       }));
     }
     for (const p of st.pending) if (p.p.toLowerCase().includes(q)) out.push({ node: "", gpu: null, what: `pending pod ${p.p}: ${p.r}` });
+    for (const p of st.problems) if (p.toLowerCase().includes(q)) out.push({ node: "", gpu: null, what: `problem: ${p}` });
     return out.slice(0, 50);
   }
   function highlight() {
