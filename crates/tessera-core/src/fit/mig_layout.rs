@@ -195,6 +195,35 @@ pub fn usable_compute(geo: &MigGeometry, held: Held) -> (u8, u8) {
     (best(geo, held, 0), largest)
 }
 
+/// What creating profile `pi` at `start` leaves of a GPU that holds `held`: the
+/// terms a new instance's placement is ranked by, on one GPU ([`best_start`]) and
+/// between GPUs (`least_fragmenting`; the DRA allocator ranks partitionable MIG
+/// placements, and nodes, by the same terms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leftover {
+    /// Compute slices still free.
+    pub free: u8,
+    /// Of those, slices no set of new instances can use: the memory layout
+    /// strands them (`free` − [`usable_compute`]).
+    pub stranded: u8,
+    /// Compute slices of the largest instance that can still be created.
+    pub largest: u8,
+}
+
+/// [`Leftover`] of creating profile `pi` at `start` on top of `held`; `None`
+/// when it does not fit there without touching a held instance.
+pub fn leftover(geo: &MigGeometry, held: Held, pi: usize, start: u8) -> Option<Leftover> {
+    held.room_for(geo, pi, start)?;
+    let after = held.with(geo, pi, start);
+    let free = geo.compute_slices.saturating_sub(after.compute);
+    let (usable, largest) = usable_compute(geo, after);
+    Some(Leftover {
+        free,
+        stranded: free - usable.min(free),
+        largest,
+    })
+}
+
 /// The placement of profile `pi` that leaves the GPU least fragmented: the most
 /// compute still usable afterwards, then the largest instance still possible, then
 /// the lowest start. `None` when it fits nowhere without touching held instances.
@@ -479,14 +508,15 @@ fn choice_rank(
             enable_mig_mode: false,
             ..
         } => {
-            let Some(geo) = spec.mig.as_ref() else {
-                return (5, 0, 0);
-            };
-            let held = Held::of(gu);
-            let after = held.with(geo, slot.profile as usize, slot.start);
-            let free = geo.compute_slices - after.compute;
-            let (usable, _) = usable_compute(geo, after);
-            (1, free - usable.min(free), free)
+            // A planned slot always has room; one without is ranked last.
+            match spec
+                .mig
+                .as_ref()
+                .and_then(|geo| leftover(geo, Held::of(gu), slot.profile as usize, slot.start))
+            {
+                Some(l) => (1, l.stranded, l.free),
+                None => (5, 0, 0),
+            }
         }
         Choice::Mig { .. } => (3, 0, 0),
         Choice::Share => (1, 0, 0),
@@ -530,6 +560,12 @@ pub(super) fn least_fragmenting(
         .collect()
 }
 
+/// Score one step of an isolation tier is worth ([`hard_rank_penalty`]): far
+/// beyond any policy's score range, so the tier decides before the policy does.
+/// The DRA allocator weighs a MIG placement's tier by it too, so that a pod's
+/// claims sum on one scale.
+pub const TIER_SCORE: f64 = 1.0e9;
+
 /// Score subtracted from a node's policy score for a one-GPU `hard` share, so that
 /// nodes rank first by their best GPU's [`choice_rank`] tier (reuse an instance,
 /// create one on a GPU in MIG mode, a larger instance, switch an idle GPU, a whole
@@ -548,8 +584,7 @@ pub fn hard_rank_penalty(view: super::NodeView<'_>, req: &Request, fit: &super::
         let c = choose(view.node, gpu, gu, spec, req)?;
         Some(choice_rank(gpu, gu, spec, req, c).0)
     });
-    // Far beyond any policy's score range, so the tier decides first.
-    f64::from(tier.unwrap_or(0)) * 1.0e9
+    f64::from(tier.unwrap_or(0)) * TIER_SCORE
 }
 
 /// The grant for a choice on GPU position `g`.

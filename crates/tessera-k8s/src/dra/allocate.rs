@@ -11,8 +11,10 @@
 //! (best scored first), `distinctAttribute` ones exclude values already taken.
 //!
 //! Among the devices a request may take, [`super::choose`] picks with Tessera's
-//! policy; the node's score is the sum of the picks' scores, so the caller can
-//! rank nodes. A node that cannot satisfy the claim gets a typed [`Unfit`].
+//! policy (and partitionable MIG placements by the core's MIG layout,
+//! [`super::mig`]); the node's score is the sum of the picks' scores, so the
+//! caller can rank nodes. A node that cannot satisfy the claim gets a typed
+//! [`Unfit`].
 
 use std::collections::BTreeMap;
 

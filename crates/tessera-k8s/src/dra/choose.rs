@@ -11,16 +11,22 @@
 //!
 //! Partitionable MIG placements go through the core's MIG layout instead
 //! ([`super::mig`]): the placement the device-plugin path would pick for the
-//! profile. Only devices the core cannot model (other drivers' devices, MIG
-//! devices of unknown models or without counters) are packed: the candidate
-//! whose counter set has least left first, so they fill one counter set
-//! before touching the next. Neither asks the policy for a score (0).
+//! profile, scored by its rank there (an existing instance before one to
+//! create, one [`TIER_SCORE`] apart as on the device-plugin path; then the
+//! compute the layout strands and leaves free, in milli-GPU), so that nodes
+//! rank by MIG layout as GPUs do. Only devices the core cannot model (other
+//! drivers' devices, MIG devices of unknown models or without counters) are
+//! packed: the candidate whose counter set has least left first, so they fill
+//! one counter set before touching the next. A packed pick's layout is
+//! unknown: it scores only its tier (a MIG device of ours without a `uuid` is
+//! an instance to create), other drivers' devices 0. Neither asks the policy.
 
 use std::collections::BTreeMap;
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use smallvec::SmallVec;
+use tessera_core::fit::mig_layout::TIER_SCORE;
 use tessera_core::fit::{Fit, GpuSet, NodeView};
 use tessera_core::ledger::{GpuSummary, GpuUse, NodeUse};
 use tessera_core::model::{Architecture, Catalog, GpuSpec, Link, ModelId, Node};
@@ -206,9 +212,13 @@ pub fn choose(
         return None;
     }
     if !candidates.iter().all(|&i| is_whole_gpu(&inv.devices[i])) {
-        let picked = super::mig::choose_placements(inv, state, candidates, need_n)
-            .unwrap_or_else(|| pack(state, candidates, need_n));
-        return (picked.len() == need_n).then_some((picked, 0.0));
+        let (picked, score) = super::mig::choose_placements(inv, state, candidates, need_n)
+            .unwrap_or_else(|| {
+                let picked = pack(state, candidates, need_n);
+                let score = picked.iter().map(|&i| packed_score(&inv.devices[i])).sum();
+                (picked, score)
+            });
+        return (picked.len() == need_n).then_some((picked, score));
     }
     let (catalog, node, used, whole) = core_node(inv, state);
     let pos = |i: usize| whole.iter().position(|&w| w == i);
@@ -257,6 +267,16 @@ pub fn choose(
     picked.dedup();
     // A policy answer outside the usable set would break the allocator's checks.
     (picked.len() == need_n).then_some((picked, scored.score))
+}
+
+/// A packed pick's score: the tier of a MIG device of ours (an instance exists
+/// once it has a `uuid`), as [`super::mig`] scores it, without the layout it
+/// cannot read; 0 for other drivers' devices.
+fn packed_score(d: &NodeDevice) -> f64 {
+    let ours_to_create = d.key.driver == DRIVER
+        && d.attributes.get("type") == Some(&AttrValue::String("mig".into()))
+        && !d.attributes.contains_key("uuid");
+    if ours_to_create { -TIER_SCORE } else { 0.0 }
 }
 
 /// Packing for devices the core does not model: least counter room left first,

@@ -15,7 +15,7 @@
 //! hold, and the placement is ranked as the core ranks an explicit MIG profile
 //! on the device-plugin path (`tessera_core::fit::mig_layout`): a free instance
 //! that already exists first; else one to create on the GPU and at the start
-//! that strand the least free compute (`usable_compute`), on the GPU with least
+//! that strand the least free compute ([`leftover`]), on the GPU with least
 //! free compute left (a GPU already partly used before an untouched one), then
 //! the start that keeps the largest instance possible, then the lowest start
 //! (`best_start`'s order). Where the core would let the policy break a tie
@@ -26,11 +26,40 @@
 //! know, a profile or start outside its table, counters that disagree with the
 //! table, MIG instances published without counters) makes the caller fall back
 //! to counter packing for that request: the layout of its GPU is then unknown.
+//!
+//! Between nodes the same rank decides, through the score each pick adds to
+//! the node's allocation (`score`); the node with the highest sum over the
+//! pod's claims wins ([`super::place`]). A pick is worth
+//!
+//! ```text
+//! score = −(tier · TIER_SCORE + (stranded + free / (C + 1)) · 1000 / C)
+//! tier  = 0 for a free instance that exists, 1 for one to create
+//! ```
+//!
+//! with `stranded` and `free` the compute slices the core's
+//! [`leftover`] leaves on the pick's GPU and `C` the GPU's compute slices.
+//! The tier is weighed as the device-plugin path weighs it
+//! ([`tessera_core::fit::mig_layout::hard_rank_penalty`]: reuse, then create
+//! on a GPU in MIG mode, one [`TIER_SCORE`] apart), so an existing instance on
+//! any node beats a creation on every other, whatever the policy says of the
+//! pod's other claims. Within a tier the device-plugin path leaves nodes to
+//! the policy, which sees a MIG ask as 0 milli-GPU and cannot tell layouts
+//! apart; here the layout orders nodes as it orders GPUs. It is in milli-GPU
+//! of the GPU's compute, the unit of Tessera's default policy's fragment
+//! score: the compute the layout strands is fragment, and the free compute
+//! left, at less than a slice in all, only orders GPUs that strand alike (a
+//! partly used GPU before an untouched one). So the score orders placements
+//! as the rank does, and a pod whose claims mix MIG placements with whole
+//! GPUs or shares sums one number per node: the MIG tiers first, then the
+//! layout and the policy's scores of the other picks on a common milli-GPU
+//! scale (other policies score on smaller scales, where the layout weighs
+//! more). The score never refuses a node: a claim that fits on one node only
+//! goes there.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
-use tessera_core::fit::mig_layout::{Held, usable_compute};
+use tessera_core::fit::mig_layout::{Held, TIER_SCORE, leftover};
 use tessera_core::model::{Catalog, MigGeometry};
 
 use super::DRIVER;
@@ -137,33 +166,41 @@ fn with(mut held: Held, geo: &MigGeometry, p: &Placement) -> Held {
 /// free compute, free compute left, largest instance still possible, start.
 type Rank = (u8, u8, u8, Reverse<u8>, u8, i64);
 
-fn rank(geo: &MigGeometry, held: Held, p: &Placement) -> Rank {
+/// `None` when `p` does not fit on `held` (the caller filters those first).
+fn rank(geo: &MigGeometry, held: Held, p: &Placement) -> Option<Rank> {
     if p.exists {
-        return (0, 0, 0, Reverse(0), p.start, p.parent_index);
+        return Some((0, 0, 0, Reverse(0), p.start, p.parent_index));
     }
-    let after = with(held, geo, p);
-    let free = geo.compute_slices.saturating_sub(after.compute);
-    let (usable, largest) = usable_compute(geo, after);
-    (
+    let l = leftover(geo, held, p.profile, p.start)?;
+    Some((
         1,
-        free - usable.min(free),
-        free,
-        Reverse(largest),
+        l.stranded,
+        l.free,
+        Reverse(l.largest),
         p.start,
         p.parent_index,
-    )
+    ))
+}
+
+/// What a pick of rank `r` adds to its node's score (see the module doc):
+/// higher for every pick the rank puts first, between GPUs and nodes.
+fn score(geo: &MigGeometry, r: &Rank) -> f64 {
+    let slices = f64::from(geo.compute_slices.max(1));
+    let (tier, stranded, free) = (f64::from(r.0), f64::from(r.1), f64::from(r.2));
+    -(tier * TIER_SCORE + (stranded + free / (slices + 1.0)) * 1000.0 / slices)
 }
 
 /// Picks up to `need` of `candidates` (feasible by the counters), one at a
-/// time, each the best-ranked placement given the layouts so far. `None` when
-/// a candidate, or a held placement on a candidate's GPU, does not map: the
-/// caller packs instead. Fewer than `need` when the picks would overlap.
+/// time, each the best-ranked placement given the layouts so far, and the sum
+/// of the picks' `score`s. `None` when a candidate, or a held placement on a
+/// candidate's GPU, does not map: the caller packs instead. Fewer than `need`
+/// when the picks would overlap.
 pub fn choose_placements(
     inv: &NodeInventory,
     state: &dyn UseOf,
     candidates: &[usize],
     need: usize,
-) -> Option<Vec<usize>> {
+) -> Option<(Vec<usize>, f64)> {
     let catalog = Catalog::default();
     let mut cands: Vec<(usize, Placement)> = Vec::with_capacity(candidates.len());
     for &i in candidates {
@@ -189,6 +226,7 @@ pub fn choose_placements(
         *held = with(*held, geo, &p);
     }
     let mut picked = Vec::with_capacity(need);
+    let mut total = 0.0;
     for _ in 0..need {
         let best = cands
             .iter()
@@ -196,14 +234,18 @@ pub fn choose_placements(
             .filter_map(|(i, p)| {
                 let (geo, held) = layouts.get(&p.gpu)?;
                 held.room_for(geo, p.profile, p.start)?;
-                Some((rank(geo, *held, p), *i, p))
+                Some((rank(geo, *held, p)?, *i, p))
             })
             .min_by_key(|(r, i, _)| (*r, *i));
-        let Some((_, i, p)) = best else { break };
+        let Some((r, i, p)) = best else { break };
         if let Some((geo, held)) = layouts.get_mut(&p.gpu) {
+            total += score(geo, &r);
             *held = with(*held, geo, p);
         }
         picked.push(i);
     }
-    Some(picked)
+    Some((picked, total))
 }
+
+#[cfg(test)]
+mod tests;

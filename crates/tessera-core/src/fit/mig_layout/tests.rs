@@ -118,6 +118,57 @@ fn smallest_covering_profile_and_least_fragmenting_start() {
     assert_eq!(usable_compute(&g, held.with(&g, p1, 4)), (2, 1));
 }
 
+/// The terms a new instance is ranked by, on an A100-80GB (7 compute, 8 memory
+/// slices): what is left free, how much of that the layout strands, and the
+/// largest instance still possible.
+#[test]
+fn leftover_of_a_new_instance() {
+    let g = geo("A100-80GB");
+    let (p1, p3, p4) = (
+        pi(&g, "1g.10gb") as usize,
+        pi(&g, "3g.40gb") as usize,
+        pi(&g, "4g.40gb") as usize,
+    );
+    let lo = |held, p, s| leftover(&g, held, p, s);
+    let empty = Held::default();
+    // A 3g at 4 on an empty GPU: 7 − 3 = 4 free, all usable by the 4g at 0.
+    assert_eq!(
+        lo(empty, p3, 4),
+        Some(Leftover {
+            free: 4,
+            stranded: 0,
+            largest: 4
+        })
+    );
+    // A 3g at 0: 4 free, but slices 4-7 hold at most another 3g: 1 stranded.
+    assert_eq!(
+        lo(empty, p3, 0),
+        Some(Leftover {
+            free: 4,
+            stranded: 1,
+            largest: 3
+        })
+    );
+    // Beside a held 4g at 0 the 3g at 4 fills the GPU exactly.
+    let four = empty.with(&g, p4, 0);
+    assert_eq!(
+        lo(four, p3, 4),
+        Some(Leftover {
+            free: 0,
+            stranded: 0,
+            largest: 0
+        })
+    );
+    // No room: overlapping the held 4g, a start the profile does not allow, an
+    // unknown profile.
+    assert_eq!(lo(four, p3, 0), None);
+    assert_eq!(lo(empty, p3, 2), None);
+    assert_eq!(lo(empty, 99, 0), None);
+    // The same order `best_start` picks by: least stranded first.
+    assert_eq!(best_start(&g, empty, p3), Some(4));
+    assert_eq!(lo(four, p1, 4).map(|l| l.stranded), Some(0));
+}
+
 /// One node of two H100s under `label` for `tessera.io/mig-dynamic`; GPU 0 in
 /// MIG mode with `layout`.
 fn node_cluster(label: Option<&str>, layout: &[&str]) -> Cluster {
