@@ -13,6 +13,10 @@
 //! extender's `preempt` verb for `tessera.io` pods: its dry run counts no
 //! victims for resources it ignores (`ignoredByScheduler`). [`run_for_extender`]
 //! therefore looks for pods of ours that kube-scheduler marked unschedulable.
+//!
+//! Standalone pods whose devices are DRA claims are planned elsewhere
+//! ([`crate::dra::preempt`]: their devices are in the DRA view, not the
+//! ledger) and evicted here, by [`Preemptor::carry_out`], the same way.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,7 +34,7 @@ use crate::events::EventSink;
 use crate::extender::preempt::priority;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
-use crate::mirror::{SharedMirror, may_preempt_for, victims_text};
+use crate::mirror::{Mirror, PreemptionPlan, SharedMirror, may_preempt_for, victims_text};
 
 /// How long a preemptor waits for its victims to leave before planning again.
 pub const PREEMPTION_WAIT: Duration = Duration::from_secs(120);
@@ -137,11 +141,8 @@ impl Preemptor {
             if !m.pod(&uid).is_some_and(|p| m.is_waiting(p)) {
                 return Err("it is no longer waiting (placed, held or gone)".into());
             }
-            if let Some((victims, until)) = self.preempting.get(&uid) {
-                let left = victims.iter().filter(|v| m.pod(v).is_some()).count();
-                if left > 0 && Instant::now() < *until {
-                    return Ok(format!("waiting for {left} preempted pod(s) to leave"));
-                }
+            if let Some(waiting) = still_leaving(&self.preempting, &m, &uid) {
+                return Ok(waiting);
             }
             let catalog = m.cluster().catalog.clone();
             let req = convert::pod_request(pod, &catalog).map_err(|e| e.to_string())?;
@@ -162,6 +163,24 @@ impl Preemptor {
                 )
             })?
         };
+        Ok(self.carry_out(pod, plan).await)
+    }
+
+    /// While the victims evicted for `uid` are leaving (up to
+    /// [`PREEMPTION_WAIT`]), the sentence saying so: no new plan is made
+    /// meanwhile. `m`: the mirror, locked by the caller.
+    pub fn waiting_for_victims(&self, m: &Mirror, uid: &str) -> Option<String> {
+        still_leaving(&self.preempting, m, uid)
+    }
+
+    /// Evicts `plan`'s victims for `pod` and remembers them (the pod then
+    /// waits for them, see [`Preemptor::waiting_for_victims`]), with its
+    /// events and metrics; returns the sentence for the pod's event. Plans
+    /// come from [`Mirror::preemption`] or, for pods whose devices are DRA
+    /// claims, from [`crate::dra::preempt`]; the caller checked leadership
+    /// and that the budgets are listed.
+    pub async fn carry_out(&mut self, pod: &Pod, plan: PreemptionPlan) -> String {
+        let uid = convert::pod_uid(pod).to_string();
         let client = self.client.clone();
         let mut evicted = Vec::new();
         let mut refused = Vec::new();
@@ -242,8 +261,21 @@ impl Preemptor {
             sentence.push_str(&format!("; the API refused {}", refused.join("; ")));
         }
         self.record(pod, "Preempting", sentence.clone());
-        Ok(sentence)
+        sentence
     }
+}
+
+/// [`Preemptor::waiting_for_victims`] on the map itself (read while another
+/// field of the preemptor is borrowed).
+fn still_leaving(
+    preempting: &HashMap<String, (Vec<String>, Instant)>,
+    m: &Mirror,
+    uid: &str,
+) -> Option<String> {
+    let (victims, until) = preempting.get(uid)?;
+    let left = victims.iter().filter(|v| m.pod(v).is_some()).count();
+    (left > 0 && Instant::now() < *until)
+        .then(|| format!("waiting for {left} preempted pod(s) to leave"))
 }
 
 /// Most pods tried per round in extender mode (each try may plan on a copy of the ledger).

@@ -753,3 +753,516 @@ async fn the_views_problems_are_counted_in_metrics() {
         [("node-a".to_string(), "gpu-0".to_string())]
     );
 }
+
+// ---- gangs with claims ----
+
+/// PodGroup `name` in [`NS`] with `min` members, as the mirror holds it.
+fn gang_group(name: &str, min: i32) -> tessera_api::PodGroup {
+    tessera_api::PodGroup {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            ..Default::default()
+        },
+        spec: tessera_api::PodGroupSpec {
+            min_member: Some(min),
+            schedule_timeout_seconds: None,
+        },
+    }
+}
+
+/// `pod` labelled as a member of gang `gang`.
+fn in_gang(mut pod: Value, gang: &str) -> Value {
+    pod["metadata"]["labels"] = json!({"scheduling.x-k8s.io/pod-group": gang});
+    pod
+}
+
+/// Creates claim `claim` (one GPU) and pod `name` of gang `gang` using it;
+/// returns the pod's uid.
+fn claim_member(server: &ApiServer, gang: &str, name: &str, claim_name: &str) -> String {
+    server
+        .create(
+            Resource::Claims,
+            &claim(NS, claim_name, "gpu.tessera.io", 1),
+        )
+        .unwrap();
+    let p = server
+        .create(
+            Resource::Pods,
+            &in_gang(pod_with_claims(NS, name, &[("gpu", Ok(claim_name))]), gang),
+        )
+        .unwrap();
+    p["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+/// A Ready DRA node `name` with `gpus` GPUs appears, in the server, the
+/// mirror and the view.
+fn add_dra_node(l: &Loop, name: &str, gpus: u32) {
+    l.server.create(Resource::Nodes, &node(name)).unwrap();
+    l.server
+        .create(Resource::Slices, &slice(name, gpus))
+        .unwrap();
+    l.mirror
+        .lock()
+        .upsert_node(serde_json::from_value(node(name)).unwrap());
+    refresh(&l.server, &l.view);
+}
+
+/// Whether the claim write of `claim` came before `pod`'s Binding.
+fn written_before_binding(server: &ApiServer, claim: &str, pod: &str) -> bool {
+    let writes = server.writes();
+    let claim_at = writes
+        .iter()
+        .position(|w| w.resource == "resourceclaims" && w.name == claim && w.status == 200);
+    let bind_at = writes
+        .iter()
+        .position(|w| w.subresource == "binding" && w.name == pod && w.status == 201);
+    claim_at.is_some() && bind_at.is_some() && claim_at < bind_at
+}
+
+/// A gang of two, each with a one-GPU claim, on one free GPU: the first
+/// member's allocation is decided, the second's does not fit, and the first
+/// is undone (no claim allocated, nothing assumed or held) and both wait with
+/// the gang's event. A second GPU appears: both are bound, with distinct
+/// devices, though the view never showed the first member's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_with_claims_is_allocated_whole_or_not_at_all() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 1)]);
+    let uids: Vec<String> = (0..2)
+        .map(|i| claim_member(&server, "train", &format!("train-{i}"), &format!("c{i}")))
+        .collect();
+    let mut l = standalone_loop(server);
+    l.mirror
+        .lock()
+        .replace_pod_groups(vec![gang_group("train", 2)]);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    for (i, uid) in uids.iter().enumerate() {
+        assert_eq!(bound_to(&l.server, &format!("train-{i}")), None);
+        let c = get(&l.server, Resource::Claims, &format!("c{i}"));
+        assert!(devices(&c).is_empty(), "{c}");
+        assert!(reserved_uids(&c).is_empty(), "{c}");
+        assert!(l.mirror.lock().held(uid).is_none(), "train-{i} held");
+        let said = notes(&l.server, &format!("train-{i}"));
+        assert!(
+            said.iter()
+                .any(|n| n.contains("gang ml/train does not fit")
+                    && n.contains("1 of the 2 members")),
+            "train-{i}: {said:?}"
+        );
+    }
+    assert_eq!(
+        l.view.lock().assumed(),
+        0,
+        "the undone allocation is dropped"
+    );
+    // A second GPU, on a new node.
+    add_dra_node(&l, "node-b", 1);
+    // Past the members' first backoff (1 s).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let mut got = Vec::new();
+    for (i, uid) in uids.iter().enumerate() {
+        let pod = format!("train-{i}");
+        let c = get(&l.server, Resource::Claims, &format!("c{i}"));
+        let d = devices(&c);
+        assert_eq!(d.len(), 1, "{c}");
+        assert_eq!(bound_to(&l.server, &pod).as_deref(), Some(d[0].0.as_str()));
+        assert_eq!(&reserved_uids(&c), std::slice::from_ref(uid));
+        got.push(d[0].clone());
+    }
+    assert_ne!(got[0], got[1], "one device given twice: {got:?}");
+}
+
+/// A gang of two on two free GPUs of one node, the view never showing the
+/// writes: both are bound, with distinct devices (the second member saw the
+/// first's assumed allocation), each claim written before its Binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_with_claims_gets_distinct_devices_written_before_binding() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2)]);
+    let uids: Vec<String> = (0..2)
+        .map(|i| claim_member(&server, "pair", &format!("pair-{i}"), &format!("c{i}")))
+        .collect();
+    let mut l = standalone_loop(server);
+    l.mirror
+        .lock()
+        .replace_pod_groups(vec![gang_group("pair", 2)]);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let mut got = Vec::new();
+    for (i, uid) in uids.iter().enumerate() {
+        let (pod, claim) = (format!("pair-{i}"), format!("c{i}"));
+        assert_eq!(bound_to(&l.server, &pod).as_deref(), Some("node-a"));
+        let c = get(&l.server, Resource::Claims, &claim);
+        assert_eq!(devices(&c).len(), 1, "{c}");
+        assert_eq!(&reserved_uids(&c), std::slice::from_ref(uid));
+        assert!(
+            written_before_binding(&l.server, &claim, &pod),
+            "{claim} before {pod}'s Binding: {:?}",
+            l.server.writes()
+        );
+        got.extend(devices(&c));
+    }
+    assert_ne!(got[0], got[1], "one device given twice: {got:?}");
+}
+
+/// A mixed gang: one member asks a `tessera.io/gpu` (device-plugin node
+/// `gpu-node-0`), one a claim (DRA nodes). While the only DRA GPU is
+/// someone else's, the claim member does not fit and the GPU member's hold is
+/// given back: neither is bound. A DRA node arrives: both are bound, each on
+/// its kind of node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_gang_is_placed_whole_or_not_at_all() {
+    use apiserver::cluster::{Shape, add_gpu_nodes, pod};
+    let server = ApiServer::new(Config::default());
+    add_gpu_nodes(&server, 1, 1);
+    cluster(&server, &[("node-a", 1)]);
+    let mut held = claim(NS, "held", "gpu.tessera.io", 1);
+    held["status"] = json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "other", "uid": "uid-other"}]});
+    server.create(Resource::Claims, &held).unwrap();
+    let plain = server
+        .create(
+            Resource::Pods,
+            &in_gang(
+                pod(NS, "mix-gpu", "tessera", Shape::Whole(1), 1000, 1024, 0),
+                "mix",
+            ),
+        )
+        .unwrap();
+    let plain_uid = plain["metadata"]["uid"].as_str().unwrap().to_string();
+    let claimer_uid = claim_member(&server, "mix", "mix-claim", "c1");
+    let inventories: Vec<tessera_api::GpuNode> = server.objects(Resource::GpuNodes);
+    let mut l = standalone_loop(server);
+    {
+        let mut m = l.mirror.lock();
+        for gn in inventories {
+            m.upsert_inventory(gn);
+        }
+        m.replace_pod_groups(vec![gang_group("mix", 2)]);
+    }
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    for (pod, uid) in [("mix-gpu", &plain_uid), ("mix-claim", &claimer_uid)] {
+        assert_eq!(bound_to(&l.server, pod), None, "{pod}");
+        assert!(l.mirror.lock().held(uid).is_none(), "{pod} held");
+        let said = notes(&l.server, pod);
+        assert!(
+            said.iter().any(|n| n.contains("gang ml/mix does not fit")
+                && n.contains("member ml/mix-claim does not fit")),
+            "{pod}: {said:?}"
+        );
+    }
+    assert!(devices(&get(&l.server, Resource::Claims, "c1")).is_empty());
+    add_dra_node(&l, "node-b", 1);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(
+        bound_to(&l.server, "mix-gpu").as_deref(),
+        Some("gpu-node-0")
+    );
+    assert_eq!(bound_to(&l.server, "mix-claim").as_deref(), Some("node-b"));
+    let c1 = get(&l.server, Resource::Claims, "c1");
+    assert_eq!(devices(&c1), [("node-b".to_string(), "gpu-0".to_string())]);
+    assert_eq!(reserved_uids(&c1), [claimer_uid]);
+    assert!(written_before_binding(&l.server, "c1", "mix-claim"));
+}
+
+/// Without `--dra`, a gang member with claims is refused with the single
+/// pod's sentence, and its gang waits: nothing is bound or allocated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_dra_a_gang_with_claims_waits_saying_why() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 4)]);
+    for i in 0..2 {
+        claim_member(&server, "off", &format!("off-{i}"), &format!("c{i}"));
+    }
+    let mut l = standalone_loop(server);
+    l.standalone = l.standalone.with_dra(Dra::Off);
+    l.mirror
+        .lock()
+        .replace_pod_groups(vec![gang_group("off", 2)]);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    for i in 0..2 {
+        let pod = format!("off-{i}");
+        assert_eq!(bound_to(&l.server, &pod), None);
+        assert!(devices(&get(&l.server, Resource::Claims, &format!("c{i}"))).is_empty());
+        let said = notes(&l.server, &pod);
+        assert!(
+            said.iter().any(|n| n.contains("gang ml/off does not fit")
+                && n.contains("allocates them only when run with --dra")),
+            "{pod}: {said:?}"
+        );
+    }
+}
+
+// ---- preemption ----
+
+/// The eviction requests a client sent: path and JSON body.
+type Evictions = Arc<std::sync::Mutex<Vec<(String, Value)>>>;
+
+/// A client of `server` that keeps every eviction's body (the double's
+/// write log has none) before passing the request on unchanged.
+fn recording_client(server: &ApiServer) -> (kube::Client, Evictions) {
+    let (inner, _session) = server.service();
+    let seen: Evictions = Arc::default();
+    let log = seen.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let mut inner = inner.clone();
+        let log = log.clone();
+        async move {
+            if !req.uri().path().ends_with("/eviction") {
+                return tower::Service::call(&mut inner, req).await;
+            }
+            let (parts, body) = req.into_parts();
+            let bytes = http_body_util::BodyExt::collect(body)
+                .await
+                .map(|b| b.to_bytes().to_vec())
+                .unwrap_or_default();
+            let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            log.lock()
+                .unwrap()
+                .push((parts.uri.path().to_string(), json));
+            let req = http::Request::from_parts(parts, kube::client::Body::from(bytes));
+            tower::Service::call(&mut inner, req).await
+        }
+    });
+    (kube::Client::new(service, "default"), seen)
+}
+
+/// [`standalone_loop`] whose client records evictions, with the
+/// PodDisruptionBudgets `pdbs` listed in the mirror (`None`: not listed yet).
+fn preempting_loop(
+    server: ApiServer,
+    pdbs: Option<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
+) -> (Loop, Evictions) {
+    let nodes: Vec<Node> = server.objects(Resource::Nodes);
+    let pods: Vec<Pod> = server.objects(Resource::Pods);
+    let policy = policy::by_name("binpack", &PolicyArgs::default()).unwrap();
+    let mut m = Mirror::from_objects(policy, KEY.to_vec(), nodes, vec![], pods);
+    if let Some(pdbs) = pdbs {
+        m.replace_pdbs(pdbs);
+    }
+    let mirror = SharedMirror::new(m);
+    let view = SharedDraView::new();
+    refresh(&server, &view);
+    let (client, evictions) = recording_client(&server);
+    let leader = Leadership::always();
+    let standalone = Standalone::new(
+        "tessera".into(),
+        mirror.clone(),
+        Binder::new(client.clone(), mirror.clone(), leader.clone()),
+        leader,
+        Arc::new(Metrics::new()),
+        Some(kube::runtime::events::Recorder::new(
+            client,
+            kube::runtime::events::Reporter::from("tessera"),
+        )),
+        Default::default(),
+    )
+    .with_dra(Dra::On(view.clone()));
+    let l = Loop {
+        server,
+        view,
+        mirror,
+        standalone,
+    };
+    (l, evictions)
+}
+
+/// Pod `name` of `priority`, bound to node-a and running for an hour (the
+/// kubelet's status), its claim `name`-gpu allocated node-a's gpu-0 and
+/// reserved for it (what Tessera wrote when it placed it); its UID.
+async fn running_on_node_a(server: &ApiServer, name: &str, priority: i32) -> String {
+    let mut p = pod_with_claims(NS, name, &[("gpu", Ok(&format!("{name}-gpu")))]);
+    p["spec"]["priority"] = json!(priority);
+    p["spec"]["nodeName"] = json!("node-a");
+    p["metadata"]["labels"] = json!({"app": name});
+    let uid = server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    let (client, _s) = server.client();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client, NS);
+    pods.patch_status(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"phase": "Running",
+            "startTime": hour_ago.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}})),
+    )
+    .await
+    .unwrap();
+    let mut c = claim(NS, &format!("{name}-gpu"), "gpu.tessera.io", 1);
+    c["status"] = json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]});
+    server.create(Resource::Claims, &c).unwrap();
+    uid
+}
+
+/// Pod `name` of `priority` asking one GPU through its claim `name`-gpu; its UID.
+fn waiting_for_one_gpu(server: &ApiServer, name: &str, priority: i32) -> String {
+    server
+        .create(
+            Resource::Claims,
+            &claim(NS, &format!("{name}-gpu"), "gpu.tessera.io", 1),
+        )
+        .unwrap();
+    let mut p = pod_with_claims(NS, name, &[("gpu", Ok(&format!("{name}-gpu")))]);
+    p["spec"]["priority"] = json!(priority);
+    server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn eviction_writes(server: &ApiServer) -> Vec<(String, u16)> {
+    server
+        .writes()
+        .into_iter()
+        .filter(|w| w.subresource == "eviction")
+        .map(|w| (w.name, w.status))
+        .collect()
+}
+
+/// A one-GPU node whose GPU a low-priority pod's claim holds; a
+/// high-priority pod's one-GPU claim fits nowhere. The low pod is evicted
+/// (eviction API, its UID as precondition) and both pods' events say so; a
+/// later pass waits for it instead of evicting again. The test then does what
+/// the kubelet and the resourceclaim controller would (the double runs
+/// neither): the pod goes, and its claim, reserved for nobody, loses its
+/// allocation. The high pod's claim then gets the GPU and the pod is bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_pod_evicts_the_claim_holder_and_then_runs() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 1)]);
+    let low = running_on_node_a(&server, "low", 0).await;
+    let high = waiting_for_one_gpu(&server, "high", 1000);
+    let (mut l, evictions) = preempting_loop(server, Some(vec![]));
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let sent = evictions.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].0, "/api/v1/namespaces/ml/pods/low/eviction");
+    assert_eq!(sent[0].1["kind"], "Eviction", "{:?}", sent[0].1);
+    assert_eq!(
+        sent[0].1["deleteOptions"]["preconditions"]["uid"],
+        json!(low)
+    );
+    assert_eq!(eviction_writes(&l.server), [("low".to_string(), 201)]);
+    let evicted = get(&l.server, Resource::Pods, "low");
+    assert!(
+        evicted.pointer("/metadata/deletionTimestamp").is_some(),
+        "a bound pod terminates gracefully: {evicted}"
+    );
+    assert_eq!(
+        bound_to(&l.server, "high"),
+        None,
+        "not before the victim is gone"
+    );
+    assert!(devices(&get(&l.server, Resource::Claims, "high-gpu")).is_empty());
+    let said = notes(&l.server, "high");
+    assert!(
+        said.iter()
+            .any(|n| n.contains("preempting lower-priority pods on node node-a: evicted ml/low")),
+        "{said:?}"
+    );
+    assert!(
+        notes(&l.server, "low")
+            .iter()
+            .any(|n| n.contains("evicted by Tessera for ml/high")),
+        "{:?}",
+        notes(&l.server, "low")
+    );
+    // The watch shows the victim terminating; past the backoff, the next
+    // pass waits for it rather than evicting again.
+    l.mirror
+        .lock()
+        .upsert_pod(serde_json::from_value(evicted).unwrap());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(
+        evictions.lock().unwrap().len(),
+        1,
+        "one eviction, not one per pass"
+    );
+    // The kubelet: the pod is gone. The resourceclaim controller: the claim
+    // is reserved for nobody, so its allocation is removed.
+    let (client, _s) = l.server.client();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), NS);
+    pods.delete("low", &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let claims: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client, NS, &tessera_k8s::dra::write::claims_resource());
+    claims
+        .patch_status(
+            "low-gpu",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"reservedFor": null, "allocation": null}})),
+        )
+        .await
+        .unwrap();
+    l.mirror.lock().remove_pod(&low);
+    refresh(&l.server, &l.view);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(bound_to(&l.server, "high").as_deref(), Some("node-a"));
+    let c = get(&l.server, Resource::Claims, "high-gpu");
+    assert_eq!(devices(&c), [("node-a".to_string(), "gpu-0".to_string())]);
+    assert_eq!(reserved_uids(&c), [high]);
+    assert_eq!(evictions.lock().unwrap().len(), 1);
+}
+
+/// Nothing is evicted for a pod of the same priority as the holder, nor
+/// when the holder's PodDisruptionBudget allows no disruption, nor before
+/// the budgets are listed: the pod waits with the claims' sentence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_eviction_for_equal_priority_a_closed_budget_or_unlisted_budgets() {
+    let closed = serde_json::from_value(json!({
+        "metadata": {"name": "guard-low", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "low"}}},
+        "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
+            "expectedPods": 1}}))
+    .unwrap();
+    let cases = [
+        ("equal priority", 1000, Some(vec![])),
+        ("a budget allowing none", 0, Some(vec![closed])),
+        ("budgets not listed", 0, None),
+    ];
+    for (case, low_priority, pdbs) in cases {
+        let server = ApiServer::new(Config::default());
+        cluster(&server, &[("node-a", 1)]);
+        running_on_node_a(&server, "low", low_priority).await;
+        waiting_for_one_gpu(&server, "high", 1000);
+        let (mut l, evictions) = preempting_loop(server, pdbs);
+        l.standalone.pass().await;
+        l.standalone.flush().await;
+        assert!(evictions.lock().unwrap().is_empty(), "{case}");
+        assert!(eviction_writes(&l.server).is_empty(), "{case}");
+        assert_eq!(bound_to(&l.server, "high"), None, "{case}");
+        let said = notes(&l.server, "high");
+        assert!(
+            said.iter()
+                .any(|n| n.contains("0/1 nodes can take the pod's ResourceClaims")),
+            "{case}: {said:?}"
+        );
+        assert!(
+            !said.iter().any(|n| n.contains("preempting")),
+            "{case}: {said:?}"
+        );
+    }
+}

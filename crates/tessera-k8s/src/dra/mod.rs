@@ -37,6 +37,7 @@ pub mod mig;
 pub mod overlay;
 pub mod place;
 pub mod pod;
+pub mod preempt;
 pub mod quantity;
 pub mod quota;
 pub mod types;

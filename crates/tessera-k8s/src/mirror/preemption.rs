@@ -118,19 +118,48 @@ impl Mirror {
         }
     }
 
-    /// The budget covering `pod` (the first of its namespace whose selector matches).
-    fn budget_of(&self, pod: &Pod) -> Option<(BudgetId, u32)> {
+    /// The budget covering `pod` (the first of its namespace whose selector
+    /// matches): its index, `namespace/name` and entry.
+    fn covering(&self, pod: &Pod) -> Option<(usize, &String, &Pdb)> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let empty = BTreeMap::new();
         let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
         self.disruption
             .pdbs
-            .values()
+            .iter()
             .enumerate()
-            .find(|(_, b)| {
+            .find(|(_, (_, b))| {
                 b.namespace == ns && b.selector.as_ref().is_none_or(|s| s.matches(labels))
             })
-            .map(|(i, b)| (BudgetId(i as u32), b.allowed))
+            .map(|(i, (k, b))| (i, k, b))
+    }
+
+    /// The budget covering `pod` and the disruptions it allows.
+    fn budget_of(&self, pod: &Pod) -> Option<(BudgetId, u32)> {
+        self.covering(pod)
+            .map(|(i, _, b)| (BudgetId(i as u32), b.allowed))
+    }
+
+    /// Whether the PodDisruptionBudgets are listed: nothing is planned before.
+    pub fn budgets_listed(&self) -> bool {
+        self.disruption.synced
+    }
+
+    /// `pod`'s queue as the preemption rules read it: its name, empty when
+    /// it is in none (or its queue does not resolve: it then counts as in
+    /// none, as in [`Mirror::preemption`]). For planners outside the ledger
+    /// ([`crate::dra::preempt`]: devices held through DRA claims).
+    pub fn preemption_queue(&self, pod: &Pod) -> String {
+        match (&self.queues.tree, self.queues.queue_of(pod)) {
+            (Some(t), Ok(Some(q))) => t.spec(q).name.clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// The PodDisruptionBudget covering `pod` (`namespace/name`) and the
+    /// disruptions it allows now, for the same planners.
+    pub fn disruption_budget(&self, pod: &Pod) -> Option<(String, u32)> {
+        self.covering(pod).map(|(_, k, b)| (k.clone(), b.allowed))
     }
 
     /// Victims whose eviction lets `pod` (asking `req`) run, if Tessera may

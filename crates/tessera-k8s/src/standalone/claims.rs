@@ -31,8 +31,17 @@
 //! only reserves or binds (which is also how a restarted scheduler finishes a
 //! pod whose claims it wrote before it died).
 //!
-//! Not done here: preemption for such pods, gang members with claims (refused
-//! with a reason), and pods asking both `tessera.io/*` resources and claims.
+//! Gang members with claims are decided by [`decide_dra_locked`] too, all
+//! the gang under both locks ([`super::gang`]): each member sees what the
+//! earlier ones assumed, and a gang that does not fit drops its assumptions
+//! ([`DraDecided::unassume`]) with its holds. Written as single pods are,
+//! one by one, so a member whose write fails is decided again alone.
+//!
+//! A pod whose claims fit on no node may evict lower-priority pods of its
+//! queue that hold claims of our driver (`dra_preempt.rs`); it is then
+//! placed by a later pass, once they are gone.
+//!
+//! Not done here: pods asking both `tessera.io/*` resources and claims.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -58,6 +67,7 @@ use crate::dra::view::{DraView, SharedDraView};
 use crate::dra::write::{
     PodRef, WriteError, Written, allocation_result, write_allocation, write_reservation,
 };
+use crate::metrics::Metrics;
 use crate::mirror::{Mirror, QuotaCheck, Reservation};
 
 /// Whether and how this scheduler allocates claims.
@@ -69,6 +79,29 @@ pub enum Dra {
     /// `--dra` given, but the API server does not serve `resource.k8s.io/v1` (why).
     Unserved(String),
     On(SharedDraView),
+}
+
+impl Dra {
+    /// The view to allocate `pod`'s claims from, or why they are not
+    /// allocated (the event sentence and the metrics reason).
+    pub(super) fn view(&self, pod: &Pod) -> Result<&SharedDraView, (String, String)> {
+        let key = convert::pod_key(pod);
+        match self {
+            Dra::Off => Err((
+                format!(
+                    "pod {key} uses DRA ResourceClaims: this scheduler allocates them only when run with --dra (standalone mode)"
+                ),
+                "dra off".into(),
+            )),
+            Dra::Unserved(reason) => Err((
+                format!(
+                    "pod {key} uses DRA ResourceClaims, but {reason}: Tessera cannot allocate them"
+                ),
+                "dra unserved".into(),
+            )),
+            Dra::On(view) => Ok(view),
+        }
+    }
 }
 
 /// Longest wait for the API's answer to one claim write.
@@ -144,160 +177,169 @@ fn uid_of(c: &ResourceClaim) -> &str {
 
 impl Standalone {
     /// Places (or refuses) a pod with claims: see the module docs.
-    pub(super) fn attempt_dra(&mut self, pod: Pod) {
-        let key = convert::pod_key(&pod);
-        let view = match &self.dra {
-            Dra::Off => {
-                let why = format!(
-                    "pod {key} uses DRA ResourceClaims: this scheduler allocates them only when run with --dra (standalone mode)"
-                );
-                return self.failed(&pod, why, "dra off".into());
-            }
-            Dra::Unserved(reason) => {
-                let why = format!(
-                    "pod {key} uses DRA ResourceClaims, but {reason}: Tessera cannot allocate them"
-                );
-                return self.failed(&pod, why, "dra unserved".into());
-            }
-            Dra::On(view) => view.clone(),
+    pub(super) async fn attempt_dra(&mut self, pod: Pod) {
+        let view = match self.dra.view(&pod) {
+            Ok(view) => view.clone(),
+            Err((why, reason)) => return self.failed(&pod, why, reason),
         };
         match self.decide_dra(&view, &pod) {
-            Err((message, reason)) => self.failed(&pod, message, reason),
-            Ok(d) => {
-                self.preemptor.placed(convert::pod_uid(&pod));
-                let binder = self.binder.clone();
-                self.binds.spawn(async move {
-                    let node = d.node.clone();
-                    let outcome = write_then_bind(&binder, &view, &pod, d).await;
-                    (pod, node, outcome)
-                });
-            }
+            Err((message, reason)) => match self.preempt_dra(&view, &pod, &reason).await {
+                Some(preempting) => self.failed(
+                    &pod,
+                    format!("{message}; {preempting}"),
+                    "preempting".into(),
+                ),
+                None => self.failed(&pod, message, reason),
+            },
+            Ok(d) => self.spawn_dra(view, pod, d),
         }
+    }
+
+    /// Writes a decided pod's claims, then binds it, in the background.
+    pub(super) fn spawn_dra(&mut self, view: SharedDraView, pod: Pod, d: DraDecided) {
+        self.preemptor.placed(convert::pod_uid(&pod));
+        let binder = self.binder.clone();
+        self.binds.spawn(async move {
+            let node = d.node.clone();
+            let outcome = write_then_bind(&binder, &view, &pod, d).await;
+            (pod, node, outcome)
+        });
     }
 
     /// Decides the pod's node and claim allocations, holds its host resources
     /// in the mirror and assumes its allocations in the view, in one critical
     /// section. `Err` carries the event sentence and the metrics reason.
     fn decide_dra(&self, view: &SharedDraView, pod: &Pod) -> Result<DraDecided, (String, String)> {
-        let started = std::time::Instant::now();
-        let key = convert::pod_key(pod);
-        let invalid = |e: String| (e, "invalid request".to_string());
         let mut m = self.mirror.lock();
-        let catalog = m.cluster().catalog.clone();
-        let asks = convert::pod_asks(pod, &catalog);
-        let req = asks.request.map_err(|e| invalid(e.to_string()))?;
-        let host = asks.host.map_err(invalid)?;
-        if req.gpu != GpuAsk::None {
-            return Err(invalid(format!(
-                "pod {key} asks both tessera.io GPUs and DRA ResourceClaims: ask for devices one way"
-            )));
-        }
-        if let Some(why) = unsupported(pod) {
-            return Err((why, "unsupported".to_string()));
-        }
         let mut v = view.lock();
-        let now = Instant::now();
-        v.expire(now);
-        count_claims(&mut m, &mut v);
-        // Counted where a decision needs the view anyway: the problems matter
-        // to pods with claims, and the view is current here.
-        self.metrics.set_dra_problems(v.problems().len());
-        let classes = v.classes();
-        let claims = pod_claims(pod, |ns, n| v.claim(ns, n), &classes).map_err(|e| match e {
-            NotReady::Wait(m) => (m, "waiting for claims".to_string()),
-            NotReady::Refuse(m) => (m, "claims refused".to_string()),
-        })?;
-        let usage = v.usage();
-        let inventories = v.inventories().clone();
-        let (nodes, policy) = m
-            .host_fitting(&req, &host, |facts| node_allows(pod, facts))
-            .map_err(|e| {
-                let reason = e
-                    .ranked()
-                    .first()
-                    .map(|(r, _)| r.to_string())
-                    .unwrap_or_else(|| "no nodes".into());
-                (e.to_string(), reason)
-            })?;
-        let facts: Vec<_> = nodes.iter().map(|(_, f)| f.clone()).collect();
-        let plan = place(
-            &claims,
-            &facts,
-            &inventories,
-            &usage,
-            policy,
-            &Env::new(),
-            &selector_matches,
-        )
-        .map_err(|e| (e.sentence(), "claims do not fit".to_string()))?;
-        self.metrics
-            .observe_decision("standalone", started.elapsed());
-        let ask = claims_milli(
-            &catalog,
-            m.gpu_equivalents(),
-            &inventories,
-            &claims,
-            &plan,
-            &pod_ref(pod).uid,
-        );
-        if let QuotaCheck::Refused(why) = m.quota_with_claims(pod, &req, ask) {
-            return Err((why, "queue quota".to_string()));
-        }
-        let Some(id) = nodes
-            .iter()
-            .find(|(_, f)| f.name == plan.node)
-            .map(|(id, _)| *id)
-        else {
-            return Err((
-                format!("node {} left the candidates", plan.node),
-                "ledger refused".into(),
-            ));
-        };
-        let placement = Placement {
-            node: id,
-            cpu_milli: req.cpu_milli,
-            memory_mib: req.memory_mib,
-            ..Placement::default()
-        };
-        match m.hold(pod, placement, req, host) {
-            Ok(Reservation::Write { .. }) => {}
-            Ok(Reservation::AlreadyBound) => {
-                return Err((format!("pod {key} is bound already"), "bound".into()));
-            }
-            Err(e) => return Err((e.to_string(), "ledger refused".into())),
-        }
-        let who = pod_ref(pod);
-        let mut writes = Vec::new();
-        for (i, c) in claims.iter().enumerate() {
-            match &c.step {
-                Step::Ready => {}
-                Step::Reserve => writes.push(ClaimWrite {
-                    claim: c.claim.clone(),
-                    allocation: None,
-                }),
-                Step::Allocate(_) => {
-                    let Some((_, alloc)) = plan.allocations.iter().find(|(j, _)| *j == i) else {
-                        continue;
-                    };
-                    let result = allocation_result(alloc, uid_of(&c.claim));
-                    v.assume(as_written(&c.claim, &result, &who), now);
-                    writes.push(ClaimWrite {
-                        claim: c.claim.clone(),
-                        allocation: Some(result),
-                    });
-                }
-            }
-        }
-        // Counted in the queue's usage at once, as the mirror's hold counts
-        // a grant: the next decision and the queue report see it.
-        if ask > 0 {
-            m.hold_claims(&who.uid, ask);
-        }
-        Ok(DraDecided {
-            node: plan.node,
-            writes,
-        })
+        decide_dra_locked(&mut m, &mut v, &self.metrics, pod)
     }
+}
+
+/// [`Standalone::decide_dra`] on a mirror and a view the caller has locked,
+/// in that order (a gang decides all its members under both locks, so each
+/// member's decision counts the allocations assumed for the members before it).
+pub(super) fn decide_dra_locked(
+    m: &mut Mirror,
+    v: &mut DraView,
+    metrics: &Metrics,
+    pod: &Pod,
+) -> Result<DraDecided, (String, String)> {
+    let started = std::time::Instant::now();
+    let key = convert::pod_key(pod);
+    let invalid = |e: String| (e, "invalid request".to_string());
+    let catalog = m.cluster().catalog.clone();
+    let asks = convert::pod_asks(pod, &catalog);
+    let req = asks.request.map_err(|e| invalid(e.to_string()))?;
+    let host = asks.host.map_err(invalid)?;
+    if req.gpu != GpuAsk::None {
+        return Err(invalid(format!(
+            "pod {key} asks both tessera.io GPUs and DRA ResourceClaims: ask for devices one way"
+        )));
+    }
+    if let Some(why) = unsupported(pod) {
+        return Err((why, "unsupported".to_string()));
+    }
+    let now = Instant::now();
+    v.expire(now);
+    count_claims(m, v);
+    // Counted where a decision needs the view anyway: the problems matter
+    // to pods with claims, and the view is current here.
+    metrics.set_dra_problems(v.problems().len());
+    let classes = v.classes();
+    let claims = pod_claims(pod, |ns, n| v.claim(ns, n), &classes).map_err(|e| match e {
+        NotReady::Wait(m) => (m, "waiting for claims".to_string()),
+        NotReady::Refuse(m) => (m, "claims refused".to_string()),
+    })?;
+    let usage = v.usage();
+    let inventories = v.inventories().clone();
+    let (nodes, policy) = m
+        .host_fitting(&req, &host, |facts| node_allows(pod, facts))
+        .map_err(|e| {
+            let reason = e
+                .ranked()
+                .first()
+                .map(|(r, _)| r.to_string())
+                .unwrap_or_else(|| "no nodes".into());
+            (e.to_string(), reason)
+        })?;
+    let facts: Vec<_> = nodes.iter().map(|(_, f)| f.clone()).collect();
+    let plan = place(
+        &claims,
+        &facts,
+        &inventories,
+        &usage,
+        policy,
+        &Env::new(),
+        &selector_matches,
+    )
+    .map_err(|e| (e.sentence(), "claims do not fit".to_string()))?;
+    metrics.observe_decision("standalone", started.elapsed());
+    let ask = claims_milli(
+        &catalog,
+        m.gpu_equivalents(),
+        &inventories,
+        &claims,
+        &plan,
+        &pod_ref(pod).uid,
+    );
+    if let QuotaCheck::Refused(why) = m.quota_with_claims(pod, &req, ask) {
+        return Err((why, "queue quota".to_string()));
+    }
+    let Some(id) = nodes
+        .iter()
+        .find(|(_, f)| f.name == plan.node)
+        .map(|(id, _)| *id)
+    else {
+        return Err((
+            format!("node {} left the candidates", plan.node),
+            "ledger refused".into(),
+        ));
+    };
+    let placement = Placement {
+        node: id,
+        cpu_milli: req.cpu_milli,
+        memory_mib: req.memory_mib,
+        ..Placement::default()
+    };
+    match m.hold(pod, placement, req, host) {
+        Ok(Reservation::Write { .. }) => {}
+        Ok(Reservation::AlreadyBound) => {
+            return Err((format!("pod {key} is bound already"), "bound".into()));
+        }
+        Err(e) => return Err((e.to_string(), "ledger refused".into())),
+    }
+    let who = pod_ref(pod);
+    let mut writes = Vec::new();
+    for (i, c) in claims.iter().enumerate() {
+        match &c.step {
+            Step::Ready => {}
+            Step::Reserve => writes.push(ClaimWrite {
+                claim: c.claim.clone(),
+                allocation: None,
+            }),
+            Step::Allocate(_) => {
+                let Some((_, alloc)) = plan.allocations.iter().find(|(j, _)| *j == i) else {
+                    continue;
+                };
+                let result = allocation_result(alloc, uid_of(&c.claim));
+                v.assume(as_written(&c.claim, &result, &who), now);
+                writes.push(ClaimWrite {
+                    claim: c.claim.clone(),
+                    allocation: Some(result),
+                });
+            }
+        }
+    }
+    // Counted in the queue's usage at once, as the mirror's hold counts
+    // a grant: the next decision and the queue report see it.
+    if ask > 0 {
+        m.hold_claims(&who.uid, ask);
+    }
+    Ok(DraDecided {
+        node: plan.node,
+        writes,
+    })
 }
 
 /// Tells the mirror what the allocated claims hold, per pod, so queues count
@@ -348,11 +390,25 @@ fn claims_milli(
     new + held
 }
 
-/// Drops what was assumed for `writes` (none of them was written).
-fn abandon(view: &SharedDraView, writes: &[ClaimWrite]) {
-    let mut v = view.lock();
+/// Drops what was assumed for `writes` (none of them was written). Exact:
+/// a claim is assumed only when the view showed it unallocated, so no earlier
+/// assumption of the same claim is dropped with it.
+fn unassume(v: &mut DraView, writes: &[ClaimWrite]) {
     for w in writes.iter().filter(|w| w.allocation.is_some()) {
         v.forget(uid_of(&w.claim));
+    }
+}
+
+fn abandon(view: &SharedDraView, writes: &[ClaimWrite]) {
+    unassume(&mut view.lock(), writes);
+}
+
+impl DraDecided {
+    /// Drops the allocations deciding assumed in the view, none of them
+    /// written (a gang that does not fit undoes its members so, with their
+    /// holds in the mirror).
+    pub(super) fn unassume(&self, v: &mut DraView) {
+        unassume(v, &self.writes);
     }
 }
 

@@ -46,6 +46,7 @@ pub use crate::preemptor::DEFAULT_MIN_RUNTIME;
 use crate::preemptor::Preemptor;
 
 pub mod claims;
+mod dra_preempt;
 mod eligible;
 mod gang;
 
@@ -98,10 +99,12 @@ fn decide_locked(
         return Err((why, "unsupported".to_string()));
     }
     if crate::dra::pod::uses_claims(pod) {
-        // Pods with claims outside gangs go through `claims` instead.
+        // Pods with claims, in gangs or not, are decided by
+        // `claims::decide_dra_locked`; placed from here, they would be bound
+        // with their claims unallocated.
         return Err((
             format!(
-                "pod {} uses DRA ResourceClaims: gang members with claims are not placed yet",
+                "pod {} uses DRA ResourceClaims: it is placed only once its claims are allocated",
                 convert::pod_key(pod)
             ),
             "unsupported".to_string(),
@@ -373,7 +376,7 @@ impl Standalone {
                 continue;
             }
             if crate::dra::pod::uses_claims(&pod) && gang_of(&pod).is_none() {
-                self.attempt_dra(pod);
+                self.attempt_dra(pod).await;
                 continue;
             }
             if let Some(g) = gang_of(&pod) {

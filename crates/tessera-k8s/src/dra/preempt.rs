@@ -1,0 +1,570 @@
+//! Which pods to evict so that a pod whose DRA claims fit nowhere fits
+//! somewhere (standalone mode, `--dra`). Pure: the pod's claims, the
+//! candidate nodes, the inventories, what claims hold now and, per node, the
+//! pods that may be evicted in; the node and its victims out, or `None`.
+//!
+//! Shaped as kube-scheduler's DefaultPreemption (`SelectVictimsOnNode`), with
+//! [`place`] as the fit check, so "fits" means exactly what the normal pass
+//! will find once the victims are gone:
+//! 1. on each node, every candidate of strictly lower priority is taken out
+//!    and the pod is checked to fit; if it does not, the node is out;
+//! 2. the victims are then reprieved one by one, each kept out of the plan if
+//!    the pod still fits without evicting it: first those whose
+//!    PodDisruptionBudget the plan would overdraw, then the others, each group
+//!    from the most important down (higher priority, then earlier start);
+//! 3. a plan that still evicts more pods of a budget than it allows is
+//!    dropped (kube-scheduler only prefers fewer violations; Tessera's
+//!    device-plugin path never violates one, and neither does this).
+//!
+//! What a victim frees is what its claims hold, counted only for a claim
+//! whose every consumer (`reservedFor`, pods or not) is a victim: a claim
+//! shared with a pod that stays, or reserved for something that is not a pod,
+//! stays allocated. A claim the preemptor itself uses is never counted freed.
+//!
+//! Among nodes with a plan (kube-scheduler's `pickOneNodeForPreemption`
+//! order, its budget-violation step being always 0 here): the lowest highest
+//! victim priority; then the fewest victims; then the lowest sum of victim
+//! priorities; then the latest earliest start among the victims (the least
+//! run time lost); then the node whose name sorts first. Equal inputs give
+//! equal plans.
+//!
+//! Only preemption by priority: reclaim of borrowed quota across queues
+//! (which the device-plugin path also does) is not done for claims; the
+//! caller offers only candidates of the preemptor's own queue.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tessera_core::policy::Policy;
+
+use super::cel::Env;
+use super::inventory::{NodeInventory, Usage};
+use super::place::{SelectorCheck, place};
+use super::pod::PodClaim;
+use crate::convert::NodeFacts;
+
+/// An allocated claim a candidate holds.
+#[derive(Debug, Clone)]
+pub struct HeldClaim {
+    pub uid: String,
+    /// The UIDs in its `reservedFor`, every kind of consumer.
+    pub consumers: Vec<String>,
+    /// What its allocation holds ([`Usage::of_claims`] of the claim alone).
+    pub usage: Usage,
+}
+
+/// A pod that may be evicted for the preemptor.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// Its UID.
+    pub id: String,
+    pub priority: i32,
+    /// When it started, Unix seconds.
+    pub started_s: u64,
+    /// The PodDisruptionBudget covering it (a key of [`Situation::budgets`]).
+    pub budget: Option<String>,
+    /// The claims reserved for it.
+    pub claims: Vec<HeldClaim>,
+}
+
+/// Everything a plan is made from.
+pub struct Situation<'a> {
+    /// The preemptor's claims ([`super::pod::pod_claims`]).
+    pub claims: &'a [PodClaim],
+    /// The preemptor's priority: only candidates strictly below it are victims.
+    pub priority: i32,
+    /// The nodes the pod may go to (its host checks passed).
+    pub nodes: &'a [NodeFacts],
+    pub inventories: &'a BTreeMap<String, NodeInventory>,
+    /// What every allocated claim holds now.
+    pub usage: &'a Usage,
+    pub policy: &'a dyn Policy,
+    pub env: &'a Env,
+    pub selects: SelectorCheck<'a>,
+    /// Per node name, the pods there that may be evicted.
+    pub candidates: &'a BTreeMap<String, Vec<Candidate>>,
+    /// Per budget (`namespace/name`), the disruptions it allows now; a
+    /// budget a candidate names that is missing here allows none.
+    pub budgets: &'a BTreeMap<String, u32>,
+}
+
+/// The node to make room on and whom to evict there (UIDs, the most
+/// important first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Victims {
+    pub node: String,
+    pub victims: Vec<String>,
+}
+
+/// `usage` less what the claims of `victims` free (see the module docs).
+fn freed(s: &Situation<'_>, victims: &[&Candidate]) -> Usage {
+    let gone: BTreeSet<&str> = victims.iter().map(|v| v.id.as_str()).collect();
+    let own: BTreeSet<&str> = s
+        .claims
+        .iter()
+        .filter_map(|c| c.claim.metadata.uid.as_deref())
+        .collect();
+    let mut counted: BTreeSet<&str> = BTreeSet::new();
+    let mut usage = s.usage.clone();
+    for c in victims.iter().flat_map(|v| &v.claims) {
+        let all_gone = c.consumers.iter().all(|u| gone.contains(u.as_str()));
+        if !all_gone || own.contains(c.uid.as_str()) || !counted.insert(&c.uid) {
+            continue;
+        }
+        for (key, held) in &c.usage.devices {
+            let Some(u) = usage.devices.get_mut(key) else {
+                continue;
+            };
+            u.allocations = u.allocations.saturating_sub(held.allocations);
+            for (name, q) in &held.consumed {
+                if let Some(sum) = u.consumed.get_mut(name) {
+                    *sum = sum.saturating_sub(*q);
+                }
+            }
+            if u.allocations == 0 {
+                usage.devices.remove(key);
+            }
+        }
+    }
+    usage
+}
+
+/// Whether the pod's claims all allocate on `node` once `victims` are gone.
+fn fits(s: &Situation<'_>, node: &NodeFacts, victims: &[&Candidate]) -> bool {
+    let usage = freed(s, victims);
+    place(
+        s.claims,
+        std::slice::from_ref(node),
+        s.inventories,
+        &usage,
+        s.policy,
+        s.env,
+        s.selects,
+    )
+    .is_ok()
+}
+
+/// kube-scheduler's `MoreImportantPod`: higher priority, then earlier start.
+fn more_important(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.priority
+        .cmp(&a.priority)
+        .then(a.started_s.cmp(&b.started_s))
+        .then(a.id.cmp(&b.id))
+}
+
+/// The node and victims that make room for the pod, if any set of
+/// candidates does; `None` also when the pod fits somewhere already (a normal
+/// pass places it).
+pub fn plan(s: &Situation<'_>) -> Option<Victims> {
+    let mut best: Option<(Key, Victims)> = None;
+    let mut nodes: Vec<&NodeFacts> = s.nodes.iter().collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    for node in nodes {
+        let Some(victims) = select(s, node) else {
+            continue;
+        };
+        if victims.is_empty() {
+            return None;
+        }
+        let key = Key::of(&victims);
+        if best.as_ref().is_none_or(|(k, _)| key < *k) {
+            best = Some((
+                key,
+                Victims {
+                    node: node.name.clone(),
+                    victims: victims.iter().map(|v| v.id.clone()).collect(),
+                },
+            ));
+        }
+    }
+    best.map(|(_, v)| v)
+}
+
+/// How a node's plan ranks: lower is better (see the module docs).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    highest: i32,
+    count: usize,
+    sum: i64,
+    /// The earliest start among the victims, reversed: later is better.
+    earliest_start: std::cmp::Reverse<u64>,
+}
+
+impl Key {
+    fn of(victims: &[&Candidate]) -> Key {
+        Key {
+            highest: victims.iter().map(|v| v.priority).max().unwrap_or(i32::MIN),
+            count: victims.len(),
+            sum: victims.iter().map(|v| i64::from(v.priority)).sum(),
+            earliest_start: std::cmp::Reverse(
+                victims.iter().map(|v| v.started_s).min().unwrap_or(0),
+            ),
+        }
+    }
+}
+
+/// The victims on `node` (steps 1–3 of the module docs), the most important
+/// first; `Some(empty)` when the pod fits there without evicting anyone.
+fn select<'a>(s: &'a Situation<'_>, node: &NodeFacts) -> Option<Vec<&'a Candidate>> {
+    if fits(s, node, &[]) {
+        return Some(Vec::new());
+    }
+    let mut lower: Vec<&Candidate> = s
+        .candidates
+        .get(&node.name)
+        .into_iter()
+        .flatten()
+        .filter(|c| c.priority < s.priority)
+        .collect();
+    if lower.is_empty() || !fits(s, node, &lower) {
+        return None;
+    }
+    lower.sort_by(|a, b| more_important(a, b));
+    // kube-scheduler's `filterPodsWithPDBViolation`: in order of importance,
+    // each budget's allowance is used up; the pods past it would violate it.
+    let mut left = s.budgets.clone();
+    let (violating, rest): (Vec<&Candidate>, Vec<&Candidate>) =
+        lower.iter().copied().partition(|c| match &c.budget {
+            None => false,
+            Some(b) => match left.get_mut(b) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    false
+                }
+                _ => true,
+            },
+        });
+    let mut victims = lower.clone();
+    for c in violating.iter().chain(&rest) {
+        let without: Vec<&Candidate> = victims.iter().copied().filter(|v| v.id != c.id).collect();
+        if fits(s, node, &without) {
+            victims = without;
+        }
+    }
+    let mut per_budget: BTreeMap<&str, u32> = BTreeMap::new();
+    for b in victims.iter().filter_map(|v| v.budget.as_deref()) {
+        *per_budget.entry(b).or_default() += 1;
+    }
+    let within = per_budget
+        .iter()
+        .all(|(b, n)| s.budgets.get(*b).is_some_and(|allowed| n <= allowed));
+    within.then_some(victims)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+    use tessera_core::policy::{self, PolicyArgs};
+
+    use super::*;
+    use crate::dra::claim::ClaimAsk;
+    use crate::dra::inventory::node_inventory;
+    use crate::dra::pod::Step;
+    use crate::dra::types::{DeviceClass, ResourceClaim, ResourceSlice};
+
+    fn classes() -> Vec<DeviceClass> {
+        serde_json::from_value(
+            json!([{"metadata": {"name": "gpu.tessera.io"}, "spec": {"selectors":
+            [{"cel": {"expression": "device.driver == 'gpu.tessera.io'"}}]}}]),
+        )
+        .unwrap()
+    }
+
+    /// `gpus` whole GPUs on `node`, as the node agent publishes them.
+    fn slice(node: &str, gpus: usize) -> ResourceSlice {
+        let devices: Vec<Value> = (0..gpus)
+            .map(|i| {
+                json!({"name": format!("gpu-{i}"), "attributes": {"type": {"string": "gpu"},
+                "model": {"string": "A100-80GB"}}, "capacity": {"memory": {"value": "80Gi"}}})
+            })
+            .collect();
+        serde_json::from_value(json!({"metadata": {"name": format!("{node}-slice")},
+            "spec": {"driver": "gpu.tessera.io", "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices}}))
+        .unwrap()
+    }
+
+    fn claim(uid: &str, count: u32) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ml", "uid": uid, "resourceVersion": "1"},
+            "spec": {"devices": {"requests": [{"name": "g", "exactly":
+                {"deviceClassName": "gpu.tessera.io", "count": count}}]}}}))
+        .unwrap()
+    }
+
+    /// The preemptor's claim, to allocate: `count` whole GPUs.
+    fn wants(count: u32) -> Vec<PodClaim> {
+        let c = claim("mine", count);
+        let ask = ClaimAsk::resolve(&c, &classes()).unwrap();
+        vec![PodClaim {
+            key: "ml/mine".into(),
+            claim: c,
+            step: Step::Allocate(ask),
+        }]
+    }
+
+    /// Claim `uid` allocated `node`'s GPUs `gpus`, reserved for `consumers`.
+    fn held(uid: &str, node: &str, gpus: &[usize], consumers: &[&str]) -> HeldClaim {
+        let results: Vec<Value> = gpus
+            .iter()
+            .map(|i| {
+                json!({"request": "g", "driver": "gpu.tessera.io", "pool": node,
+                "device": format!("gpu-{i}")})
+            })
+            .collect();
+        let reserved: Vec<Value> = consumers
+            .iter()
+            .map(|u| json!({"resource": "pods", "name": u, "uid": u}))
+            .collect();
+        let mut c = claim(uid, gpus.len() as u32);
+        c.status = Some(
+            serde_json::from_value(json!({"allocation": {"devices": {"results": results}},
+                "reservedFor": reserved}))
+            .unwrap(),
+        );
+        HeldClaim {
+            uid: uid.into(),
+            consumers: consumers.iter().map(|u| u.to_string()).collect(),
+            usage: Usage::of_claims([&c], None),
+        }
+    }
+
+    /// Pod `id` on its node, holding `claims`.
+    fn pod(id: &str, priority: i32, started_s: u64, claims: Vec<HeldClaim>) -> Candidate {
+        Candidate {
+            id: id.into(),
+            priority,
+            started_s,
+            budget: None,
+            claims,
+        }
+    }
+
+    /// One pod holding GPUs `gpus` of `node` through its own claim.
+    fn holder(id: &str, priority: i32, node: &str, gpus: &[usize]) -> Candidate {
+        pod(
+            id,
+            priority,
+            1000,
+            vec![held(&format!("c-{id}"), node, gpus, &[id])],
+        )
+    }
+
+    struct World {
+        nodes: Vec<(&'static str, usize)>,
+        candidates: Vec<(&'static str, Candidate)>,
+        /// Claims allocated to pods that are not candidates.
+        others: Vec<HeldClaim>,
+        budgets: BTreeMap<String, u32>,
+    }
+
+    impl World {
+        fn new(nodes: &[(&'static str, usize)]) -> World {
+            World {
+                nodes: nodes.to_vec(),
+                candidates: Vec::new(),
+                others: Vec::new(),
+                budgets: BTreeMap::new(),
+            }
+        }
+
+        fn with(mut self, node: &'static str, c: Candidate) -> World {
+            self.candidates.push((node, c));
+            self
+        }
+
+        /// The plan for a preemptor of `priority` asking `gpus` whole GPUs.
+        fn plan(&self, priority: i32, gpus: u32) -> Option<Victims> {
+            let inventories: BTreeMap<String, NodeInventory> = self
+                .nodes
+                .iter()
+                .map(|(n, g)| (n.to_string(), node_inventory(n, &[slice(n, *g)])))
+                .collect();
+            let nodes: Vec<NodeFacts> = self
+                .nodes
+                .iter()
+                .map(|(n, _)| NodeFacts {
+                    name: n.to_string(),
+                    ..NodeFacts::default()
+                })
+                .collect();
+            // Every allocated claim counts once in the usage, shared or not.
+            let mut all: BTreeMap<&str, &HeldClaim> = BTreeMap::new();
+            for c in self.candidates.iter().flat_map(|(_, c)| &c.claims) {
+                all.insert(&c.uid, c);
+            }
+            for c in &self.others {
+                all.insert(&c.uid, c);
+            }
+            let mut usage = Usage::default();
+            for c in all.values() {
+                for (k, u) in &c.usage.devices {
+                    usage.devices.entry(k.clone()).or_default().allocations += u.allocations;
+                }
+            }
+            let mut candidates: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
+            for (n, c) in &self.candidates {
+                candidates.entry(n.to_string()).or_default().push(c.clone());
+            }
+            let claims = wants(gpus);
+            let policy = policy::by_name("binpack", &PolicyArgs::default()).unwrap();
+            let env = Env::new();
+            plan(&Situation {
+                claims: &claims,
+                priority,
+                nodes: &nodes,
+                inventories: &inventories,
+                usage: &usage,
+                policy: policy.as_ref(),
+                env: &env,
+                selects: &|_, _| true,
+                candidates: &candidates,
+                budgets: &self.budgets,
+            })
+        }
+    }
+
+    fn victims(node: &str, ids: &[&str]) -> Option<Victims> {
+        Some(Victims {
+            node: node.into(),
+            victims: ids.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    /// Two GPUs, held by priorities 1 and 5; a pod of priority 10 asking
+    /// one: both are taken out, the priority-5 pod is reprieved first (the
+    /// pod still fits without evicting it), the priority-1 pod is not.
+    #[test]
+    fn the_lowest_priority_pod_is_the_victim() {
+        let w = World::new(&[("node-a", 2)])
+            .with("node-a", holder("p5", 5, "node-a", &[0]))
+            .with("node-a", holder("p1", 1, "node-a", &[1]));
+        assert_eq!(w.plan(10, 1), victims("node-a", &["p1"]));
+    }
+
+    /// Three GPUs held by priorities 1, 3 and 5; a pod asking two: the
+    /// priority-5 pod is reprieved, the priority-3 one cannot be (one GPU
+    /// free is not enough), so the plan keeps it as a second victim.
+    #[test]
+    fn a_reprieve_that_does_not_fit_keeps_the_extra_victim() {
+        let w = World::new(&[("node-a", 3)])
+            .with("node-a", holder("p1", 1, "node-a", &[0]))
+            .with("node-a", holder("p3", 3, "node-a", &[1]))
+            .with("node-a", holder("p5", 5, "node-a", &[2]));
+        assert_eq!(w.plan(10, 2), victims("node-a", &["p3", "p1"]));
+        assert_eq!(w.plan(10, 3), victims("node-a", &["p5", "p3", "p1"]));
+        // More than the node has: nobody is evicted for nothing.
+        assert_eq!(w.plan(10, 4), None);
+    }
+
+    /// A one-GPU node whose GPU is held by a claim shared by two pods: it is
+    /// freed only when both are victims; not when the other consumer stays
+    /// (a higher-priority pod, or a consumer that is not a pod at all).
+    #[test]
+    fn a_claim_shared_with_a_consumer_that_stays_is_not_freed() {
+        let shared = |other: &str| held("shared", "node-a", &[0], &["low", other]);
+        // The other consumer is no candidate (priority 20, above the preemptor).
+        let mut w =
+            World::new(&[("node-a", 1)]).with("node-a", pod("low", 1, 1000, vec![shared("high")]));
+        w.others.push(shared("high"));
+        assert_eq!(w.plan(10, 1), None);
+        // A non-pod consumer (a ReplicaSet reservation) never leaves.
+        let w = World::new(&[("node-a", 1)])
+            .with("node-a", pod("low", 1, 1000, vec![shared("rs-uid")]));
+        assert_eq!(w.plan(10, 1), None);
+        // Both consumers are victims: the claim is freed.
+        let w = World::new(&[("node-a", 1)])
+            .with("node-a", pod("low", 1, 1000, vec![shared("low2")]))
+            .with("node-a", pod("low2", 2, 1000, vec![shared("low2")]));
+        assert_eq!(w.plan(10, 1), victims("node-a", &["low2", "low"]));
+    }
+
+    /// Budgets: "a" (priority 1) is covered by a budget, "b" (priority 2)
+    /// by none. Asking one GPU, priority order alone would evict "a"; with
+    /// the budget allowing none, "a" is reprieved first and "b" evicted.
+    /// Asking two, both are needed: no plan while the budget allows none,
+    /// both once it allows one.
+    #[test]
+    fn budgets_are_never_overdrawn() {
+        let mut a = holder("a", 1, "node-a", &[0]);
+        a.budget = Some("ml/guard".into());
+        let world = |allowed: u32| {
+            let mut w = World::new(&[("node-a", 2)])
+                .with("node-a", a.clone())
+                .with("node-a", holder("b", 2, "node-a", &[1]));
+            w.budgets.insert("ml/guard".into(), allowed);
+            w
+        };
+        assert_eq!(world(0).plan(10, 1), victims("node-a", &["b"]));
+        assert_eq!(world(0).plan(10, 2), None);
+        assert_eq!(world(1).plan(10, 2), victims("node-a", &["b", "a"]));
+        // Without the budget, priority order alone: "a" goes.
+        let w = World::new(&[("node-a", 2)])
+            .with("node-a", holder("a", 1, "node-a", &[0]))
+            .with("node-a", holder("b", 2, "node-a", &[1]));
+        assert_eq!(w.plan(10, 1), victims("node-a", &["a"]));
+        // A budget the candidate names but nobody listed allows nothing.
+        let mut w = world(0);
+        w.budgets.clear();
+        assert_eq!(w.plan(10, 2), None);
+    }
+
+    /// Only strictly lower priorities are victims; with none, no plan. A pod
+    /// that fits somewhere already gets no plan either.
+    #[test]
+    fn no_plan_without_a_lower_priority_pod_or_when_it_fits() {
+        let w = World::new(&[("node-a", 1)]).with("node-a", holder("p", 5, "node-a", &[0]));
+        assert_eq!(w.plan(5, 1), None, "equal priority");
+        assert_eq!(w.plan(4, 1), None, "higher priority");
+        assert_eq!(w.plan(6, 1), victims("node-a", &["p"]));
+        assert_eq!(World::new(&[("node-a", 1)]).plan(6, 1), None, "no pods");
+        let w = World::new(&[("node-a", 1), ("node-b", 1)])
+            .with("node-a", holder("p", 5, "node-a", &[0]));
+        assert_eq!(w.plan(6, 1), None, "node-b is free");
+    }
+
+    /// Node choice, each row decided by one rule (a one-GPU pod, priority
+    /// 100). Each node has one GPU, held by one claim all its pods share, so
+    /// every pod listed on a node is a victim there.
+    #[test]
+    fn nodes_are_chosen_by_priority_then_count_then_sum_then_start_then_name() {
+        // (node-a's pods, node-b's pods, the winner); pods as (priority, started_s).
+        type Row = (&'static [(i32, u64)], &'static [(i32, u64)], &'static str);
+        let rows: [Row; 8] = [
+            // Highest victim priority: 5 on a, 3 on b.
+            (&[(5, 0)], &[(3, 0)], "node-b"),
+            (&[(3, 0)], &[(5, 0)], "node-a"),
+            // ... before the count: one victim on a, two of lower priority on b.
+            (&[(5, 0)], &[(3, 0), (3, 0)], "node-b"),
+            // Same highest (3): one victim on a, two on b.
+            (&[(3, 0)], &[(3, 0), (3, 0)], "node-a"),
+            // ... the count before the sum: 3+1+1 = 5 on a in three, 3+3 = 6 on b in two.
+            (&[(3, 0), (1, 0), (1, 0)], &[(3, 0), (3, 0)], "node-b"),
+            // Same highest and count: sum 1+3 on a, 3+3 on b.
+            (&[(1, 0), (3, 0)], &[(3, 0), (3, 0)], "node-a"),
+            // Same priorities: b's victim started later (less run time lost).
+            (&[(3, 100)], &[(3, 200)], "node-b"),
+            // All equal: the first name.
+            (&[(3, 100)], &[(3, 100)], "node-a"),
+        ];
+        for (i, (a, b, want)) in rows.iter().enumerate() {
+            let mut w = World::new(&[("node-a", 1), ("node-b", 1)]);
+            for (node, pods) in [("node-a", a), ("node-b", b)] {
+                let ids: Vec<String> = (0..pods.len()).map(|j| format!("{node}-{j}")).collect();
+                let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+                let shared = held(&format!("c-{node}"), node, &[0], &refs);
+                for (id, (prio, start)) in ids.iter().zip(pods.iter()) {
+                    w = w.with(node, pod(id, *prio, *start, vec![shared.clone()]));
+                }
+            }
+            let got = w.plan(100, 1);
+            assert_eq!(
+                got.as_ref().map(|v| v.node.as_str()),
+                Some(*want),
+                "row {i}"
+            );
+            let on_winner = if *want == "node-a" { a.len() } else { b.len() };
+            assert_eq!(got.map(|v| v.victims.len()), Some(on_winner), "row {i}");
+        }
+    }
+}
