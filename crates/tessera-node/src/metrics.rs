@@ -108,6 +108,21 @@ impl XidStats {
     }
 }
 
+/// Claims the DRA driver released because their unprepare never came
+/// ([`crate::dra::sweep`]), counted since the agent started
+/// (`tessera_dra_claims_released_total`).
+#[derive(Debug, Clone, Default)]
+pub struct ReleasedClaims(pub Arc<AtomicU64>);
+
+impl ReleasedClaims {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Resource names whose devices count as GPUs for pod attribution.
 fn is_gpu_resource(name: &str) -> bool {
     name == tessera_core::request::RES_GPU
@@ -132,6 +147,8 @@ pub struct Collector {
     logged_leaks: Mutex<BTreeSet<(String, u32)>>,
     /// The agent's MPS control daemons (`--mps-daemons per-gpu`).
     mps: Option<Arc<crate::mps::MpsDaemons>>,
+    /// Claims the DRA driver released by its sweep (DRA mode only).
+    released_claims: Option<ReleasedClaims>,
 }
 
 impl std::fmt::Debug for Collector {
@@ -178,12 +195,19 @@ impl Collector {
             xids,
             logged_leaks: Mutex::new(BTreeSet::new()),
             mps: None,
+            released_claims: None,
         }
     }
 
     /// Also reports the agent's MPS control daemons.
     pub fn with_mps(mut self, daemons: Arc<crate::mps::MpsDaemons>) -> Self {
         self.mps = Some(daemons);
+        self
+    }
+
+    /// Also reports the DRA driver's count of claims released by its sweep.
+    pub fn with_released_claims(mut self, released: ReleasedClaims) -> Self {
+        self.released_claims = Some(released);
         self
     }
 
@@ -507,6 +531,16 @@ impl Collector {
                 set(&up, &l, if st.running { 1.0 } else { 0.0 });
                 set(&restarts, &l, f64::from(st.restarts));
             }
+        }
+        if let Some(released) = &self.released_claims {
+            let f = Family::<Labels, prometheus_client::metrics::counter::Counter>::default();
+            reg.register(
+                "tessera_dra_claims_released",
+                "Prepared claims the DRA driver released because their NodeUnprepareResources never came (the claim gone from the API server).",
+                f.clone(),
+            );
+            f.get_or_create(&vec![("hostname".into(), self.node.clone())])
+                .inc_by(released.get());
         }
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &reg) {

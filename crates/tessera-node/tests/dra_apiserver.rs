@@ -4,7 +4,10 @@
 //! `Status` shape (as in ../shared/fixtures/kube-apiserver-v1.28/02-bind-to-unknown-node.json:
 //! kind Status, reason NotFound, code 404).
 
+mod dra_common;
+
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use http::{Request, Response};
 use kube::client::Body;
@@ -13,7 +16,7 @@ use tessera_node::backend::GpuBackend;
 use tessera_node::backend::fake::Fake;
 use tessera_node::deviceplugin::NodeView;
 use tessera_node::dra::apiserver::{KubeClaims, SlicePublisher};
-use tessera_node::dra::prepare::ClaimSource;
+use tessera_node::dra::prepare::{ClaimError, ClaimSource};
 use tessera_node::dra::slice::{DriverVersions, SliceOptions, resource_slices};
 
 fn not_found() -> Response<Body> {
@@ -234,4 +237,39 @@ async fn claims_are_read_from_the_first_served_version() {
         paths,
         ["/apis/resource.k8s.io/v1beta1/namespaces/ml/resourceclaims/train"]
     );
+}
+
+/// A claim is "not found" only on a 404 naming it (the object is not there);
+/// a 404 for versions the server does not serve, or any other error, says
+/// nothing about the claim. The sweep releases claims on the first answer only.
+#[tokio::test]
+async fn only_a_404_naming_the_claim_is_not_found() {
+    let claims = Arc::new(dra_common::FakeClaims::default());
+    let kube = KubeClaims::new(dra_common::mock_api(claims.clone()));
+    assert_eq!(
+        kube.get("ml", "train").await.unwrap_err(),
+        ClaimError::NotFound {
+            namespace: "ml".into(),
+            name: "train".into()
+        }
+    );
+    claims.put("train", json!([dra_common::device("gpu-0")]));
+    assert_eq!(
+        kube.get("ml", "train").await.unwrap().metadata.uid,
+        "uid-train"
+    );
+    claims.break_reads("train", true);
+    assert!(matches!(
+        kube.get("ml", "train").await.unwrap_err(),
+        ClaimError::Unreadable(e) if e.contains("etcdserver")
+    ));
+    // No version served: every answer is a 404 that names nothing.
+    let (client, _rx) = server(&[], Vec::new());
+    assert!(matches!(
+        KubeClaims::new(client)
+            .get("ml", "train")
+            .await
+            .unwrap_err(),
+        ClaimError::Unreadable(_)
+    ));
 }

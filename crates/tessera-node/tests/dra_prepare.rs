@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tessera_node::backend::GpuBackend;
 use tessera_node::backend::fake::Fake;
 use tessera_node::deviceplugin::NodeView;
-use tessera_node::dra::prepare::{ClaimSource, Preparer, ResourceClaim, quantity_mib};
+use tessera_node::dra::prepare::{ClaimError, ClaimSource, Preparer, ResourceClaim, quantity_mib};
 use tessera_node::dra::service::{ClaimPreparer, ClaimRef};
 use tessera_node::health::GpuHealth;
 use tokio::sync::watch;
@@ -25,15 +25,18 @@ struct FakeClaims(Mutex<BTreeMap<String, Value>>);
 
 #[tonic::async_trait]
 impl ClaimSource for FakeClaims {
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError> {
         let v = self
             .0
             .lock()
             .unwrap()
             .get(&format!("{namespace}/{name}"))
             .cloned()
-            .ok_or_else(|| format!("resourceclaims {name:?} not found"))?;
-        serde_json::from_value(v).map_err(|e| e.to_string())
+            .ok_or_else(|| ClaimError::NotFound {
+                namespace: namespace.into(),
+                name: name.into(),
+            })?;
+        serde_json::from_value(v).map_err(|e| ClaimError::Unreadable(e.to_string()))
     }
 }
 
@@ -300,6 +303,38 @@ async fn claims_that_cannot_be_prepared_say_why_and_write_nothing() {
     s.claims.0.lock().unwrap().clear();
     let err = s.preparer.prepare(&kubelet_claim(UID)).await.unwrap_err();
     assert!(err.contains("not found"), "{err}");
+}
+
+/// A prepare that fails at its last step (the CDI spec cannot be written)
+/// leaves the claim recorded as it was before: not at all, or as an earlier
+/// prepare recorded it (the record the sweep of forgotten claims goes by).
+#[tokio::test]
+async fn a_failed_spec_write_leaves_the_claim_record_as_it_was() {
+    let s = setup();
+    put(
+        &s,
+        claim(
+            UID,
+            json!([{"request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": "gpu-0"}]),
+        ),
+    );
+    let cdi = s.dir.path().join("cdi");
+    std::fs::write(&cdi, b"not a directory").unwrap();
+    let err = s.preparer.prepare(&kubelet_claim(UID)).await.unwrap_err();
+    assert!(err.contains("cannot write CDI spec"), "{err}");
+    assert!(s.preparer.records().await.claims.is_empty());
+
+    std::fs::remove_file(&cdi).unwrap();
+    s.preparer.prepare(&kubelet_claim(UID)).await.unwrap();
+    let recorded = s.preparer.records().await.claims;
+    assert_eq!(
+        (recorded[UID].name.as_str(), recorded[UID].devices.clone()),
+        ("train", vec!["gpu-0".to_string()])
+    );
+    std::fs::remove_dir_all(&cdi).unwrap();
+    std::fs::write(&cdi, b"not a directory").unwrap();
+    s.preparer.prepare(&kubelet_claim(UID)).await.unwrap_err();
+    assert_eq!(s.preparer.records().await.claims, recorded);
 }
 
 #[test]

@@ -7,14 +7,17 @@
 //!   and an instance the driver did not create is never destroyed;
 //! - a refused creation fails the claim naming the device and leaves nothing;
 //! - an MPS share gets its daemon, limits and mounts, and the daemon stops after
-//!   the last claim using its GPU is unprepared.
+//!   the last claim using its GPU is unprepared;
+//! - prepared claims are swept (read again) once the kubelet has registered the
+//!   driver, and the releases are counted on its `/metrics`.
 
+mod dra_common;
 mod fake_mps;
+mod http_get;
 mod raw_grpc;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -24,55 +27,16 @@ use tessera_node::backend::fake::Fake;
 use tessera_node::deviceplugin::allocate::MpsConfig;
 use tessera_node::dra::DraConfig;
 use tessera_node::dra::driver::{DriverConfig, DriverError, run_driver_with_claims};
-use tessera_node::dra::prepare::{ClaimSource, ResourceClaim};
-use tessera_node::dra::proto::v1;
+use tessera_node::dra::proto::{pluginregistration as reg, v1};
 use tessera_node::dra::slice::SliceOptions;
 use tokio::sync::oneshot;
 
+use dra_common::{FakeClaims, GPUS, NODE, device};
 use fake_mps::{FAKE_CONTROL, write_script};
 use raw_grpc::raw_unary;
 
-const NODE: &str = "node-a";
-const GPUS: &str = r#"
-gpus:
-  - uuid: GPU-m
-    product: NVIDIA A100-SXM4-80GB
-    mig:
-      enabled: true
-      instances: [ { uuid: MIG-foreign, profile: 1g.10gb, start: 0 } ]
-  - { uuid: GPU-s, product: NVIDIA A100-SXM4-80GB }
-"#;
 const PREPARE: &str = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources";
 const UNPREPARE: &str = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources";
-
-/// Claims by name (namespace `ml`), as the API server would return them.
-#[derive(Default)]
-struct FakeClaims(Mutex<BTreeMap<String, Value>>);
-
-#[tonic::async_trait]
-impl ClaimSource for FakeClaims {
-    async fn get(&self, _namespace: &str, name: &str) -> Result<ResourceClaim, String> {
-        let v = self.0.lock().unwrap().get(name).cloned();
-        let v = v.ok_or_else(|| format!("resourceclaims {name:?} not found"))?;
-        serde_json::from_value(v).map_err(|e| e.to_string())
-    }
-}
-
-impl FakeClaims {
-    /// Claim `name` (UID `uid-<name>`) allocated `results`.
-    fn put(&self, name: &str, results: Value) {
-        let claim = json!({
-            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")},
-            "status": {"allocation": {"devices": {"results": results}}}
-        });
-        self.0.lock().unwrap().insert(name.into(), claim);
-    }
-}
-
-/// One allocated device of the claim's request `gpu`.
-fn device(name: &str) -> Value {
-    json!({"request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": name})
-}
 
 /// A share of GPU `gpu-1` (GPU-s).
 fn share(id: &str, memory: &str, compute: &str) -> Value {
@@ -432,5 +396,46 @@ async fn a_share_whose_daemon_does_not_start_is_refused_and_leaves_nothing() {
         serde_json::from_slice(&std::fs::read(node.config.state_file.as_ref().unwrap()).unwrap())
             .unwrap();
     assert_eq!(state["mps"], json!({}), "{state}");
+    driver.stop().await;
+}
+
+/// The sweep of claims whose unprepare never comes runs inside the driver: its
+/// first pass reads the prepared claims once the kubelet has registered the
+/// driver, and its count of released claims is on the driver's `/metrics`.
+/// (What a sweep decides is shown in tests/dra_sweep.rs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_sweeps_prepared_claims_once_registered() {
+    let mut node = Node::new();
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    node.config.probe_addr = Some(probe);
+    let driver = node.start().await;
+    node.claims.put("first", json!([device("gpu-1")]));
+    node.prepare("first").await.unwrap();
+    assert_eq!(node.claims.reads("first"), 1, "read by prepare only");
+    raw_unary(
+        &node.config.sockets.registration_socket(),
+        "/pluginregistration.Registration/NotifyRegistrationStatus",
+        None,
+        &reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        }
+        .encode_to_vec(),
+    )
+    .await
+    .unwrap();
+    until("the first sweep reads the prepared claim", || {
+        node.claims.reads("first") > 1
+    })
+    .await;
+    let (status, metrics) = http_get::get(probe, "/metrics").await.unwrap();
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics.contains("tessera_dra_claims_released_total{hostname=\"node-a\"} 0"),
+        "{metrics}"
+    );
+    assert!(node.spec("first").is_some(), "still allocated: kept");
     driver.stop().await;
 }

@@ -6,6 +6,11 @@
 //! through [`DynamicObject`]. The version that answered is remembered; a 404
 //! on a write (the server does not serve that version) moves to the next.
 //! `v1beta1` nests a device's fields under `basic`; the others are `v1`'s shape.
+//!
+//! A claim is *not found* only when the 404 is about the object: the API
+//! server's `Status` then names it in `details.name`. A 404 for a version it
+//! does not serve names nothing (or is not a `Status` at all), and says nothing
+//! about the claim; the sweep ([`super::sweep`]) relies on that difference.
 
 use std::sync::Mutex;
 
@@ -14,7 +19,7 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::Value;
 
 use super::DRIVER_NAME;
-use super::prepare::{ClaimSource, ResourceClaim};
+use super::prepare::{ClaimError, ClaimSource, ResourceClaim};
 use super::slice::ResourceSlice;
 
 /// Served versions of `resource.k8s.io`, preferred first.
@@ -31,6 +36,13 @@ fn resource(version: &str, kind: &str, plural: &str) -> ApiResource {
 
 fn not_served(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// A 404 for the object `name` itself (it does not exist), as opposed to one
+/// for a path the server does not serve.
+fn object_not_found(e: &kube::Error, name: &str) -> bool {
+    matches!(e, kube::Error::Api(s)
+        if s.code == 404 && s.details.as_ref().is_some_and(|d| d.name == name))
 }
 
 /// The versions to try: the one that worked last, then the rest in order.
@@ -76,7 +88,8 @@ impl KubeClaims {
 
 #[tonic::async_trait]
 impl ClaimSource for KubeClaims {
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError> {
+        let unreadable = ClaimError::Unreadable;
         let known = *self.version.lock().unwrap_or_else(|p| p.into_inner());
         for version in order(known) {
             let ar = resource(version, "ResourceClaim", "resourceclaims");
@@ -84,21 +97,35 @@ impl ClaimSource for KubeClaims {
             match api.get(name).await {
                 Ok(obj) => {
                     *self.version.lock().unwrap_or_else(|p| p.into_inner()) = Some(version);
-                    let v = serde_json::to_value(&obj).map_err(|e| e.to_string())?;
+                    let v = serde_json::to_value(&obj).map_err(|e| unreadable(e.to_string()))?;
                     return serde_json::from_value(v).map_err(|e| {
-                        format!(
+                        unreadable(format!(
                             "resourceclaim {namespace}/{name} ({version}) is not understood: {e}"
-                        )
+                        ))
+                    });
+                }
+                Err(e) if object_not_found(&e, name) => {
+                    // The version is served (the server looked the object up).
+                    *self.version.lock().unwrap_or_else(|p| p.into_inner()) = Some(version);
+                    return Err(ClaimError::NotFound {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
                     });
                 }
                 Err(e) if not_served(&e) => continue,
-                Err(e) => return Err(format!("cannot read resourceclaim {namespace}/{name}: {e}")),
+                Err(e) => {
+                    return Err(unreadable(format!(
+                        "cannot read resourceclaim {namespace}/{name}: {e}"
+                    )));
+                }
             }
         }
-        Err(format!(
+        // Every version answered 404 without naming the claim: none is served,
+        // which says nothing about the claim.
+        Err(unreadable(format!(
             "resourceclaim {namespace}/{name} not found (resource.k8s.io {})",
             VERSIONS.join(", ")
-        ))
+        )))
     }
 }
 

@@ -10,9 +10,12 @@
 //! prepare. Prepare creates allocated MIG placements' instances and starts
 //! shares' MPS daemons ([`super::prepare`]); the daemons are supervised here on
 //! the health tick, and what was set up for which claim is kept in
-//! [`DriverConfig::state_file`]. `/healthz` and `/readyz` are served on `probe_addr`
-//! ([`super::probe`]); the metrics and `GpuNode` inventory of the
-//! device-plugin agent ([`crate::run`]) are not part of this mode yet.
+//! [`DriverConfig::state_file`]. Once the kubelet has registered the driver,
+//! and then every [`super::sweep::SWEEP_PERIOD`], prepared claims the API
+//! server says are gone are released ([`super::sweep`]). `/healthz` and
+//! `/readyz` are served on `probe_addr` ([`super::probe`]); the metrics and
+//! `GpuNode` inventory of the device-plugin agent ([`crate::run`]) are not part
+//! of this mode yet.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,17 +28,18 @@ use tokio::sync::watch;
 use super::DraConfig;
 use super::apiserver::{KubeClaims, SlicePublisher};
 use super::mig::MigCreator;
-use super::prepare::{ClaimSource, Preparer, ResourceClaim};
+use super::prepare::{ClaimError, ClaimSource, Preparer, ResourceClaim};
 use super::probe::SliceState;
 use super::registration::RegistrationState;
 use super::server::{DraServerError, serve};
 use super::share::ShareMps;
 use super::slice::{DriverVersions, SliceOptions, resource_slices};
+use super::sweep::Sweeper;
 use crate::backend::{BackendError, GpuBackend, Probe, ProcReader, XidEvent};
 use crate::deviceplugin::NodeView;
 use crate::deviceplugin::allocate::{MpsConfig, NoPods};
 use crate::health::{HealthTracker, XidPolicy};
-use crate::metrics::{Collector, XidStats};
+use crate::metrics::{Collector, ReleasedClaims, XidStats};
 use crate::mps::{MpsDaemonConfig, MpsDaemons};
 
 /// How long a failed publish waits before the next try.
@@ -95,10 +99,10 @@ struct NoApiServer;
 
 #[tonic::async_trait]
 impl ClaimSource for NoApiServer {
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
-        Err(format!(
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError> {
+        Err(ClaimError::Unreadable(format!(
             "cannot read resourceclaim {namespace}/{name}: the agent runs without a Kubernetes API server"
-        ))
+        )))
     }
 }
 
@@ -259,17 +263,21 @@ pub async fn run_driver_with_claims(
     // The device-plugin agent's readings of every GPU. Pods are not read in this
     // mode (claims, not annotations, say what a pod holds): GPU processes are
     // attributed by the pod UID in their cgroup.
-    let collector = Arc::new(Collector::new(
-        config.node_name.clone(),
-        backend.clone(),
-        procs,
-        Arc::new(NoPods(
-            "the DRA driver does not read pods; GPU processes are attributed by pod UID".into(),
-        )),
-        None,
-        view.clone(),
-        xids,
-    ));
+    let released = ReleasedClaims::default();
+    let collector = Arc::new(
+        Collector::new(
+            config.node_name.clone(),
+            backend.clone(),
+            procs,
+            Arc::new(NoPods(
+                "the DRA driver does not read pods; GPU processes are attributed by pod UID".into(),
+            )),
+            None,
+            view.clone(),
+            xids,
+        )
+        .with_released_claims(released.clone()),
+    );
     tracing::info!(gpus = view.borrow().gpus.len(), "DRA driver: GPUs found");
     let versions = DriverVersions {
         driver: backend.driver_version(),
@@ -399,6 +407,21 @@ pub async fn run_driver_with_claims(
         })
     });
     let (state, registration) = watch::channel(RegistrationState::Pending);
+    // Claims whose unprepare never comes: swept once the kubelet has registered
+    // the driver (it has then had its chance to unprepare), then periodically.
+    let sweeper = {
+        let mut registered = state.subscribe();
+        let sweeper = Sweeper::new(preparer.clone(), released);
+        tokio::spawn(async move {
+            if registered
+                .wait_for(|s| *s == RegistrationState::Registered)
+                .await
+                .is_ok()
+            {
+                super::sweep::run(sweeper).await;
+            }
+        })
+    };
     let (probe_stop, probe_stopped) = tokio::sync::oneshot::channel::<()>();
     let probes = probe_listener.map(|listener| {
         let app = super::probe::router(registration, slice_state_rx, view)
@@ -416,6 +439,8 @@ pub async fn run_driver_with_claims(
         })
     });
     let result = serve(&config.sockets, preparer, state, shutdown).await;
+    sweeper.abort();
+    let _ = sweeper.await;
     if let Some(s) = supervisor {
         s.abort();
         let _ = s.await;

@@ -23,6 +23,9 @@
 //!   [`placement`]) and starts a share's MPS daemon ([`share`]); [`records`]
 //!   keeps what it set up for which claim across restarts, so unprepare undoes
 //!   exactly that.
+//! - [`sweep`]: releases, as their unprepare would, prepared claims the API
+//!   server says are gone (deleted, recreated, deallocated) on two sweeps a
+//!   period apart: the kubelet's unprepare may never come.
 //! - [`apiserver`]: reads claims and publishes the slices (server-side apply)
 //!   in the first `resource.k8s.io` version the server serves (v1, v1beta2,
 //!   v1beta1).
@@ -49,6 +52,7 @@ pub mod server;
 pub mod service;
 pub mod share;
 pub mod slice;
+pub mod sweep;
 
 use std::path::PathBuf;
 

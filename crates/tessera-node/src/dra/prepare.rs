@@ -26,6 +26,9 @@
 //! ([`super::share`]). What it set up for which claim is recorded
 //! ([`super::records`]); a prepare that fails part-way undoes what it did, so
 //! a failed claim leaves no instance behind.
+//!
+//! Unprepare is [`Preparer::release`]; the sweep of claims whose unprepare
+//! never comes ([`super::sweep`]) calls that same function.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,7 +40,7 @@ use tokio::sync::watch;
 use super::DRIVER_NAME;
 use super::mig::MigCreator;
 use super::plan::{Want, cdi_spec, resolve, share_gpus};
-use super::records::{self, Disposal, Records};
+use super::records::{self, Disposal, PreparedClaim, Records};
 use super::service::{ClaimPreparer, ClaimRef, PreparedDevice};
 use super::share::ShareMps;
 use super::slice::{SliceOptions, gpu_device_name, mig_device_name};
@@ -105,10 +108,43 @@ pub struct AllocationResult {
     pub consumed_capacity: BTreeMap<String, String>,
 }
 
+/// Why a claim could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// The API server answered that no claim of that name exists: a 404 for
+    /// the object itself, not for a path or version it does not serve.
+    #[error("resourceclaim {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    /// Anything else (unreachable, refused, timed out, not understood): it
+    /// says nothing about whether the claim exists.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
 /// Reads claims from the API server (or a fake).
 #[tonic::async_trait]
 pub trait ClaimSource: Send + Sync + 'static {
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String>;
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError>;
+}
+
+/// What [`Preparer::release`] freed, for the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Released {
+    /// The claim was recorded as prepared.
+    pub recorded: bool,
+    /// Its CDI spec was there and is removed.
+    pub spec: bool,
+    /// The MIG instances destroyed (UUIDs): those no other prepared claim uses.
+    pub instances: Vec<String>,
+    /// The GPUs whose MPS daemon it no longer holds.
+    pub mps: Option<Vec<String>>,
+}
+
+impl Released {
+    /// Nothing was there to release (unprepared already, or never prepared).
+    pub fn is_nothing(&self) -> bool {
+        !self.recorded && !self.spec && self.instances.is_empty() && self.mps.is_none()
+    }
 }
 
 /// A physical GPU, or one MIG instance of it.
@@ -244,8 +280,8 @@ impl Preparer {
             tracing::warn!(error = %e, "starting without the DRA state file");
             Records::default()
         });
-        if !records.instances.is_empty() || !records.mps.is_empty() {
-            tracing::info!(instances = records.instances.len(), mps_claims = records.mps.len(), path = %path.display(), "took over what the driver set up before a restart");
+        if !records.instances.is_empty() || !records.mps.is_empty() || !records.claims.is_empty() {
+            tracing::info!(instances = records.instances.len(), mps_claims = records.mps.len(), claims = records.claims.len(), path = %path.display(), "took over what the driver set up before a restart");
         }
         self.records = tokio::sync::Mutex::new(records);
         self.state = Some(path);
@@ -255,6 +291,21 @@ impl Preparer {
     /// `<cdi dir>/gpu.tessera.io-claim_<uid>.json`.
     pub fn spec_path(&self, uid: &str) -> PathBuf {
         self.cdi_dir.join(format!("{DRIVER_NAME}-claim_{uid}.json"))
+    }
+
+    /// This node's name (the pool's).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Where claims are read.
+    pub fn claim_source(&self) -> Arc<dyn ClaimSource> {
+        self.source.clone()
+    }
+
+    /// A copy of the records as they are now.
+    pub async fn records(&self) -> Records {
+        self.records.lock().await.clone()
     }
 
     /// One MPS supervision pass over the daemons prepared claims use.
@@ -341,6 +392,14 @@ impl Preparer {
                 .map_err(|e| format!("{who}: MPS for {}: {e}", gpus.join(",")))?;
             records.mps.insert(claim.uid.clone(), gpus);
         }
+        records.claims.insert(
+            claim.uid.clone(),
+            PreparedClaim {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                devices: devices.iter().map(|(r, _)| r.device.clone()).collect(),
+            },
+        );
         self.save(records).map_err(|e| format!("{who}: {e}"))?;
         let (spec, answer) = cdi_spec(claim, &devices, &view, &self.mps)?;
         let path = self.spec_path(&claim.uid);
@@ -351,12 +410,12 @@ impl Preparer {
     }
 
     /// Undoes a failed prepare: destroys the instances it created and forgets
-    /// its MPS use unless an earlier prepare of the claim had recorded it.
+    /// its MPS use and the claim unless an earlier prepare of it had recorded them.
     async fn roll_back(
         &self,
         claim: &ClaimRef,
         made: &[String],
-        mps_before: Option<Vec<String>>,
+        before: Before,
         records: &mut Records,
     ) {
         if let Some(mig) = &self.mig {
@@ -379,7 +438,7 @@ impl Preparer {
                 tracing::warn!(error = %e, "cannot read the GPUs after a failed prepare");
             }
         }
-        match mps_before {
+        match before.mps {
             Some(set) => {
                 records.mps.insert(claim.uid.clone(), set);
             }
@@ -387,27 +446,44 @@ impl Preparer {
                 records.mps.remove(&claim.uid);
             }
         }
+        match before.claim {
+            Some(c) => {
+                records.claims.insert(claim.uid.clone(), c);
+            }
+            None => {
+                records.claims.remove(&claim.uid);
+            }
+        }
         if let Err(e) = self.save(records) {
             tracing::warn!(error = %e, "after a failed prepare");
         }
     }
 
-    /// Destroys the instances only `claim` used (unprepare). Errors are collected:
-    /// what could not be destroyed stays recorded and is tried again.
-    async fn release_instances(&self, claim: &ClaimRef, records: &mut Records) -> Vec<String> {
+    /// Destroys the instances only `claim` used (unprepare): returns those
+    /// destroyed and the errors. What could not be destroyed stays recorded and
+    /// is tried again.
+    async fn release_instances(
+        &self,
+        claim: &ClaimRef,
+        records: &mut Records,
+    ) -> (Vec<String>, Vec<String>) {
         let last = records.release(&claim.uid);
         let Some(mig) = self.mig.as_ref().filter(|_| !last.is_empty()) else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let gpus = match mig.discover().await {
             Ok(g) => g,
             Err(e) => {
-                return vec![format!(
-                    "cannot list the GPUs to destroy the MIG instances of claim {}/{}: {e}",
-                    claim.namespace, claim.name
-                )];
+                return (
+                    Vec::new(),
+                    vec![format!(
+                        "cannot list the GPUs to destroy the MIG instances of claim {}/{}: {e}",
+                        claim.namespace, claim.name
+                    )],
+                );
             }
         };
+        let mut destroyed = Vec::new();
         let mut errors = Vec::new();
         for owned in &last {
             match records::disposal(owned, &gpus) {
@@ -415,6 +491,7 @@ impl Preparer {
                     Ok(()) => {
                         tracing::info!(claim = %claim.uid, uuid = %owned.uuid, "destroyed the claim's MIG instance");
                         records.forget(&owned.uuid);
+                        destroyed.push(owned.uuid.clone());
                     }
                     Err(e) => errors.push(format!(
                         "cannot destroy MIG instance {} of GPU {}: {e}",
@@ -431,8 +508,57 @@ impl Preparer {
         if let Err(e) = mig.refresh().await {
             errors.push(format!("cannot read the GPUs after destroying: {e}"));
         }
-        errors
+        (destroyed, errors)
     }
+
+    /// `NodeUnprepareResources` of one claim: removes its CDI spec, destroys the
+    /// MIG instances no other prepared claim uses (as [`records::disposal`]
+    /// allows), drops its hold on an MPS daemon and forgets it. Idempotent:
+    /// releasing a claim released before frees nothing and succeeds. The claim
+    /// stays recorded while anything of it could not be undone, so a repeat
+    /// (the kubelet's, or the next sweep's) tries again.
+    pub async fn release(&self, claim: &ClaimRef) -> Result<Released, String> {
+        if !valid_uid(&claim.uid) {
+            return Err(format!("claim UID {:?} is not a Kubernetes UID", claim.uid));
+        }
+        let mut records = self.records.lock().await;
+        let path = self.spec_path(&claim.uid);
+        let spec = match std::fs::remove_file(&path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(format!("cannot remove CDI spec {}: {e}", path.display())),
+        };
+        let (instances, mut errors) = self.release_instances(claim, &mut records).await;
+        let mps = records.mps.remove(&claim.uid);
+        let recorded = if errors.is_empty() {
+            records.claims.remove(&claim.uid).is_some()
+        } else {
+            records.claims.contains_key(&claim.uid)
+        };
+        if let Err(e) = self.save(&records) {
+            errors.push(e);
+        }
+        drop(records);
+        if mps.is_some() {
+            self.supervise_mps().await;
+        }
+        if errors.is_empty() {
+            Ok(Released {
+                recorded,
+                spec,
+                instances,
+                mps,
+            })
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+}
+
+/// What a claim had recorded before a prepare, restored if the prepare fails.
+struct Before {
+    mps: Option<Vec<String>>,
+    claim: Option<PreparedClaim>,
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -450,14 +576,21 @@ impl ClaimPreparer for Preparer {
         if !valid_uid(&claim.uid) {
             return Err(format!("claim UID {:?} is not a Kubernetes UID", claim.uid));
         }
-        let rc = self.source.get(&claim.namespace, &claim.name).await?;
+        let rc = self
+            .source
+            .get(&claim.namespace, &claim.name)
+            .await
+            .map_err(|e| e.to_string())?;
         let mut records = self.records.lock().await;
-        let mps_before = records.mps.get(&claim.uid).cloned();
+        let before = Before {
+            mps: records.mps.get(&claim.uid).cloned(),
+            claim: records.claims.get(&claim.uid).cloned(),
+        };
         let mut made = Vec::new();
         match self.set_up(claim, &rc, &mut records, &mut made).await {
             Ok(answer) => Ok(answer),
             Err(e) => {
-                self.roll_back(claim, &made, mps_before, &mut records).await;
+                self.roll_back(claim, &made, before, &mut records).await;
                 drop(records);
                 // A daemon started for this claim alone is stopped again.
                 self.supervise_mps().await;
@@ -467,29 +600,6 @@ impl ClaimPreparer for Preparer {
     }
 
     async fn unprepare(&self, claim: &ClaimRef) -> Result<(), String> {
-        if !valid_uid(&claim.uid) {
-            return Err(format!("claim UID {:?} is not a Kubernetes UID", claim.uid));
-        }
-        let mut records = self.records.lock().await;
-        let path = self.spec_path(&claim.uid);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("cannot remove CDI spec {}: {e}", path.display())),
-        }
-        let mut errors = self.release_instances(claim, &mut records).await;
-        let had_mps = records.mps.remove(&claim.uid).is_some();
-        if let Err(e) = self.save(&records) {
-            errors.push(e);
-        }
-        drop(records);
-        if had_mps {
-            self.supervise_mps().await;
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("; "))
-        }
+        self.release(claim).await.map(|_| ())
     }
 }

@@ -9,6 +9,12 @@
 //! stopping the agent, and an instance is destroyed only by its UUID and only
 //! once the GPU shows it still there with the recorded profile and start: an
 //! instance the driver did not create is never in the file, so never touched.
+//!
+//! Every prepared claim is also recorded by UID with its namespace and name
+//! ([`PreparedClaim`]), so that a claim whose `NodeUnprepareResources` never
+//! comes can be looked up and released ([`super::sweep`]). Files written before
+//! that field existed still load (it defaults to empty): their claims are then
+//! known by UID only, and never swept.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -27,6 +33,23 @@ pub struct Records {
     /// Per claim UID: the GPUs (UUIDs, sorted) whose MPS daemon its shares use.
     #[serde(default)]
     pub mps: BTreeMap<String, Vec<String>>,
+    /// Per claim UID: who the prepared claim is and which devices it was given.
+    #[serde(default)]
+    pub claims: BTreeMap<String, PreparedClaim>,
+}
+
+/// A claim prepared on this node, as the kubelet named it.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaim {
+    #[serde(default)]
+    pub namespace: String,
+    /// Empty in a record that lacks it: such a claim cannot be looked up.
+    #[serde(default)]
+    pub name: String,
+    /// The names of the devices of this node's pool it was prepared with.
+    #[serde(default)]
+    pub devices: Vec<String>,
 }
 
 /// A MIG instance the driver created, and the claims that use it.
@@ -106,6 +129,17 @@ impl Records {
     /// The GPU sets whose MPS daemons prepared claims use.
     pub fn mps_sets(&self) -> BTreeSet<Vec<String>> {
         self.mps.values().cloned().collect()
+    }
+
+    /// The UIDs of every claim something is recorded for: prepared, holding an
+    /// instance or using an MPS daemon (older files know some by UID only).
+    pub fn claim_uids(&self) -> BTreeSet<String> {
+        let mut uids: BTreeSet<String> = self.claims.keys().cloned().collect();
+        uids.extend(self.mps.keys().cloned());
+        for i in &self.instances {
+            uids.extend(i.claims.iter().cloned());
+        }
+        uids
     }
 }
 
@@ -249,6 +283,20 @@ mod tests {
         assert_eq!(disposal(owned, &[]), Disposal::Unknown);
     }
 
+    /// A file written before claims were recorded by name still loads; its
+    /// claims are known by UID alone.
+    #[test]
+    fn an_older_file_without_claims_loads_and_lists_its_uids() {
+        let old = br#"{"instances": [{"uuid": "MIG-x", "gpu": "GPU-a", "profile": "1g.10gb",
+            "start": 0, "claims": ["c1"]}], "mps": {"c2": ["GPU-a"]}}"#;
+        let r: Records = serde_json::from_slice(old).unwrap();
+        assert!(r.claims.is_empty());
+        assert_eq!(r.claim_uids(), BTreeSet::from(["c1".into(), "c2".into()]));
+        // A claim entry without a name loads too (and is never swept).
+        let r: Records = serde_json::from_slice(br#"{"claims": {"c3": {}}}"#).unwrap();
+        assert_eq!(r.claims["c3"], PreparedClaim::default());
+    }
+
     #[test]
     fn records_round_trip_and_a_bad_file_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -257,6 +305,14 @@ mod tests {
         let mut r = Records::default();
         r.created("MIG-x", "GPU-a", "1g.10gb", 0, "c1");
         r.mps.insert("c2".into(), vec!["GPU-a".into()]);
+        r.claims.insert(
+            "c1".into(),
+            PreparedClaim {
+                namespace: "ml".into(),
+                name: "train".into(),
+                devices: vec!["gpu-0-mig-1g10gb-0".into()],
+            },
+        );
         save(&path, &r).unwrap();
         assert_eq!(load(&path).unwrap(), r);
         std::fs::write(&path, b"{ nope").unwrap();
