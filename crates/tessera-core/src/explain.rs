@@ -146,6 +146,14 @@ impl Explanation {
         rank(&self.rejected)
     }
 
+    /// The most frequent reason, as a metrics label and event reason
+    /// (`no nodes` when no node was judged).
+    pub fn top_reason(&self) -> String {
+        self.ranked()
+            .first()
+            .map_or_else(|| "no nodes".into(), |(r, _)| r.to_string())
+    }
+
     /// Adds another explanation's counts (e.g. reasons found outside the core's filter).
     pub fn merge(&mut self, other: &Explanation) {
         self.fit += other.fit;
@@ -187,5 +195,7 @@ mod tests {
             e.to_string(),
             "0/1213 nodes fit: 812 no single GPU with 20000 MiB free, 401 GPU model not allowed"
         );
+        assert_eq!(e.top_reason(), "no single GPU with 20000 MiB free");
+        assert_eq!(Explanation::new(0).top_reason(), "no nodes");
     }
 }

@@ -255,14 +255,7 @@ pub(super) fn decide_dra_locked(
     let inventories = v.inventories().clone();
     let (nodes, policy) = m
         .host_fitting(&req, &host, |facts| node_allows(pod, facts))
-        .map_err(|e| {
-            let reason = e
-                .ranked()
-                .first()
-                .map(|(r, _)| r.to_string())
-                .unwrap_or_else(|| "no nodes".into());
-            (e.to_string(), reason)
-        })?;
+        .map_err(|e| (e.to_string(), e.top_reason()))?;
     let facts: Vec<_> = nodes.iter().map(|(_, f)| f.clone()).collect();
     let plan = place(
         &claims,

@@ -115,14 +115,7 @@ fn decide_locked(
     }
     let decided = m.decide(&req, &host, |facts| node_allows(pod, facts));
     metrics.observe_decision("standalone", started.elapsed());
-    let (placement, _) = decided.map_err(|e| {
-        let reason = e
-            .ranked()
-            .first()
-            .map(|(r, _)| r.to_string())
-            .unwrap_or_else(|| "no nodes".into());
-        (e.to_string(), reason)
-    })?;
+    let (placement, _) = decided.map_err(|e| (e.to_string(), e.top_reason()))?;
     let node = m.cluster().node(placement.node).name.clone();
     match m.hold(pod, placement, req, host) {
         Ok(Reservation::Write { annotation }) => Ok(Decided { node, annotation }),
