@@ -412,6 +412,12 @@ fn shares_record_every_capacity_rounded_to_the_policy() {
 /// model's table allows, consuming the profile's compute slices and the
 /// memory slices it covers.
 fn mig_slice(node: &str, gpus: usize) -> ResourceSlice {
+    mig_slice_with(node, gpus, &[])
+}
+
+/// [`mig_slice`], where the placements named in `existing` are instances that
+/// exist (they have a UUID, `MIG-<node>-<device>`).
+pub(super) fn mig_slice_with(node: &str, gpus: usize, existing: &[String]) -> ResourceSlice {
     let catalog = tessera_core::model::Catalog::default();
     let a100 = catalog.find("A100-80GB").unwrap();
     let geo = catalog.spec(a100).mig.clone().unwrap();
@@ -434,12 +440,17 @@ fn mig_slice(node: &str, gpus: usize) -> ResourceSlice {
                     used[format!("memory-slice-{k}")] = json!({"value": "1"});
                 }
                 let label: String = p.name.chars().filter(char::is_ascii_alphanumeric).collect();
+                let name = format!("gpu-{g}-mig-{label}-{start}");
+                let mut attrs = json!({"type": {"string": "mig"}, "profile": {"string": p.name},
+                    "parentIndex": {"int": g}, "parentUUID": {"string": format!("GPU-{g}")},
+                    "model": {"string": "A100-80GB"},
+                    "productName": {"string": "NVIDIA A100-SXM4-80GB"}});
+                if existing.contains(&name) {
+                    attrs["uuid"] = json!({"string": format!("MIG-{node}-{name}")});
+                }
                 devices.push(json!({
-                    "name": format!("gpu-{g}-mig-{label}-{start}"),
-                    "attributes": {"type": {"string": "mig"}, "profile": {"string": p.name},
-                        "parentIndex": {"int": g}, "parentUUID": {"string": format!("GPU-{g}")},
-                        "model": {"string": "A100-80GB"},
-                        "productName": {"string": "NVIDIA A100-SXM4-80GB"}},
+                    "name": name,
+                    "attributes": attrs,
                     "capacity": {"memory": {"value": format!("{}Mi", p.memory_mib)}},
                     "consumesCounters": [{"counterSet": set, "counters": used}]
                 }));

@@ -39,41 +39,7 @@ fn name(profile: &str, start: u8) -> String {
 /// `node`'s slice: one A100-80GB in MIG mode, every placement a device; the
 /// placements named in `existing` are instances that exist (they have a UUID).
 fn slice(node: &str, existing: &[String]) -> ResourceSlice {
-    let geo = a100();
-    let set = "gpu-0-counter-set";
-    let mut all = json!({"compute-slices": {"value": geo.compute_slices.to_string()}});
-    for k in 0..geo.memory_slices {
-        all[format!("memory-slice-{k}")] = json!({"value": "1"});
-    }
-    let mut devices = Vec::new();
-    for p in &geo.profiles {
-        for &start in &p.starts {
-            let Some(mask) = geo.placement_mask(p, start) else {
-                continue;
-            };
-            let mut used = json!({"compute-slices": {"value": p.compute_slices.to_string()}});
-            for k in (0..8).filter(|k| mask & (1 << k) != 0) {
-                used[format!("memory-slice-{k}")] = json!({"value": "1"});
-            }
-            let device = name(&p.name, start);
-            let mut attrs = json!({"type": {"string": "mig"}, "profile": {"string": p.name},
-                "parentIndex": {"int": 0}, "parentUUID": {"string": format!("GPU-{node}")},
-                "model": {"string": "A100-80GB"}});
-            if existing.contains(&device) {
-                attrs["uuid"] = json!({"string": format!("MIG-{node}-{device}")});
-            }
-            devices.push(json!({"name": device, "attributes": attrs,
-                "capacity": {"memory": {"value": format!("{}Mi", p.memory_mib)}},
-                "consumesCounters": [{"counterSet": set, "counters": used}]}));
-        }
-    }
-    serde_json::from_value(json!({
-        "metadata": {"name": format!("{node}-gpu.tessera.io-0")},
-        "spec": {"driver": "gpu.tessera.io", "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "nodeName": node, "sharedCounters": [{"name": set, "counters": all}],
-                 "devices": devices}
-    }))
-    .unwrap()
+    crate::dra::tests::mig_slice_with(node, 1, existing)
 }
 
 /// `s` with a second GPU, not in MIG mode: the whole device `gpu-1`.
