@@ -32,7 +32,7 @@ use tonic::transport::{Channel, Endpoint};
 mod http_get;
 use http_get::get;
 mod raw_grpc;
-use raw_grpc::raw_unary;
+use raw_grpc::{notify_registered, raw_unary};
 
 /// Prepares claim `uid-ok` as one device, fails `uid-bad`.
 struct FakePreparer;
@@ -152,18 +152,9 @@ async fn registration_answers_a_request_without_authority() {
     );
 
     // The kubelet's verdict, also without :authority.
-    raw_unary(
-        &r.config.registration_socket(),
-        "/pluginregistration.Registration/NotifyRegistrationStatus",
-        None,
-        &reg::RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        }
-        .encode_to_vec(),
-    )
-    .await
-    .expect("NotifyRegistrationStatus without :authority is answered");
+    notify_registered(&r.config.registration_socket())
+        .await
+        .expect("NotifyRegistrationStatus without :authority is answered");
     assert_eq!(*r.state.borrow(), RegistrationState::Registered);
 
     // The same calls with `:authority: localhost` (grpc-go's unix:// targets).
@@ -485,18 +476,9 @@ async fn the_driver_is_not_ready_until_the_kubelet_registers_it() {
             && body.contains("no API server"),
         "{body}"
     );
-    raw_unary(
-        &config.sockets.registration_socket(),
-        "/pluginregistration.Registration/NotifyRegistrationStatus",
-        None,
-        &reg::RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        }
-        .encode_to_vec(),
-    )
-    .await
-    .unwrap();
+    notify_registered(&config.sockets.registration_socket())
+        .await
+        .unwrap();
     let (status, body) = get(probe, "/readyz").await.unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(

@@ -27,13 +27,13 @@ use tessera_node::backend::fake::Fake;
 use tessera_node::deviceplugin::allocate::MpsConfig;
 use tessera_node::dra::DraConfig;
 use tessera_node::dra::driver::{DriverConfig, DriverError, run_driver_with_claims};
-use tessera_node::dra::proto::{pluginregistration as reg, v1};
+use tessera_node::dra::proto::v1;
 use tessera_node::dra::slice::SliceOptions;
 use tokio::sync::oneshot;
 
 use dra_common::{FakeClaims, GPUS, NODE, device};
 use fake_mps::{FAKE_CONTROL, write_script};
-use raw_grpc::raw_unary;
+use raw_grpc::{notify_registered, raw_unary};
 
 const PREPARE: &str = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources";
 const UNPREPARE: &str = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources";
@@ -414,18 +414,9 @@ async fn the_driver_sweeps_prepared_claims_once_registered() {
     node.claims.put("first", json!([device("gpu-1")]));
     node.prepare("first").await.unwrap();
     assert_eq!(node.claims.reads("first"), 1, "read by prepare only");
-    raw_unary(
-        &node.config.sockets.registration_socket(),
-        "/pluginregistration.Registration/NotifyRegistrationStatus",
-        None,
-        &reg::RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        }
-        .encode_to_vec(),
-    )
-    .await
-    .unwrap();
+    notify_registered(&node.config.sockets.registration_socket())
+        .await
+        .unwrap();
     until("the first sweep reads the prepared claim", || {
         node.claims.reads("first") > 1
     })

@@ -138,3 +138,21 @@ pub async fn raw_unary(
     let len = usize::try_from(u32::from_be_bytes(data[1..5].try_into().unwrap())).unwrap();
     Ok(data[5..5 + len].to_vec())
 }
+
+/// The kubelet's `NotifyRegistrationStatus` with `plugin_registered: true`, sent
+/// on the registration socket as the plugin watcher sends it (no `:authority`).
+pub async fn notify_registered(registration_socket: &Path) -> Result<Vec<u8>, String> {
+    use prost::Message;
+    use tessera_node::dra::proto::pluginregistration::RegistrationStatus;
+    let status = RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    };
+    raw_unary(
+        registration_socket,
+        "/pluginregistration.Registration/NotifyRegistrationStatus",
+        None,
+        &status.encode_to_vec(),
+    )
+    .await
+}
