@@ -710,9 +710,10 @@ async fn without_the_dra_api_ordinary_pods_are_placed_and_claims_refused() {
     let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
 }
 
-/// The DRA view's problems reach `/metrics`: a slice that does not read and
-/// a device left out of node-a's inventory count 2 in `tessera_dra_problems`
-/// once a pod with claims is decided, and the rest of the view still works
+/// The DRA view's problems reach `/metrics` and the mirror's list (the web
+/// view's Problems): a slice that does not read and a device left out of
+/// node-a's inventory count 2 in `tessera_dra_problems` once a pod with claims
+/// is decided, and the rest of the view still works
 /// (the pod's claim is allocated on node-a's good GPU).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_views_problems_are_counted_in_metrics() {
@@ -748,6 +749,12 @@ async fn the_views_problems_are_counted_in_metrics() {
     l.standalone.pass().await;
     l.standalone.flush().await;
     assert_eq!(gauge(&l).as_deref(), Some("2"));
+    // …and the mirror lists them, so the web view and `tessera_problems` do.
+    let listed = l.mirror.lock().problems();
+    assert!(
+        listed.iter().any(|p| p.contains("broken")) && listed.iter().any(|p| p.contains("gpu-9")),
+        "{listed:?}"
+    );
     assert_eq!(
         devices(&get(&l.server, Resource::Claims, "c1")),
         [("node-a".to_string(), "gpu-0".to_string())]

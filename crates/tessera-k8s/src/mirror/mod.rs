@@ -97,6 +97,8 @@ pub struct Mirror {
     generation: u64,
     /// Things wrong with nodes, inventory or replays at the last rebuild.
     node_problems: Vec<String>,
+    /// What the DRA view found wrong (standalone `--dra`), as of the last pass.
+    dra_problems: Vec<String>,
     /// Per node name, the countable resources the held pods take.
     host_used: FxHashMap<String, BTreeMap<String, u64>>,
     /// No unconfirmed reservation expires before this (a scan of the holds is
@@ -158,6 +160,7 @@ impl Mirror {
             by_name: FxHashMap::default(),
             generation: 0,
             node_problems: Vec::new(),
+            dra_problems: Vec::new(),
             host_used: FxHashMap::default(),
             next_expiry: None,
             blocked: FxHashMap::default(),
@@ -357,7 +360,15 @@ impl Mirror {
         pods.sort();
         v.extend(pods.into_iter().cloned());
         v.extend(self.queues_problems_as_of_now());
+        v.extend(self.dra_problems.iter().cloned());
         v
+    }
+
+    /// What the DRA view finds wrong ([`crate::dra::view::DraView::problems`]:
+    /// claims and slices that do not read, devices left out of inventories),
+    /// told at each standalone pass so that [`Mirror::problems`] lists them.
+    pub fn set_dra_problems(&mut self, problems: Vec<String>) {
+        self.dra_problems = problems;
     }
 
     /// The key new decisions are signed with.

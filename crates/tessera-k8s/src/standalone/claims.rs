@@ -336,12 +336,14 @@ pub(super) fn decide_dra_locked(
 }
 
 /// Tells the mirror what the allocated claims hold, per pod, so queues count
-/// them in their usage. Called with the mirror's lock held, then the view's.
+/// them in their usage, and what the view finds wrong, so the web view lists
+/// it. Called with the mirror's lock held, then the view's.
 pub(super) fn count_claims(m: &mut Mirror, v: &mut DraView) {
     let catalog = m.cluster().catalog.clone();
     let (claims, inventories) = v.claims_and_inventories();
     let held = pod_holdings(&catalog, m.gpu_equivalents(), inventories, claims);
     m.set_claim_holdings(held);
+    m.set_dra_problems(v.problems());
 }
 
 /// Milli GPU-equivalents the pod `uid`'s claims take once `plan` is applied:
