@@ -1273,3 +1273,233 @@ async fn no_eviction_for_equal_priority_a_closed_budget_or_unlisted_budgets() {
         );
     }
 }
+
+// ---- reclaim ----
+
+/// The namespaces of queues `queue-a` and `queue-b`, and one in no queue.
+const NS_A: &str = "team-a";
+const NS_B: &str = "team-b";
+const NS_FREE: &str = "free";
+
+/// Queues `queue-a` and `queue-b`, each guaranteed 1 GPU (and the node's
+/// CPU and memory, so only GPUs count), joined by namespaces `team-a` and
+/// `team-b`; `free` joins none.
+fn two_queues(m: &mut Mirror) {
+    let queue = |name: &str| {
+        let guaranteed = QueueResources {
+            gpus: Some("1".into()),
+            cpu: Some("64".into()),
+            memory: Some("512Gi".into()),
+        };
+        GpuQueue::new(
+            name,
+            GpuQueueSpec {
+                guaranteed,
+                ..Default::default()
+            },
+        )
+    };
+    m.replace_queues(vec![queue("queue-a"), queue("queue-b")]);
+    let ns = |name: &str, queue: Option<&str>| {
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(name.into());
+        ns.metadata.labels =
+            queue.map(|q| [("tessera.io/queue".to_string(), q.to_string())].into());
+        ns
+    };
+    m.replace_namespaces(vec![
+        ns(NS_A, Some("queue-a")),
+        ns(NS_B, Some("queue-b")),
+        ns(NS_FREE, None),
+    ]);
+}
+
+/// Pod `ns/name` of `priority`, running for an hour on node-a, its claim
+/// `name`-gpu allocated node-a's `gpu` and reserved for it; its UID.
+async fn holding(server: &ApiServer, ns: &str, name: &str, priority: i32, gpu: usize) -> String {
+    let mut p = pod_with_claims(ns, name, &[("gpu", Ok(&format!("{name}-gpu")))]);
+    p["spec"]["priority"] = json!(priority);
+    p["spec"]["nodeName"] = json!("node-a");
+    let uid = server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    let (client, _s) = server.client();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client, ns);
+    pods.patch_status(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"phase": "Running",
+            "startTime": hour_ago.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}})),
+    )
+    .await
+    .unwrap();
+    let mut c = claim(ns, &format!("{name}-gpu"), "gpu.tessera.io", 1);
+    c["status"] = json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a",
+            "device": format!("gpu-{gpu}")}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]});
+    server.create(Resource::Claims, &c).unwrap();
+    uid
+}
+
+/// Pod `team-a/a1` of priority 0 (below every holder's) asking one GPU
+/// through its claim `a1-gpu`; its UID.
+fn a1_waiting(server: &ApiServer) -> String {
+    server
+        .create(
+            Resource::Claims,
+            &claim(NS_A, "a1-gpu", "gpu.tessera.io", 1),
+        )
+        .unwrap();
+    let mut p = pod_with_claims(NS_A, "a1", &[("gpu", Ok("a1-gpu"))]);
+    p["spec"]["priority"] = json!(0);
+    server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn stored(server: &ApiServer, r: Resource, ns: &str, name: &str) -> Value {
+    server
+        .get(r, ns, name)
+        .unwrap_or_else(|| panic!("{ns}/{name} stored"))
+}
+
+/// Two queues guaranteed 1 GPU each on a 2-GPU node; queue-b's pods (priority
+/// 1000) hold both GPUs, borrowing one. Pod team-a/a1 (priority 0) asks one
+/// GPU: its queue is within its guarantee, so it reclaims what queue-b
+/// borrows: exactly one queue-b pod is evicted (UID precondition), whatever
+/// the priorities, and the events say reclaim. Once the victim is gone and
+/// its claim released (what the kubelet and the resourceclaim controller
+/// would do), a1's claim gets the freed GPU and a1 is bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_within_its_guarantee_reclaims_one_borrowed_gpu() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2)]);
+    let b1 = holding(&server, NS_B, "b1", 1000, 0).await;
+    let b2 = holding(&server, NS_B, "b2", 1000, 1).await;
+    let a1 = a1_waiting(&server);
+    let (mut l, evictions) = preempting_loop(server, Some(vec![]));
+    two_queues(&mut l.mirror.lock());
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let sent = evictions.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1, "only what queue-b borrows: {sent:?}");
+    let (victim, victim_uid, stays) = if sent[0].0.ends_with("/b1/eviction") {
+        ("b1", &b1, "b2")
+    } else {
+        ("b2", &b2, "b1")
+    };
+    assert_eq!(
+        sent[0].0,
+        format!("/api/v1/namespaces/{NS_B}/pods/{victim}/eviction")
+    );
+    assert_eq!(
+        sent[0].1["deleteOptions"]["preconditions"]["uid"],
+        json!(victim_uid)
+    );
+    assert_eq!(eviction_writes(&l.server), [(victim.to_string(), 201)]);
+    let evicted = stored(&l.server, Resource::Pods, NS_B, victim);
+    assert!(evicted.pointer("/metadata/deletionTimestamp").is_some());
+    let kept = stored(&l.server, Resource::Pods, NS_B, stays);
+    assert!(kept.pointer("/metadata/deletionTimestamp").is_none());
+    let said = notes(&l.server, "a1");
+    let reclaiming = format!("reclaiming borrowed quota on node node-a: evicted {NS_B}/{victim}");
+    assert!(said.iter().any(|n| n.contains(&reclaiming)), "{said:?}");
+    let victim_said = notes(&l.server, victim);
+    assert!(
+        victim_said
+            .iter()
+            .any(|n| n.contains("evicted by Tessera for team-a/a1")
+                && n.contains("reclaiming borrowed quota")),
+        "{victim_said:?}"
+    );
+    // The watch shows the victim terminating: the next pass waits for it.
+    l.mirror
+        .lock()
+        .upsert_pod(serde_json::from_value(evicted).unwrap());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(evictions.lock().unwrap().len(), 1, "one eviction in all");
+    // The kubelet and the resourceclaim controller.
+    let (client, _s) = l.server.client();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), NS_B);
+    pods.delete(victim, &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let claims: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client, NS_B, &tessera_k8s::dra::write::claims_resource());
+    claims
+        .patch_status(
+            &format!("{victim}-gpu"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"reservedFor": null, "allocation": null}})),
+        )
+        .await
+        .unwrap();
+    l.mirror.lock().remove_pod(victim_uid);
+    refresh(&l.server, &l.view);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let placed = stored(&l.server, Resource::Pods, NS_A, "a1");
+    assert_eq!(node_of(&placed), Some("node-a"), "{placed}");
+    let c = stored(&l.server, Resource::Claims, NS_A, "a1-gpu");
+    let freed = if victim == "b1" { "gpu-0" } else { "gpu-1" };
+    assert_eq!(devices(&c), [("node-a".to_string(), freed.to_string())]);
+    assert_eq!(reserved_uids(&c), [a1]);
+    assert_eq!(evictions.lock().unwrap().len(), 1);
+}
+
+/// No reclaim: when queue-b holds only its guarantee (its one GPU; the
+/// other is held by a pod in no queue, never reclaimed), and when queue-a
+/// would borrow (it holds its guarantee already through a0, of a priority
+/// above a1's, on a 3-GPU node where queue-b borrows one). a1 waits with the
+/// claims' sentence and nobody is evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_reclaim_from_a_queue_at_its_guarantee_or_for_a_borrowing_queue() {
+    type Holder = (&'static str, &'static str, usize);
+    let cases: [(&str, u32, &[Holder]); 2] = [
+        (
+            "queue-b at its guarantee",
+            2,
+            &[(NS_B, "b1", 0), (NS_FREE, "f1", 1)],
+        ),
+        (
+            "queue-a would borrow",
+            3,
+            &[(NS_B, "b1", 0), (NS_B, "b2", 1), (NS_A, "a0", 2)],
+        ),
+    ];
+    for (case, gpus, holders) in cases {
+        let server = ApiServer::new(Config::default());
+        cluster(&server, &[("node-a", gpus)]);
+        for (ns, name, gpu) in holders {
+            holding(&server, ns, name, 1000, *gpu).await;
+        }
+        a1_waiting(&server);
+        let (mut l, evictions) = preempting_loop(server, Some(vec![]));
+        two_queues(&mut l.mirror.lock());
+        l.standalone.pass().await;
+        l.standalone.flush().await;
+        assert!(evictions.lock().unwrap().is_empty(), "{case}");
+        assert!(eviction_writes(&l.server).is_empty(), "{case}");
+        let waiting = stored(&l.server, Resource::Pods, NS_A, "a1");
+        assert_eq!(node_of(&waiting), None, "{case}");
+        let said = notes(&l.server, "a1");
+        assert!(
+            said.iter()
+                .any(|n| n.contains("0/1 nodes can take the pod's ResourceClaims")),
+            "{case}: {said:?}"
+        );
+        assert!(
+            !said.iter().any(|n| n.contains("reclaiming")),
+            "{case}: {said:?}"
+        );
+    }
+}

@@ -28,9 +28,29 @@
 //! run time lost); then the node whose name sorts first. Equal inputs give
 //! equal plans.
 //!
-//! Only preemption by priority: reclaim of borrowed quota across queues
-//! (which the device-plugin path also does) is not done for claims; the
-//! caller offers only candidates of the preemptor's own queue.
+//! Two kinds ([`Mode`]), as on the device-plugin path
+//! ([`crate::mirror::Mirror::preemption`]):
+//! - **Preemption** by priority within the preemptor's queue (the caller
+//!   offers only pods of its queue): victims have strictly lower priority.
+//! - **Reclaim** of borrowed quota across queues, for a pod whose queue is
+//!   within its guarantee: victims are pods of *other* queues holding more
+//!   than their guarantee, whatever their priority, and only what is borrowed
+//!   is taken. A candidate is a victim only if its queue keeps its guarantee
+//!   without it; a node's plan is dropped unless each victim queue keeps its
+//!   guarantee without all its victims together, and unless the preemptor's
+//!   queue stays within its guarantee with the pod's claims placed as they
+//!   would be there (what they count depends on the devices, so the caller
+//!   judges it per placement). The rule of the core's
+//!   `tessera_core::queue::reclaim`, which cannot be fed here: it plans on the
+//!   ledger, and devices held through claims are not in it. As there, only
+//!   the victim's own queue (a leaf) is checked, not its parents. Unlike
+//!   there, a node whose plan would take a queue below its guarantee is
+//!   dropped and the other nodes still compete, rather than the whole plan.
+//!
+//! A queue's usage and a candidate's weight in it are milli GPU-equivalents
+//! ([`super::quota`]); a claim counts against the first pod it is reserved
+//! for, as in queue usage, so taking a pod that shares a claim with one that
+//! stays counts as taken although nothing is freed: never below a guarantee.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -38,7 +58,7 @@ use tessera_core::policy::Policy;
 
 use super::cel::Env;
 use super::inventory::{NodeInventory, Usage};
-use super::place::{SelectorCheck, place};
+use super::place::{Plan, SelectorCheck, place};
 use super::pod::PodClaim;
 use crate::convert::NodeFacts;
 
@@ -64,14 +84,79 @@ pub struct Candidate {
     pub budget: Option<String>,
     /// The claims reserved for it.
     pub claims: Vec<HeldClaim>,
+    /// Its queue's name (empty when in none).
+    pub queue: String,
+    /// What it counts in its queue's usage: milli GPU-equivalents of the
+    /// claims it is the first pod reserved for.
+    pub milli: u64,
+}
+
+/// Which candidates may be victims.
+pub enum Mode<'a> {
+    /// Preemption within a queue: those of strictly lower priority than
+    /// [`Situation::priority`].
+    Priority,
+    /// Reclaim of borrowed quota across queues, whatever the priorities.
+    Reclaim(Quotas<'a>),
+}
+
+/// What a queue holds and is guaranteed, milli GPU-equivalents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub held_milli: u64,
+    pub guaranteed_milli: u64,
+}
+
+/// The quota state reclaim reads.
+pub struct Quotas<'a> {
+    /// The preemptor's queue: its pods are never reclaimed from.
+    pub queue: &'a str,
+    /// Per queue name; a queue missing here (a pod in no queue) has nothing
+    /// borrowed.
+    pub queues: &'a BTreeMap<String, Quota>,
+    /// Whether the preemptor's queue stays within its guarantee with the
+    /// pod's claims placed as in the plan (`false`: it would borrow, and a
+    /// borrower reclaims nothing).
+    pub within_guarantee: &'a dyn Fn(&Plan) -> bool,
+}
+
+impl Quotas<'_> {
+    /// Whether `queue` stays at or above its guarantee without `taken_milli`.
+    fn keeps(&self, queue: &str, taken_milli: u64) -> bool {
+        self.queues
+            .get(queue)
+            .is_some_and(|q| q.held_milli.saturating_sub(taken_milli) >= q.guaranteed_milli)
+    }
+
+    /// Whether every victim queue keeps its guarantee without all its victims.
+    fn keep_all(&self, victims: &[&Candidate]) -> bool {
+        let mut taken: BTreeMap<&str, u64> = BTreeMap::new();
+        for v in victims {
+            *taken.entry(v.queue.as_str()).or_default() += v.milli;
+        }
+        taken.iter().all(|(q, milli)| self.keeps(q, *milli))
+    }
+}
+
+impl Mode<'_> {
+    /// Whether `c` may be a victim at all (before the plan's own checks).
+    fn may_evict(&self, c: &Candidate, priority: i32) -> bool {
+        match self {
+            Mode::Priority => c.priority < priority,
+            Mode::Reclaim(q) => c.queue != q.queue && q.keeps(&c.queue, c.milli),
+        }
+    }
 }
 
 /// Everything a plan is made from.
 pub struct Situation<'a> {
     /// The preemptor's claims ([`super::pod::pod_claims`]).
     pub claims: &'a [PodClaim],
-    /// The preemptor's priority: only candidates strictly below it are victims.
+    /// The preemptor's priority: in [`Mode::Priority`], only candidates
+    /// strictly below it are victims.
     pub priority: i32,
+    /// Preemption by priority, or reclaim.
+    pub mode: Mode<'a>,
     /// The nodes the pod may go to (its host checks passed).
     pub nodes: &'a [NodeFacts],
     pub inventories: &'a BTreeMap<String, NodeInventory>,
@@ -128,8 +213,9 @@ fn freed(s: &Situation<'_>, victims: &[&Candidate]) -> Usage {
     usage
 }
 
-/// Whether the pod's claims all allocate on `node` once `victims` are gone.
-fn fits(s: &Situation<'_>, node: &NodeFacts, victims: &[&Candidate]) -> bool {
+/// Where the pod's claims allocate on `node` once `victims` are gone, if
+/// they all do.
+fn placement(s: &Situation<'_>, node: &NodeFacts, victims: &[&Candidate]) -> Option<Plan> {
     let usage = freed(s, victims);
     place(
         s.claims,
@@ -140,7 +226,12 @@ fn fits(s: &Situation<'_>, node: &NodeFacts, victims: &[&Candidate]) -> bool {
         s.env,
         s.selects,
     )
-    .is_ok()
+    .ok()
+}
+
+/// Whether the pod's claims all allocate on `node` once `victims` are gone.
+fn fits(s: &Situation<'_>, node: &NodeFacts, victims: &[&Candidate]) -> bool {
+    placement(s, node, victims).is_some()
 }
 
 /// kube-scheduler's `MoreImportantPod`: higher priority, then earlier start.
@@ -213,7 +304,7 @@ fn select<'a>(s: &'a Situation<'_>, node: &NodeFacts) -> Option<Vec<&'a Candidat
         .get(&node.name)
         .into_iter()
         .flatten()
-        .filter(|c| c.priority < s.priority)
+        .filter(|c| s.mode.may_evict(c, s.priority))
         .collect();
     if lower.is_empty() || !fits(s, node, &lower) {
         return None;
@@ -247,7 +338,20 @@ fn select<'a>(s: &'a Situation<'_>, node: &NodeFacts) -> Option<Vec<&'a Candidat
     let within = per_budget
         .iter()
         .all(|(b, n)| s.budgets.get(*b).is_some_and(|allowed| n <= allowed));
-    within.then_some(victims)
+    if !within {
+        return None;
+    }
+    if let Mode::Reclaim(q) = &s.mode {
+        // Only what is borrowed, and only for a queue within its guarantee.
+        if !q.keep_all(&victims) {
+            return None;
+        }
+        let placed = placement(s, node, &victims)?;
+        if !(q.within_guarantee)(&placed) {
+            return None;
+        }
+    }
+    Some(victims)
 }
 
 #[cfg(test)]
@@ -329,14 +433,30 @@ mod tests {
         }
     }
 
-    /// Pod `id` on its node, holding `claims`.
+    /// Pod `id` on its node, holding `claims`, in no queue; it counts 1000
+    /// per GPU of each claim it is the first consumer of.
     fn pod(id: &str, priority: i32, started_s: u64, claims: Vec<HeldClaim>) -> Candidate {
+        let milli = claims
+            .iter()
+            .filter(|c| c.consumers.first().map(String::as_str) == Some(id))
+            .map(|c| 1000 * c.usage.devices.len() as u64)
+            .sum();
         Candidate {
             id: id.into(),
             priority,
             started_s,
             budget: None,
             claims,
+            queue: String::new(),
+            milli,
+        }
+    }
+
+    /// [`holder`] in queue `queue`.
+    fn queued(queue: &str, id: &str, priority: i32, node: &str, gpus: &[usize]) -> Candidate {
+        Candidate {
+            queue: queue.into(),
+            ..holder(id, priority, node, gpus)
         }
     }
 
@@ -356,6 +476,9 @@ mod tests {
         /// Claims allocated to pods that are not candidates.
         others: Vec<HeldClaim>,
         budgets: BTreeMap<String, u32>,
+        /// Reclaim instead of preemption by priority: the preemptor's queue,
+        /// what it holds and is guaranteed (milli), and every queue's quota.
+        reclaim: Option<(&'static str, Quota, BTreeMap<String, Quota>)>,
     }
 
     impl World {
@@ -365,7 +488,31 @@ mod tests {
                 candidates: Vec::new(),
                 others: Vec::new(),
                 budgets: BTreeMap::new(),
+                reclaim: None,
             }
+        }
+
+        /// Reclaim for a pod of queue `own` holding `own_held` of its
+        /// guarantee `own_guaranteed`; `queues`: (name, held, guaranteed).
+        fn reclaiming(
+            mut self,
+            own: &'static str,
+            own_held: u64,
+            own_guaranteed: u64,
+            queues: &[(&str, u64, u64)],
+        ) -> World {
+            let quota = |held_milli, guaranteed_milli| Quota {
+                held_milli,
+                guaranteed_milli,
+            };
+            let mut all: BTreeMap<String, Quota> = queues
+                .iter()
+                .map(|(n, h, g)| (n.to_string(), quota(*h, *g)))
+                .collect();
+            all.entry(own.into())
+                .or_insert(quota(own_held, own_guaranteed));
+            self.reclaim = Some((own, quota(own_held, own_guaranteed), all));
+            self
         }
 
         fn with(mut self, node: &'static str, c: Candidate) -> World {
@@ -409,9 +556,28 @@ mod tests {
             let claims = wants(gpus);
             let policy = policy::by_name("binpack", &PolicyArgs::default()).unwrap();
             let env = Env::new();
+            // The preemptor's claims count 1000 per whole GPU placed.
+            let within = |p: &Plan| {
+                let (_, own, _) = self.reclaim.as_ref().expect("reclaiming");
+                let ask: u64 = p
+                    .allocations
+                    .iter()
+                    .map(|(_, a)| 1000 * a.results.len() as u64)
+                    .sum();
+                own.held_milli + ask <= own.guaranteed_milli
+            };
+            let mode = match &self.reclaim {
+                None => Mode::Priority,
+                Some((queue, _, queues)) => Mode::Reclaim(Quotas {
+                    queue,
+                    queues,
+                    within_guarantee: &within,
+                }),
+            };
             plan(&Situation {
                 claims: &claims,
                 priority,
+                mode,
                 nodes: &nodes,
                 inventories: &inventories,
                 usage: &usage,
@@ -566,5 +732,97 @@ mod tests {
             let on_winner = if *want == "node-a" { a.len() } else { b.len() };
             assert_eq!(got.map(|v| v.victims.len()), Some(on_winner), "row {i}");
         }
+    }
+
+    // ---- reclaim ----
+
+    /// One 4-GPU node: queue b (guaranteed 1) holds 2 GPUs with b1 and b2,
+    /// queue c (guaranteed 1) holds its 1 GPU with c1, n1 is in no queue.
+    /// Reclaim for a pod of queue a (guaranteed 1, holding nothing) asking
+    /// one GPU takes from b only, whatever the priorities (100 against the
+    /// preemptor's 0): b1 is reprieved (b2 alone makes room: 2000 − 1000 ≥
+    /// 1000), b2 goes. c is at its guarantee, n1 has no queue: never
+    /// victims. Asking two would take b to 0 < 1000: no plan.
+    #[test]
+    fn reclaim_takes_only_from_queues_over_their_guarantee() {
+        let world = || {
+            World::new(&[("node-a", 4)])
+                .with("node-a", queued("b", "b1", 100, "node-a", &[0]))
+                .with("node-a", queued("b", "b2", 100, "node-a", &[1]))
+                .with("node-a", queued("c", "c1", 100, "node-a", &[2]))
+                .with("node-a", holder("n1", 100, "node-a", &[3]))
+        };
+        let w = world().reclaiming("a", 0, 1000, &[("b", 2000, 1000), ("c", 1000, 1000)]);
+        assert_eq!(w.plan(0, 1), victims("node-a", &["b2"]));
+        assert_eq!(w.plan(0, 2), None, "b would drop below its guarantee");
+        // By priority alone (the same pods, a preemptor of priority 0): none.
+        assert_eq!(world().plan(0, 1), None);
+        // With c guaranteed nothing (all its 1000 borrowed) and a
+        // guaranteed 2, asking two: b1 is reprieved, b2 and c1 go, one from
+        // each queue (b: 2000 − 1000 ≥ 1000, c: 1000 − 1000 ≥ 0).
+        let w = world().reclaiming("a", 0, 2000, &[("b", 2000, 1000), ("c", 1000, 0)]);
+        assert_eq!(w.plan(0, 2), victims("node-a", &["b2", "c1"]));
+    }
+
+    /// The preemptor's own queue is never reclaimed from, even were it
+    /// listed over its guarantee: its pods are preemption's, by priority.
+    #[test]
+    fn reclaim_never_takes_from_the_preemptor_s_queue() {
+        let w = World::new(&[("node-a", 1)])
+            .with("node-a", queued("a", "a1", 0, "node-a", &[0]))
+            .reclaiming("a", 0, 1000, &[("a", 2000, 1000)]);
+        assert_eq!(w.plan(10, 1), None);
+        let w = World::new(&[("node-a", 1)])
+            .with("node-a", queued("x", "a1", 0, "node-a", &[0]))
+            .reclaiming("a", 0, 1000, &[("x", 2000, 1000)]);
+        assert_eq!(w.plan(10, 1), victims("node-a", &["a1"]), "another queue's");
+    }
+
+    /// A queue is never taken below its guarantee, counting all its victims
+    /// on the node together: b (guaranteed 1) holds 3 GPUs on a 3-GPU node,
+    /// each pod alone leaves it above its guarantee. Asking two takes two
+    /// (3000 − 2000 = 1000 ≥ 1000); asking three would leave 0: no plan.
+    /// With b's guarantee at 2, one may go but not two.
+    #[test]
+    fn a_queue_is_never_taken_below_its_guarantee() {
+        let world = |b_guaranteed: u64, a_guaranteed: u64| {
+            World::new(&[("node-a", 3)])
+                .with("node-a", queued("b", "b1", 1, "node-a", &[0]))
+                .with("node-a", queued("b", "b2", 2, "node-a", &[1]))
+                .with("node-a", queued("b", "b3", 3, "node-a", &[2]))
+                .reclaiming("a", 0, a_guaranteed, &[("b", 3000, b_guaranteed)])
+        };
+        assert_eq!(world(1000, 3000).plan(0, 1), victims("node-a", &["b1"]));
+        assert_eq!(
+            world(1000, 3000).plan(0, 2),
+            victims("node-a", &["b2", "b1"])
+        );
+        assert_eq!(world(1000, 3000).plan(0, 3), None);
+        assert_eq!(world(2000, 3000).plan(0, 1), victims("node-a", &["b1"]));
+        assert_eq!(world(2000, 3000).plan(0, 2), None);
+        // A pod holding more than b's borrowed part alone is no victim:
+        // b (guaranteed 1) holds 2 GPUs through one pod.
+        let w = World::new(&[("node-a", 2)])
+            .with("node-a", queued("b", "big", 1, "node-a", &[0, 1]))
+            .reclaiming("a", 0, 1000, &[("b", 2000, 1000)]);
+        assert_eq!(w.plan(0, 1), None);
+    }
+
+    /// Only a queue within its guarantee reclaims: queue a (guaranteed 1)
+    /// holding nothing may take one GPU back from b, which borrows two; once
+    /// it holds its guarantee, or asks two (it would borrow), no plan.
+    #[test]
+    fn no_reclaim_when_the_preemptor_s_queue_would_borrow() {
+        let world = |a_held: u64, a_guaranteed: u64| {
+            World::new(&[("node-a", 3)])
+                .with("node-a", queued("b", "b1", 1, "node-a", &[0]))
+                .with("node-a", queued("b", "b2", 1, "node-a", &[1]))
+                .with("node-a", queued("b", "b3", 1, "node-a", &[2]))
+                .reclaiming("a", a_held, a_guaranteed, &[("b", 3000, 1000)])
+        };
+        assert!(world(0, 1000).plan(0, 1).is_some());
+        assert_eq!(world(1000, 1000).plan(0, 1), None, "a holds its guarantee");
+        assert_eq!(world(0, 1000).plan(0, 2), None, "two would borrow one");
+        assert_eq!(world(0, 2000).plan(0, 2).map(|v| v.victims.len()), Some(2));
     }
 }

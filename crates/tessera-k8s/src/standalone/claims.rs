@@ -37,9 +37,10 @@
 //! ([`DraDecided::unassume`]) with its holds. Written as single pods are,
 //! one by one, so a member whose write fails is decided again alone.
 //!
-//! A pod whose claims fit on no node may evict lower-priority pods of its
-//! queue that hold claims of our driver (`dra_preempt.rs`); it is then
-//! placed by a later pass, once they are gone.
+//! A pod whose claims fit on no node may evict pods that hold claims of our
+//! driver (`dra_preempt.rs`): lower-priority pods of its queue, or, when its
+//! queue is within its guarantee, pods of queues borrowing beyond theirs; it
+//! is then placed by a later pass, once they are gone.
 //!
 //! Not done here: pods asking both `tessera.io/*` resources and claims.
 
@@ -350,7 +351,7 @@ pub(super) fn count_claims(m: &mut Mirror, v: &mut DraView) {
 /// the devices it allocates on the plan's node, and those of its claims
 /// allocated already and reserved for no other pod (a claim another pod holds
 /// counts against that pod's queue).
-fn claims_milli(
+pub(super) fn claims_milli(
     catalog: &Catalog,
     ge: &GpuEquivalents,
     inventories: &BTreeMap<String, NodeInventory>,

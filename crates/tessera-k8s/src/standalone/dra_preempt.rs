@@ -3,10 +3,11 @@
 //! A pod whose claims fit on no node (and only for that reason: a pod over
 //! quota, waiting for its claims or refused is not helped by evicting
 //! anyone) may make room by evicting others, with the device-plugin path's
-//! rules: victims are pods of strictly lower priority in the same queue (or,
-//! like the pod, in none), not annotated `tessera.io/preemptible: "false"`,
+//! rules: victims are pods not annotated `tessera.io/preemptible: "false"`,
 //! not being deleted, that have run at least the minimum run time, and whose
-//! PodDisruptionBudget allows it. Only bound pods holding claims of Tessera's
+//! PodDisruptionBudget allows it; preempting, pods of strictly lower
+//! priority in the same queue (or, like the pod, in none); reclaiming, pods
+//! of other queues (below). Only bound pods holding claims of Tessera's
 //! driver on a node the pod may use are candidates: only their devices are
 //! in the DRA view. Which of them, and where, is the pure
 //! [`crate::dra::preempt::plan`]; the evictions, events, metrics and the wait
@@ -18,27 +19,39 @@
 //! initial lists, the DRA objects' included, are in (the pass waits for
 //! them), and nothing before the PodDisruptionBudgets are listed.
 //!
-//! Not done: reclaim of borrowed quota across queues (the device-plugin path
-//! does it; here a pod only preempts within its queue), and room for the
-//! pod's CPU, memory or pod slots: a node those keep it off is no candidate,
-//! whoever holds them.
+//! When no plan within its queue is found and the pod's queue is within its
+//! guarantee (the quota check of the DRA decision,
+//! [`Mirror::quota_with_claims`], with what its claims count where the plan
+//! places them), it may reclaim, as on the device-plugin path: candidates are
+//! then pods of other queues, whatever their priority, weighed by what their
+//! claims count in their queue ([`crate::dra::quota`], a claim against the
+//! first pod it is reserved for, as queue usage counts it), and each victim
+//! queue keeps its guarantee without all its victims. The plan says
+//! `reclaim`, so the events and metrics say so. Only the victim's own queue
+//! is checked, not its parents, as in the core's reclaim.
+//!
+//! Not done: room for the pod's CPU, memory or pod slots: a node those keep
+//! it off is no candidate, whoever holds them.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::claims::{claims_milli, count_claims};
 use super::{Standalone, node_allows, selector_matches};
 use crate::convert::{self, NodeFacts};
 use crate::dra::DRIVER;
 use crate::dra::cel::Env;
 use crate::dra::inventory::Usage;
+use crate::dra::place::Plan;
 use crate::dra::pod::pod_claims;
-use crate::dra::preempt::{Candidate, HeldClaim, Situation, plan};
+use crate::dra::preempt::{Candidate, HeldClaim, Mode, Quota, Quotas, Situation, plan};
 use crate::dra::quota::Devices;
 use crate::dra::view::{DraView, SharedDraView};
 use crate::extender::preempt::{preemptible, priority, started_s};
-use crate::mirror::{Mirror, PreemptionPlan, Victim};
+use crate::mirror::{Mirror, PreemptionPlan, QuotaCheck, Victim};
 
 /// The reason a DRA decision gives when no node takes the pod's claims: the
 /// one failure evicting others can cure.
@@ -121,7 +134,30 @@ fn claims_by_consumer(m: &mut Mirror, v: &mut DraView) -> BTreeMap<String, Vec<H
     out
 }
 
-/// The plan for `pod`, made under the mirror's lock and then the view's.
+/// Every queue's holdings and guarantee, milli GPU-equivalents (empty
+/// without queues).
+fn queue_quotas(m: &mut Mirror) -> BTreeMap<String, Quota> {
+    let Some(usage) = m.queue_usage(None) else {
+        return BTreeMap::new();
+    };
+    let Some(tree) = m.queue_tree() else {
+        return BTreeMap::new();
+    };
+    tree.ids()
+        .map(|q| {
+            let spec = tree.spec(q);
+            let quota = Quota {
+                held_milli: usage.of(q).gpu_eq_milli,
+                guaranteed_milli: spec.guaranteed.gpu_eq_milli,
+            };
+            (spec.name.clone(), quota)
+        })
+        .collect()
+}
+
+/// The plan for `pod`, made under the mirror's lock and then the view's:
+/// preemption by priority within its queue first, then reclaim across
+/// queues when its queue is within its guarantee.
 fn plan_for(
     m: &mut Mirror,
     v: &mut DraView,
@@ -134,13 +170,28 @@ fn plan_for(
     let (req, host) = (asks.request.ok()?, asks.host.ok()?);
     let classes = v.classes();
     let claims = pod_claims(pod, |ns, n| v.claim(ns, n), &classes).ok()?;
+    // Queue usage from the claims as the view shows them now, the same
+    // claims the candidates' weights are read from.
+    count_claims(m, v);
     let held = claims_by_consumer(m, v);
     let inventories = v.inventories().clone();
     let usage = v.usage();
     let me = convert::pod_uid(pod);
     let my_priority = priority(pod);
+    // Its claims only add to the ask: a queue that borrows without them
+    // borrows with them. (Asked first: it brings the queue tree up to date,
+    // which the queues read below come from.)
+    let may_reclaim = matches!(
+        m.quota_with_claims(pod, &req, 0),
+        QuotaCheck::Admitted {
+            borrowing: false,
+            ..
+        }
+    );
     let my_queue = m.preemption_queue(pod);
-    let mut candidates: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
+    // Per node: pods of its queue of lower priority, and pods of other queues.
+    let mut own: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
+    let mut others: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
     let mut budgets: BTreeMap<String, u32> = BTreeMap::new();
     let mut victims: BTreeMap<String, Victim> = BTreeMap::new();
     for p in m.pods() {
@@ -153,59 +204,96 @@ fn plan_for(
         let eligible = uid != me
             && !convert::is_terminal(p)
             && p.metadata.deletion_timestamp.is_none()
-            && priority(p) < my_priority
             && preemptible(p)
-            && now_s.saturating_sub(started) >= min_runtime_s
-            && m.preemption_queue(p) == my_queue;
-        if !eligible {
+            && now_s.saturating_sub(started) >= min_runtime_s;
+        let queue = m.preemption_queue(p);
+        let into = if queue == my_queue {
+            (priority(p) < my_priority).then_some(&mut own)
+        } else {
+            may_reclaim.then_some(&mut others)
+        };
+        let (true, Some(into)) = (eligible, into) else {
             continue;
-        }
+        };
         let budget = m.disruption_budget(p).map(|(name, allowed)| {
             budgets.insert(name.clone(), allowed);
             name
         });
-        candidates
-            .entry(node.to_string())
-            .or_default()
-            .push(Candidate {
-                id: uid.to_string(),
-                priority: priority(p),
-                started_s: started,
-                budget,
-                claims: holds.iter().map(|h| h.claim.clone()).collect(),
-            });
         let milli: u64 = holds.iter().map(|h| h.milli).sum();
+        into.entry(node.to_string()).or_default().push(Candidate {
+            id: uid.to_string(),
+            priority: priority(p),
+            started_s: started,
+            budget,
+            claims: holds.iter().map(|h| h.claim.clone()).collect(),
+            queue: queue.clone(),
+            milli,
+        });
         victims.insert(
             uid.to_string(),
             Victim {
                 uid: uid.to_string(),
                 namespace: p.metadata.namespace.clone().unwrap_or_default(),
                 name: p.metadata.name.clone().unwrap_or_default(),
-                queue: my_queue.clone(),
+                queue,
                 gpu_milli_seconds: milli.saturating_mul(now_s.saturating_sub(started)),
             },
         );
     }
-    if candidates.is_empty() {
+    if own.is_empty() && others.is_empty() {
         return None;
     }
-    let (nodes, policy) = m
+    let (nodes, _) = m
         .host_fitting(&req, &host, |facts| node_allows(pod, facts))
         .ok()?;
     let nodes: Vec<NodeFacts> = nodes.into_iter().map(|(_, f)| f).collect();
+    // A policy of its own, so the mirror stays free for reclaim's quota
+    // question during the plan (as the device-plugin path's planner has).
+    let policy = m.policy_copy();
     let env = Env::new();
-    let chosen = plan(&Situation {
+    let situation = |candidates, mode| Situation {
         claims: &claims,
         priority: my_priority,
+        mode,
         nodes: &nodes,
         inventories: &inventories,
         usage: &usage,
-        policy,
+        policy: policy.as_ref(),
         env: &env,
         selects: &selector_matches,
-        candidates: &candidates,
+        candidates,
         budgets: &budgets,
-    })?;
+    };
+    let mut chosen = plan(&situation(&own, Mode::Priority)).map(|c| (c, false));
+    if chosen.is_none() && !others.is_empty() {
+        let queues = queue_quotas(m);
+        let mirror = RefCell::new(&mut *m);
+        let within_guarantee = |placed: &Plan| {
+            let mut m = mirror.borrow_mut();
+            let ask = claims_milli(
+                &catalog,
+                m.gpu_equivalents(),
+                &inventories,
+                &claims,
+                placed,
+                me,
+            );
+            matches!(
+                m.quota_with_claims(pod, &req, ask),
+                QuotaCheck::Admitted {
+                    borrowing: false,
+                    ..
+                }
+            )
+        };
+        let quotas = Quotas {
+            queue: &my_queue,
+            queues: &queues,
+            within_guarantee: &within_guarantee,
+        };
+        chosen = plan(&situation(&others, Mode::Reclaim(quotas))).map(|c| (c, true));
+    }
+    let (chosen, reclaim) = chosen?;
     Some(PreemptionPlan {
         node: chosen.node,
         victims: chosen
@@ -213,6 +301,6 @@ fn plan_for(
             .iter()
             .filter_map(|uid| victims.get(uid).cloned())
             .collect(),
-        reclaim: false,
+        reclaim,
     })
 }
