@@ -399,19 +399,25 @@ struct Loop {
 /// A standalone loop whose DRA view holds what the server has now, and is
 /// never updated unless the test does it.
 fn standalone_loop(server: ApiServer) -> Loop {
+    let (client, _session) = server.client();
+    let mirror = mirror_of(&server);
+    loop_with(server, mirror, client)
+}
+
+/// A mirror of the server's nodes and pods (binpack, no GpuNodes).
+fn mirror_of(server: &ApiServer) -> Mirror {
     let nodes: Vec<Node> = server.objects(Resource::Nodes);
     let pods: Vec<Pod> = server.objects(Resource::Pods);
     let policy = policy::by_name("binpack", &PolicyArgs::default()).unwrap();
-    let mirror = SharedMirror::new(Mirror::from_objects(
-        policy,
-        KEY.to_vec(),
-        nodes,
-        vec![],
-        pods,
-    ));
+    Mirror::from_objects(policy, KEY.to_vec(), nodes, vec![], pods)
+}
+
+/// The loop over `mirror`, writing through `client`, with a view of the
+/// server's DRA objects as they are now.
+fn loop_with(server: ApiServer, mirror: Mirror, client: kube::Client) -> Loop {
+    let mirror = SharedMirror::new(mirror);
     let view = SharedDraView::new();
     refresh(&server, &view);
-    let (client, _session) = server.client();
     let leader = Leadership::always();
     let standalone = Standalone::new(
         "tessera".into(),
@@ -1051,38 +1057,12 @@ fn preempting_loop(
     server: ApiServer,
     pdbs: Option<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
 ) -> (Loop, Evictions) {
-    let nodes: Vec<Node> = server.objects(Resource::Nodes);
-    let pods: Vec<Pod> = server.objects(Resource::Pods);
-    let policy = policy::by_name("binpack", &PolicyArgs::default()).unwrap();
-    let mut m = Mirror::from_objects(policy, KEY.to_vec(), nodes, vec![], pods);
+    let mut m = mirror_of(&server);
     if let Some(pdbs) = pdbs {
         m.replace_pdbs(pdbs);
     }
-    let mirror = SharedMirror::new(m);
-    let view = SharedDraView::new();
-    refresh(&server, &view);
     let (client, evictions) = recording_client(&server);
-    let leader = Leadership::always();
-    let standalone = Standalone::new(
-        "tessera".into(),
-        mirror.clone(),
-        Binder::new(client.clone(), mirror.clone(), leader.clone()),
-        leader,
-        Arc::new(Metrics::new()),
-        Some(kube::runtime::events::Recorder::new(
-            client,
-            kube::runtime::events::Reporter::from("tessera"),
-        )),
-        Default::default(),
-    )
-    .with_dra(Dra::On(view.clone()));
-    let l = Loop {
-        server,
-        view,
-        mirror,
-        standalone,
-    };
-    (l, evictions)
+    (loop_with(server, m, client), evictions)
 }
 
 /// Pod `name` of `priority`, bound to node-a and running for an hour (the
