@@ -30,9 +30,8 @@ use std::time::{Duration, Instant};
 
 use apiserver::check::{Audit, audit};
 use apiserver::cluster::{Shape, add_gpu_nodes, bound, node_of, pod};
-use apiserver::process::Process;
+use apiserver::crash::{Look, Plan, env, fail_on, latency, over_seeds, restarts};
 use apiserver::{ApiServer, Config, Fault, Resource};
-use futures::StreamExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -43,21 +42,6 @@ const KEY: &[u8] = b"crash-restart-signing-key";
 const NAMESPACE: &str = "work";
 /// A run that binds nothing for this long has stalled.
 const QUIET: Duration = Duration::from_secs(20);
-
-fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn latency() -> (Duration, Duration) {
-    let spec = std::env::var("TESSERA_CRASH_LATENCY_MS").unwrap_or_else(|_| "0-2".into());
-    let (lo, hi) = spec.split_once('-').unwrap_or((&spec, &spec));
-    let ms =
-        |s: &str| Duration::from_micros((s.trim().parse::<f64>().unwrap_or(0.0) * 1000.0) as u64);
-    (ms(lo), ms(hi))
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -318,40 +302,6 @@ struct Run {
     elapsed: Duration,
 }
 
-enum Ended {
-    Crashed,
-    Done,
-    Stalled,
-    /// `run` returned by itself.
-    Exited,
-}
-
-async fn wait(server: &ApiServer, process: &Process, total: usize) -> Ended {
-    let mut last = (bound(server), Instant::now());
-    loop {
-        if process.session.is_dead() {
-            return Ended::Crashed;
-        }
-        let now_bound = bound(server);
-        if now_bound == total {
-            return Ended::Done;
-        }
-        if now_bound != last.0 {
-            last = (now_bound, Instant::now());
-        } else if process.exited() {
-            // The session may have died (an injected crash) after the check
-            // above; the thread then ends by itself a moment later.
-            if process.session.is_dead() {
-                return Ended::Crashed;
-            }
-            return Ended::Exited;
-        } else if last.1.elapsed() > QUIET {
-            return Ended::Stalled;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 async fn run_seed(
     seed: u64,
     mode: Mode,
@@ -364,7 +314,7 @@ async fn run_seed(
     let started = Instant::now();
     let mut rng = SmallRng::seed_from_u64(seed);
     let server = ApiServer::new(Config {
-        latency: latency(),
+        latency: latency("TESSERA_CRASH_LATENCY_MS", "0-2"),
         seed,
         watch_window: 20_000,
         // Watches end every few seconds, so restarts of watches happen too.
@@ -377,60 +327,40 @@ async fn run_seed(
     let fake =
         (mode == Mode::Extender).then(|| FakeKubeScheduler::spawn(server.clone(), names, seed));
     // Standalone writes about three times per pod (annotation, binding, event), extender twice.
-    let span = (pods as u64 * 3 / 4).max(5);
-    let mut crashes = Vec::new();
-    let mut stalled = false;
-    let mut retries = 0;
-    let mut exits = Vec::new();
-    loop {
-        let crash = (crashes.len() < max_crashes).then(|| {
-            let kind = if rng.random_bool(0.5) {
-                Fault::CrashBefore
-            } else {
-                Fault::CrashAfter
-            };
-            (rng.random_range(1..=span), kind)
-        });
-        // Half the processes also see one write committed but answered 504.
-        let mut faults: Vec<(u64, Fault)> = crash.into_iter().collect();
-        if rng.random_bool(0.5) {
-            faults.push((rng.random_range(1..=span), Fault::FailAfter));
-        }
-        let process = Process::start(&server, base.clone(), &faults);
-        if let Some(f) = &fake {
-            let _ = f.target.send(Some(process.addr));
-        }
-        let ended = wait(&server, &process, pods).await;
-        let exit = process.kill();
-        match ended {
-            Ended::Exited => match exit {
-                // Another program took the port first: start again elsewhere.
-                Err(e) if e.starts_with("binding") && retries < 5 => retries += 1,
-                other => {
-                    exits.push(format!("run returned by itself: {other:?}"));
-                    break;
-                }
-            },
-            Ended::Crashed => {
-                let (k, kind) = crash.unwrap_or((0, Fault::CrashAfter));
-                crashes.push((k, kind, bound(&server) as u64));
+    let plan = Plan {
+        max_crashes,
+        span: (pods as u64 * 3 / 4).max(5),
+        quiet: QUIET,
+        uncommitted: false,
+    };
+    let run = restarts(
+        &server,
+        &base,
+        &mut rng,
+        &plan,
+        |process| {
+            if let Some(f) = &fake {
+                let _ = f.target.send(Some(process.addr));
             }
-            Ended::Done => break,
-            Ended::Stalled => {
-                stalled = true;
-                break;
+        },
+        || {
+            let now = bound(&server);
+            Look {
+                progress: now as u64,
+                done: now == pods,
             }
-        }
-    }
+        },
+    )
+    .await;
     drop(fake);
     arrivals.abort();
     let audit = audit(&server, KEY);
     let evidence = explain(&server, &audit);
     Run {
         seed,
-        crashes,
-        stalled,
-        exits,
+        crashes: run.crashes,
+        stalled: run.stalled,
+        exits: run.exits,
         audit,
         evidence,
         elapsed: started.elapsed(),
@@ -484,59 +414,51 @@ async fn crash_and_restart(mode: Mode) {
     std::fs::write(&key_file, KEY).expect("key file");
     let jobs: usize = env("TESSERA_CRASH_JOBS", 1);
     let started = Instant::now();
-    let mut failures = Vec::new();
     let mut total_crashes = 0;
     let key_file = &key_file;
-    let mut done = futures::stream::iter(first..first + runs)
-        .map(|seed| run_seed(seed, mode, pods, nodes, key_file))
-        .buffer_unordered(jobs.max(1));
-    while let Some(run) = done.next().await {
-        let seed = run.seed;
-        total_crashes += run.crashes.len();
-        let mut problems = run.audit.violations.clone();
-        problems.extend(run.exits.iter().cloned());
-        if run.stalled {
-            problems.push(format!(
-                "stalled: {} of {} pods bound, nothing bound for {QUIET:?}",
-                run.audit.bound, run.audit.pods
-            ));
-        }
-        eprintln!(
-            "{mode:?} seed {seed}: {} crashes (write k, kind, pods bound then) {:?}; {} of {} bound ({} GPU); {} problems; {:.1?}",
-            run.crashes.len(),
-            run.crashes,
-            run.audit.bound,
-            run.audit.pods,
-            run.audit.bound_gpu,
-            problems.len(),
-            run.elapsed
-        );
-        for line in &run.evidence {
-            eprintln!("  {line}");
-        }
-        if !problems.is_empty() {
-            failures.push((run.seed, problems));
-        }
-    }
+    let failures = over_seeds(
+        first..first + runs,
+        jobs,
+        |seed| run_seed(seed, mode, pods, nodes, key_file),
+        |run: Run| {
+            let seed = run.seed;
+            total_crashes += run.crashes.len();
+            let mut problems = run.audit.violations.clone();
+            problems.extend(run.exits.iter().cloned());
+            if run.stalled {
+                problems.push(format!(
+                    "stalled: {} of {} pods bound, nothing bound for {QUIET:?}",
+                    run.audit.bound, run.audit.pods
+                ));
+            }
+            eprintln!(
+                "{mode:?} seed {seed}: {} crashes (write k, kind, pods bound then) {:?}; {} of {} bound ({} GPU); {} problems; {:.1?}",
+                run.crashes.len(),
+                run.crashes,
+                run.audit.bound,
+                run.audit.pods,
+                run.audit.bound_gpu,
+                problems.len(),
+                run.elapsed
+            );
+            for line in &run.evidence {
+                eprintln!("  {line}");
+            }
+            (seed, problems)
+        },
+    )
+    .await;
     eprintln!(
         "{mode:?}: {runs} runs of {pods} pods on {nodes} nodes, {total_crashes} crashes, {} failed, {:.1?}",
         failures.len(),
         started.elapsed()
     );
-    if !failures.is_empty() {
-        let report: Vec<String> = failures
-            .iter()
-            .map(|(seed, p)| {
-                let shown: Vec<&String> = p.iter().take(5).collect();
-                format!("seed {seed} ({} problems): {shown:#?}", p.len())
-            })
-            .collect();
-        panic!(
-            "{} of {runs} {mode:?} runs broke an invariant (rerun one with TESSERA_CRASH_SEED=<seed> TESSERA_CRASH_RUNS=1):\n{}",
-            failures.len(),
-            report.join("\n")
-        );
-    }
+    fail_on(
+        &format!("{mode:?}"),
+        runs,
+        &failures,
+        "TESSERA_CRASH_SEED=<seed> TESSERA_CRASH_RUNS=1",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,15 @@
 //! shows the claim at that `resourceVersion` or later, when the write is
 //! refused, or at its deadline: anything assumed in memory expires, and then
 //! the watch is the truth (kube-scheduler's assume cache does the same).
+//!
+//! A write that failed in a way that may or may not have landed (a 5xx, a
+//! lost connection, no answer in time) leaves its entry with its outcome
+//! unknown: its devices stay counted as taken, but the claim must not be
+//! taken as written for its own pod (which would then be bound with its claim
+//! unallocated when the write did not land; the pod writes it again). Such an
+//! entry ends as soon as the watch shows the claim at a newer
+//! `resourceVersion` than the write's precondition: from then on the write is
+//! either shown or can never land.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,11 +31,22 @@ use super::types::ResourceClaim;
 /// timeout, as the mirror's reservations (`mirror::RESERVATION_TTL`).
 pub const ASSUME_TTL: Duration = Duration::from_secs(30);
 
+/// Where an assumed claim's write stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Sent, not answered yet (`claim` is the claim as it will be, at the
+    /// `resourceVersion` it was read at: the write's precondition).
+    InFlight,
+    /// The server answered it (`claim` is its answer).
+    Written,
+    /// It failed in a way that may have landed (`claim` as for `InFlight`).
+    Unknown,
+}
+
 #[derive(Debug, Clone)]
 struct Assumed {
     claim: ResourceClaim,
-    /// The server answered the write (`claim` is its answer).
-    written: bool,
+    outcome: Outcome,
     expires: Instant,
 }
 
@@ -49,6 +69,17 @@ fn caught_up(seen: Option<&str>, written: Option<&str>) -> bool {
     }
 }
 
+/// Whether `seen` is newer than `read`: the claim changed since it was read.
+fn changed(seen: Option<&str>, read: Option<&str>) -> bool {
+    match (seen, read) {
+        (Some(s), Some(r)) => match (s.parse::<u64>(), r.parse::<u64>()) {
+            (Ok(s), Ok(r)) => s > r,
+            _ => s != r,
+        },
+        _ => false,
+    }
+}
+
 fn uid(c: &ResourceClaim) -> &str {
     c.metadata.uid.as_deref().unwrap_or_default()
 }
@@ -60,7 +91,7 @@ impl Overlay {
             uid(&claim).to_string(),
             Assumed {
                 claim,
-                written: false,
+                outcome: Outcome::InFlight,
                 expires: now + ASSUME_TTL,
             },
         );
@@ -77,10 +108,33 @@ impl Overlay {
             uid(&claim).to_string(),
             Assumed {
                 claim,
-                written: true,
+                outcome: Outcome::Written,
                 expires: now + ASSUME_TTL,
             },
         );
+    }
+
+    /// The write failed in a way that may have landed: its devices stay
+    /// taken until the watch shows the claim changed since it was read
+    /// (`seen_rv`, the watched claim's resourceVersion now, may show it
+    /// already) or the deadline passes.
+    pub fn unknown(&mut self, claim_uid: &str, seen_rv: Option<&str>) {
+        let Some(a) = self.by_uid.get_mut(claim_uid) else {
+            return;
+        };
+        if changed(seen_rv, a.claim.metadata.resource_version.as_deref()) {
+            self.by_uid.remove(claim_uid);
+        } else {
+            a.outcome = Outcome::Unknown;
+        }
+    }
+
+    /// Whether the write of the claim of `claim_uid` failed with its outcome
+    /// unknown, and the watch has not settled it yet.
+    pub fn is_unknown(&self, claim_uid: &str) -> bool {
+        self.by_uid
+            .get(claim_uid)
+            .is_some_and(|a| a.outcome == Outcome::Unknown)
     }
 
     /// The write was refused (409, 4xx): nothing of it holds.
@@ -89,11 +143,18 @@ impl Overlay {
     }
 
     /// The watch shows the claim at `rv`: an answered write it has caught up
-    /// with ends. A write still in flight stays (its event may come before
-    /// its answer; [`Overlay::written`] settles that).
+    /// with ends, and so does a write of unknown outcome once the claim
+    /// changed since it was read. A write still in flight stays (its event
+    /// may come before its answer; [`Overlay::written`] and
+    /// [`Overlay::unknown`] settle that).
     pub fn observe(&mut self, claim_uid: &str, rv: Option<&str>) {
         if self.by_uid.get(claim_uid).is_some_and(|a| {
-            a.written && caught_up(rv, a.claim.metadata.resource_version.as_deref())
+            let at = a.claim.metadata.resource_version.as_deref();
+            match a.outcome {
+                Outcome::Written => caught_up(rv, at),
+                Outcome::Unknown => changed(rv, at),
+                Outcome::InFlight => false,
+            }
         }) {
             self.by_uid.remove(claim_uid);
         }
@@ -157,6 +218,35 @@ mod tests {
         assert!(o.is_empty());
     }
 
+    /// A write that failed and may have landed keeps its devices taken, is
+    /// never taken as written, and ends once the watch shows the claim
+    /// changed since it was read (at 10 here), not before.
+    #[test]
+    fn a_write_of_unknown_outcome_lasts_until_the_claim_changes() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        o.assume(claim("u", "10"), t0);
+        assert!(!o.is_unknown("u"));
+        o.unknown("u", Some("10"));
+        assert!(o.is_unknown("u") && o.get("u").is_some());
+        // The claim as read: the write did not land, or not yet.
+        o.observe("u", Some("10"));
+        assert!(o.is_unknown("u"));
+        o.observe("u", Some("11"));
+        assert!(o.get("u").is_none() && !o.is_unknown("u"));
+        // The watch had shown the outcome before the failure was known.
+        o.assume(claim("v", "10"), t0);
+        o.unknown("v", Some("12"));
+        assert!(o.is_empty());
+        // Unknown for a claim not assumed: nothing.
+        o.unknown("w", Some("1"));
+        assert!(o.is_empty());
+        // Still bounded by the deadline.
+        o.assume(claim("x", "3"), t0);
+        o.unknown("x", None);
+        assert_eq!(o.expire(t0 + ASSUME_TTL), 1);
+    }
+
     #[test]
     fn resource_versions_compare_as_revisions_or_else_only_when_equal() {
         assert!(caught_up(Some("10"), Some("9")));
@@ -164,5 +254,9 @@ mod tests {
         assert!(caught_up(Some("a"), Some("a")));
         assert!(!caught_up(Some("b"), Some("a")));
         assert!(!caught_up(None, Some("1")));
+        assert!(changed(Some("10"), Some("9")));
+        assert!(!changed(Some("9"), Some("9")));
+        assert!(changed(Some("b"), Some("a")));
+        assert!(!changed(None, Some("1")));
     }
 }

@@ -147,17 +147,43 @@ impl DraView {
 
     /// The server's answer to a write of ours.
     pub fn written(&mut self, claim: ResourceClaim, now: Instant) {
+        let seen = self.watched_rv(&claim);
+        self.overlay.written(claim, seen.as_deref(), now);
+    }
+
+    /// A write of ours failed in a way that may have landed: its devices stay
+    /// assumed taken, but the claim is not to be taken as written
+    /// ([`DraView::outcome_unknown`]) until the watch shows it changed.
+    pub fn unknown(&mut self, claim: &ResourceClaim) {
+        let seen = self.watched_rv(claim);
+        self.overlay.unknown(
+            claim.metadata.uid.as_deref().unwrap_or_default(),
+            seen.as_deref(),
+        );
+    }
+
+    /// Whether a write of ours to the claim of `claim_uid` failed with its
+    /// outcome unknown, not yet settled by the watch.
+    pub fn outcome_unknown(&self, claim_uid: &str) -> bool {
+        self.overlay.is_unknown(claim_uid)
+    }
+
+    /// `claim` as the watch shows it, without what this scheduler assumed,
+    /// if the watch has it (the same UID).
+    pub fn watched(&self, claim: &ResourceClaim) -> Option<&ResourceClaim> {
         let key = (
             claim.metadata.namespace.clone().unwrap_or_default(),
             claim.metadata.name.clone().unwrap_or_default(),
         );
-        let seen = match self.claims.get(&key) {
-            Some(Ok(c)) if c.metadata.uid == claim.metadata.uid => {
-                c.metadata.resource_version.clone()
-            }
+        match self.claims.get(&key) {
+            Some(Ok(c)) if c.metadata.uid == claim.metadata.uid => Some(c),
             _ => None,
-        };
-        self.overlay.written(claim, seen.as_deref(), now);
+        }
+    }
+
+    fn watched_rv(&self, claim: &ResourceClaim) -> Option<String> {
+        self.watched(claim)
+            .and_then(|c| c.metadata.resource_version.clone())
     }
 
     /// A write of ours was refused: its claim is as the watch shows it.

@@ -29,7 +29,13 @@
 //! later claim's write fails, the earlier claims stay allocated and reserved
 //! for the pod, as with kube-scheduler; the retry finds them allocated and
 //! only reserves or binds (which is also how a restarted scheduler finishes a
-//! pod whose claims it wrote before it died).
+//! pod whose claims it wrote before it died). A claim write that fails in a
+//! way that may have landed (a 5xx, a lost connection, no answer) keeps its
+//! devices assumed taken until the watch shows whether it landed; meanwhile
+//! the pod's retry writes the same allocation again, at the resourceVersion
+//! the first write had as precondition, instead of taking the assumption for
+//! the truth (which bound the pod with its claim unallocated when the first
+//! write had not landed).
 //!
 //! Gang members with claims are decided by [`decide_dra_locked`] too, all
 //! the gang under both locks ([`super::gang`]): each member sees what the
@@ -131,6 +137,11 @@ pub enum PlaceError {
 pub(super) struct ClaimWrite {
     claim: ResourceClaim,
     allocation: Option<AllocationResult>,
+    /// The allocation was written before and that write's outcome is
+    /// unknown; this writes it again, with the claim as the watch shows it
+    /// (the same resourceVersion, so at most one of the two lands). Whatever
+    /// this one comes to, the assumption stays until the watch settles it.
+    again: bool,
 }
 
 /// A decided DRA pod: its node and the claim writes before its Binding.
@@ -307,10 +318,25 @@ pub(super) fn decide_dra_locked(
     let mut writes = Vec::new();
     for (i, c) in claims.iter().enumerate() {
         match &c.step {
+            // Ours, assumed, but its write failed and may not have landed:
+            // write it again rather than bind the pod on the strength of it.
+            // (`pod_claims` found it through the watch, so `watched` has it.)
+            Step::Ready if v.outcome_unknown(uid_of(&c.claim)) => {
+                let read = v.watched(&c.claim).cloned();
+                let allocation = c.claim.status.as_ref().and_then(|s| s.allocation.clone());
+                if let (Some(claim), Some(allocation)) = (read, allocation) {
+                    writes.push(ClaimWrite {
+                        claim,
+                        allocation: Some(allocation),
+                        again: true,
+                    });
+                }
+            }
             Step::Ready => {}
             Step::Reserve => writes.push(ClaimWrite {
                 claim: c.claim.clone(),
                 allocation: None,
+                again: false,
             }),
             Step::Allocate(_) => {
                 let Some((_, alloc)) = plan.allocations.iter().find(|(j, _)| *j == i) else {
@@ -321,6 +347,7 @@ pub(super) fn decide_dra_locked(
                 writes.push(ClaimWrite {
                     claim: c.claim.clone(),
                     allocation: Some(result),
+                    again: false,
                 });
             }
         }
@@ -388,10 +415,21 @@ pub(super) fn claims_milli(
 
 /// Drops what was assumed for `writes` (none of them was written). Exact:
 /// a claim is assumed only when the view showed it unallocated, so no earlier
-/// assumption of the same claim is dropped with it.
+/// assumption of the same claim is dropped with it. A write again of an
+/// allocation whose first write may have landed drops nothing: that one's
+/// assumption stays until the watch settles it.
 fn unassume(v: &mut DraView, writes: &[ClaimWrite]) {
-    for w in writes.iter().filter(|w| w.allocation.is_some()) {
+    for w in writes.iter().filter(|w| w.allocation.is_some() && !w.again) {
         v.forget(uid_of(&w.claim));
+    }
+}
+
+/// The write `w` failed and may have landed. A new allocation stays assumed
+/// (the devices may be taken) but with its outcome unknown, so that its pod
+/// is not bound on the strength of it ([`decide_dra_locked`] writes it again).
+fn outcome_unknown(view: &SharedDraView, w: &ClaimWrite) {
+    if w.allocation.is_some() {
+        view.lock().unknown(&w.claim);
     }
 }
 
@@ -443,10 +481,16 @@ async fn write_then_bind(
                     },
                 );
             }
-            // Refused: nothing of it holds. Otherwise it may have landed.
+            // Refused: nothing of it holds. Otherwise it may have landed:
+            // its devices stay taken, its outcome unknown until the watch
+            // shows the claim changed (or the assumption's deadline).
             Ok(Err(e)) if e.nothing_written() => return failed(k, e.into()),
-            Ok(Err(e)) => return failed(k + 1, e.into()),
+            Ok(Err(e)) => {
+                outcome_unknown(view, w);
+                return failed(k + 1, e.into());
+            }
             Err(_) => {
+                outcome_unknown(view, w);
                 return failed(
                     k + 1,
                     PlaceError::ClaimTimeout {

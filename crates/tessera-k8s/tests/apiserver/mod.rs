@@ -59,14 +59,17 @@
 //! a precondition, PodDisruptionBudgets in evictions (they are stored and
 //! listed, no more), the watch cache lagging the server's
 //! counter on `resourceVersion=0` lists, and one storage for core/v1 and
-//! events.k8s.io events. [`check`] and [`cluster`] are for scheduler tests:
-//! the invariants judged from stored objects, and nodes and pods to seed.
+//! events.k8s.io events. [`check`], [`dra_check`], [`cluster`] and [`crash`]
+//! are for scheduler tests: the invariants judged from stored objects (grants;
+//! DRA claims), nodes and pods to seed, and the crash-and-restart loop.
 
 #![allow(dead_code)]
 
 pub mod check;
 pub mod cluster;
+pub mod crash;
 pub mod dra;
+pub mod dra_check;
 mod events;
 mod handler;
 pub mod leases;

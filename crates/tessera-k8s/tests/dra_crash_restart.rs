@@ -1,0 +1,833 @@
+//! Crash and restart with `--dra`: Tessera (in-process, `run::run`, standalone
+//! mode) allocates pods' ResourceClaims against the API-server double while
+//! it is killed after a seeded number of its own API writes (before or after
+//! the write lands) and restarted with fresh process state; half the
+//! processes also get one write committed but answered `504 Timeout`, and
+//! every process one write refused with a `500` that did not commit (a client
+//! cannot tell the two apart: a claim write of either kind must keep its
+//! devices taken, and must not be taken as landed). The loop is
+//! [`apiserver::crash`], shared with `crash_restart.rs`.
+//!
+//! Per seed: DRA nodes whose GPUs are published as slices (no `GpuNode`),
+//! the chart's device classes, and pods using claims: one claim of one or two
+//! GPUs, two one-GPU claims, a claim from a template (`one-gpu`, `two-gpu`),
+//! or one one-GPU claim shared by two pods. The demand is drawn between 0.6
+//! and 2 times the GPUs, so in many seeds pods must wait. The policy
+//! (`tessera`, `binpack`, `spread`) is drawn too. Pods
+//! are deleted now and then, most of them bound (to make room), some not
+//! (perhaps while their claims are being written).
+//!
+//! The double does not run the resourceclaim controller; this test does its
+//! job ([`Controller`]): it makes a template's claim for its pod and names it
+//! in the pod's `status.resourceClaimStatuses`; it takes deleted pods out of
+//! claims' `reservedFor` and, when that empties it, clears the allocation in
+//! the same write (the controller's `syncClaim`, with the claim's
+//! resourceVersion as precondition); and it deletes claims nobody will use
+//! again once they are free (garbage collection of template claims, users
+//! deleting theirs).
+//!
+//! A run is over when every pod has arrived, the deletions are done, the
+//! controller has nothing left to do, and no unbound pod fits (by the stored
+//! objects). Then the stored objects alone are audited
+//! ([`apiserver::dra_check`]): no device in two allocated claims (the slices
+//! publish no consumable capacity, so no device may be shared), every bound
+//! pod's claims allocated on its node and reserved for it, no claim allocated
+//! on another node than its pods', no allocation held by nobody. A run that makes no progress for [`QUIET`] while a pod fits has
+//! stalled, which fails it too (longer than the scheduler's longest retry
+//! backoff, 60 s, and its assumed claims' deadline, 30 s).
+//!
+//! A run takes a second or two; one in ten or so takes 30 s more, where a
+//! write failed with its outcome unknown and the scheduler holds what it may
+//! have taken until its deadline (an unanswered Binding in the binder, a
+//! claim write of a pod deleted before it was retried).
+//!
+//! Knobs (environment): `TESSERA_DRA_CRASH_RUNS` (seeds, default 24),
+//! `TESSERA_DRA_CRASH_SEED` (first seed, default 1), `TESSERA_DRA_CRASH_NODES`
+//! (default 4), `TESSERA_DRA_CRASH_GPUS` (per node, default 4),
+//! `TESSERA_DRA_CRASH_MAX` (crashes per run at most, default 6; 0 gives runs
+//! without crashes), `TESSERA_DRA_CRASH_JOBS` (seeds run at once, default 6),
+//! `TESSERA_DRA_CRASH_LATENCY_MS` (`lo-hi`, default `0-2`),
+//! `TESSERA_DRA_CRASH_LIST_US` (LIST time per item returned, default 100 µs).
+//! A failure names the seed; rerun it with
+//! `TESSERA_DRA_CRASH_SEED=<seed> TESSERA_DRA_CRASH_RUNS=1`.
+
+mod apiserver;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use apiserver::cluster::{bound, node_of};
+use apiserver::crash::{Look, Plan, env, fail_on, latency, over_seeds, restarts};
+use apiserver::dra::{claim, classes, pod_with_claims, slice};
+use apiserver::dra_check::{DraAudit, audit, fitting, pod_claim_names, reserved_uids};
+use apiserver::{ApiServer, Config, Fault, Resource};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use rand::rngs::SmallRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tessera_k8s::run::RawConfig;
+
+const KEY: &[u8] = b"dra-crash-restart-signing-key!!!";
+const NAMESPACE: &str = "work";
+/// A run in which a pod fits but nothing moved for this long has stalled.
+const QUIET: Duration = Duration::from_secs(90);
+/// The templates the workload's pods name, and the GPUs their claims ask.
+const TEMPLATES: [(&str, i64); 2] = [("one-gpu", 1), ("two-gpu", 2)];
+
+fn config(key_file: &std::path::Path, policy: &str) -> tessera_k8s::run::Config {
+    RawConfig {
+        mode: Some("standalone".into()),
+        listen: Some("127.0.0.1:0".into()),
+        metrics_listen: Some("127.0.0.1:0".into()),
+        signing_key_file: Some(key_file.to_path_buf()),
+        scheduler_name: Some("tessera".into()),
+        leader_elect: Some(false),
+        policy: Some(policy.into()),
+        dra: Some(true),
+        ..RawConfig::default()
+    }
+    .resolve()
+    .expect("valid config")
+}
+
+/// A Ready node with CPU and memory and no GpuNode: its GPUs are in its slice.
+fn node(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        }
+    })
+}
+
+/// One pod of the workload and the claims created just before it.
+struct Item {
+    pod: Value,
+    claims: Vec<Value>,
+}
+
+/// The workload: pods until their GPUs reach `load` times `capacity`, and
+/// who uses each direct claim (for collecting it once they are all gone).
+fn workload(
+    rng: &mut SmallRng,
+    capacity: u64,
+    load: f64,
+) -> (Vec<Item>, HashMap<String, Vec<String>>) {
+    let mut items = Vec::new();
+    let mut users: HashMap<String, Vec<String>> = HashMap::new();
+    let mut demand = 0u64;
+    let mut i = 0;
+    while (demand as f64) < load * capacity as f64 {
+        let name = format!("pod-{i:03}");
+        i += 1;
+        let roll: f64 = rng.random();
+        let direct = |counts: &[i64]| {
+            let claims: Vec<Value> = counts
+                .iter()
+                .enumerate()
+                .map(|(k, n)| claim(NAMESPACE, &format!("{name}-c{k}"), "gpu.tessera.io", *n))
+                .collect();
+            let entries: Vec<(String, String)> = (0..counts.len())
+                .map(|k| (format!("gpu{k}"), format!("{name}-c{k}")))
+                .collect();
+            let refs: Vec<(&str, Result<&str, &str>)> = entries
+                .iter()
+                .map(|(e, c)| (e.as_str(), Ok(c.as_str())))
+                .collect();
+            Item {
+                pod: pod_with_claims(NAMESPACE, &name, &refs),
+                claims,
+            }
+        };
+        let item = if roll < 0.40 {
+            demand += 1;
+            direct(&[1])
+        } else if roll < 0.60 {
+            demand += 2;
+            direct(&[2])
+        } else if roll < 0.75 {
+            demand += 2;
+            direct(&[1, 1])
+        } else if roll < 0.90 {
+            let (template, n) = TEMPLATES[usize::from(rng.random_bool(0.3))];
+            demand += n as u64;
+            Item {
+                pod: pod_with_claims(NAMESPACE, &name, &[("gpu", Err(template))]),
+                claims: Vec::new(),
+            }
+        } else {
+            // Two pods sharing one one-GPU claim.
+            demand += 1;
+            let shared = format!("{name}-shared");
+            let partner = format!("pod-{i:03}");
+            i += 1;
+            users.insert(
+                format!("{NAMESPACE}/{shared}"),
+                vec![name.clone(), partner.clone()],
+            );
+            items.push(Item {
+                pod: pod_with_claims(NAMESPACE, &name, &[("gpu", Ok(&shared))]),
+                claims: vec![claim(NAMESPACE, &shared, "gpu.tessera.io", 1)],
+            });
+            Item {
+                pod: pod_with_claims(NAMESPACE, &partner, &[("gpu", Ok(&shared))]),
+                claims: Vec::new(),
+            }
+        };
+        for c in &item.claims {
+            let key = format!(
+                "{NAMESPACE}/{}",
+                c["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            users.entry(key).or_insert_with(|| {
+                vec![
+                    item.pod["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                ]
+            });
+        }
+        items.push(item);
+    }
+    (items, users)
+}
+
+// ---- the resourceclaim controller's job, and the pods' owners' -------------------------
+
+/// One thing the resourceclaim controller (or a user, or the garbage
+/// collector) has to do, judged from stored objects.
+#[derive(Debug, Clone)]
+enum Chore {
+    /// Make the claim of template entry `entry` for pod `pod` and name it in the pod's status.
+    Make {
+        pod: String,
+        uid: String,
+        entry: String,
+        template: String,
+    },
+    /// Take deleted pods out of `reservedFor`, and the allocation with the
+    /// last of them (`syncClaim`), at resourceVersion `rv`.
+    Release {
+        claim: String,
+        rv: String,
+        keep: Vec<Value>,
+    },
+    /// Delete a free claim nobody will use again.
+    Collect { claim: String },
+}
+
+/// What there is to do now. Claims are read before pods: a pod in a claim's
+/// `reservedFor` existed before the claim was written, so if it is missing
+/// from the later read it was deleted (read the other way round, a pod made
+/// and reserved for in between would look deleted).
+fn chores(
+    server: &ApiServer,
+    gone: &BTreeSet<String>,
+    users: &HashMap<String, Vec<String>>,
+) -> Vec<Chore> {
+    let claims: Vec<Value> = server.objects(Resource::Claims);
+    let pods: Vec<Value> = server.objects(Resource::Pods);
+    let live: BTreeSet<&str> = pods
+        .iter()
+        .filter_map(|p| p.pointer("/metadata/uid").and_then(Value::as_str))
+        .collect();
+    let mut out = Vec::new();
+    for p in &pods {
+        let name = p["metadata"]["name"].as_str().unwrap_or_default();
+        let uid = p["metadata"]["uid"].as_str().unwrap_or_default();
+        let templates: BTreeMap<&str, &str> = p
+            .pointer("/spec/resourceClaims")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                Some((
+                    e["name"].as_str()?,
+                    e["resourceClaimTemplateName"].as_str()?,
+                ))
+            })
+            .collect();
+        for entry in pod_claim_names(p).into_iter().filter_map(Result::err) {
+            if let Some(t) = templates.get(entry.as_str()) {
+                out.push(Chore::Make {
+                    pod: name.to_string(),
+                    uid: uid.to_string(),
+                    entry,
+                    template: t.to_string(),
+                });
+            }
+        }
+    }
+    for c in &claims {
+        let name = c["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let reserved: Vec<Value> = c
+            .pointer("/status/reservedFor")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let keep: Vec<Value> = reserved
+            .iter()
+            .filter(|r| r["uid"].as_str().is_some_and(|u| live.contains(u)))
+            .cloned()
+            .collect();
+        if keep.len() < reserved.len() {
+            out.push(Chore::Release {
+                claim: name,
+                rv: c["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                keep,
+            });
+            continue;
+        }
+        let allocated = c
+            .pointer("/status/allocation")
+            .is_some_and(|a| !a.is_null());
+        let owners: Vec<&str> = c
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o["uid"].as_str())
+            .collect();
+        let unused = if owners.is_empty() {
+            users
+                .get(&format!("{NAMESPACE}/{name}"))
+                .is_some_and(|u| u.iter().all(|p| gone.contains(p)))
+        } else {
+            owners.iter().all(|o| !live.contains(o))
+        };
+        if unused && !allocated && reserved_uids(c).is_empty() {
+            out.push(Chore::Collect { claim: name });
+        }
+    }
+    out
+}
+
+/// What the world outside the scheduler has done so far.
+#[derive(Debug, Default)]
+struct Churn {
+    arrived: usize,
+    deletions_left: usize,
+    /// Deleted pods, by name.
+    gone: BTreeSet<String>,
+    /// Of them, bound when deleted.
+    deleted_bound: u64,
+}
+
+/// Arrivals, deletions and the resourceclaim controller, on one task.
+struct Controller {
+    task: tokio::task::JoinHandle<()>,
+    /// Its session's id (its writes are not the scheduler's).
+    session: u64,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn claims_api(client: kube::Client) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client,
+        NAMESPACE,
+        &ApiResource {
+            group: "resource.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "resource.k8s.io/v1".into(),
+            kind: "ResourceClaim".into(),
+            plural: "resourceclaims".into(),
+        },
+    )
+}
+
+async fn perform(server: &ApiServer, client: &kube::Client, chore: Chore) {
+    let claims = claims_api(client.clone());
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    // Failures (a 409 among them) are left for the next sweep, as the controller's requeue.
+    match chore {
+        Chore::Make {
+            pod,
+            uid,
+            entry,
+            template,
+        } => {
+            let name = format!("{pod}-{entry}");
+            let count = TEMPLATES
+                .iter()
+                .find(|(t, _)| *t == template)
+                .map_or(1, |(_, n)| *n);
+            let mut c = claim(NAMESPACE, &name, "gpu.tessera.io", count);
+            c["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod",
+                "name": pod, "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
+            c["metadata"]["annotations"] = json!({"resource.kubernetes.io/pod-claim-name": entry});
+            if server.get(Resource::Claims, NAMESPACE, &name).is_none() {
+                let Ok(obj) = serde_json::from_value::<DynamicObject>(c) else {
+                    return;
+                };
+                if claims.create(&PostParams::default(), &obj).await.is_err() {
+                    return;
+                }
+            }
+            let _ = pods
+                .patch_status(
+                    &pod,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"uid": uid},
+                        "status": {"resourceClaimStatuses": [
+                        {"name": entry, "resourceClaimName": name}]}})),
+                )
+                .await;
+        }
+        Chore::Release { claim, rv, keep } => {
+            let status = if keep.is_empty() {
+                json!({"reservedFor": null, "allocation": null})
+            } else {
+                json!({"reservedFor": keep})
+            };
+            let _ = claims
+                .patch_status(
+                    &claim,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"resourceVersion": rv}, "status": status})),
+                )
+                .await;
+        }
+        Chore::Collect { claim } => {
+            let _ = claims.delete(&claim, &DeleteParams::default()).await;
+        }
+    }
+}
+
+impl Controller {
+    /// Starts creating `items` (half at once, the rest three every 20 ms),
+    /// deleting pods (`churn.deletions_left` of them, one every 20–250 ms once
+    /// some are bound: four in five bound ones, else any) and doing the chores.
+    fn spawn(
+        server: &ApiServer,
+        mut items: Vec<Item>,
+        users: Arc<HashMap<String, Vec<String>>>,
+        churn: Arc<Mutex<Churn>>,
+        seed: u64,
+    ) -> Controller {
+        let (client, session) = server.client();
+        let server = server.clone();
+        let create = |server: &ApiServer, churn: &Mutex<Churn>, item: Item| {
+            for c in &item.claims {
+                server.create(Resource::Claims, c).expect("claim");
+            }
+            server.create(Resource::Pods, &item.pod).expect("pod");
+            churn.lock().unwrap().arrived += 1;
+        };
+        let later = items.split_off(items.len() / 2);
+        for item in items {
+            create(&server, &churn, item);
+        }
+        let task = tokio::spawn(async move {
+            let mut rng = SmallRng::seed_from_u64(seed ^ 0xd1a5_c0de);
+            let mut later = later.into_iter();
+            let mut next_arrival = Instant::now();
+            let mut next_deletion = Instant::now();
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(client.clone(), NAMESPACE);
+            loop {
+                let now = Instant::now();
+                if now >= next_arrival {
+                    for item in later.by_ref().take(3) {
+                        create(&server, &churn, item);
+                    }
+                    next_arrival = now + Duration::from_millis(20);
+                }
+                let left = churn.lock().unwrap().deletions_left;
+                if left > 0 && now >= next_deletion {
+                    let all: Vec<Value> = server.objects(Resource::Pods);
+                    let bound: Vec<&Value> = all.iter().filter(|p| node_of(p).is_some()).collect();
+                    let victim = if rng.random_bool(0.8) {
+                        bound.choose(&mut rng).copied()
+                    } else {
+                        all.choose(&mut rng)
+                    };
+                    if let Some(p) = victim {
+                        let name = p["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string();
+                        let was_bound = node_of(p).is_some();
+                        if pods
+                            .delete(&name, &DeleteParams::default().grace_period(0))
+                            .await
+                            .is_ok()
+                        {
+                            let mut c = churn.lock().unwrap();
+                            c.deletions_left -= 1;
+                            c.deleted_bound += u64::from(was_bound);
+                            c.gone.insert(name);
+                        }
+                    }
+                    next_deletion = now + Duration::from_millis(rng.random_range(20..250));
+                }
+                let gone = churn.lock().unwrap().gone.clone();
+                for chore in chores(&server, &gone, &users) {
+                    perform(&server, &client, chore).await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        Controller {
+            task,
+            session: session.id,
+        }
+    }
+}
+
+// ---- one seed ---------------------------------------------------------------------------
+
+/// What happened in one seeded run.
+struct Run {
+    seed: u64,
+    policy: &'static str,
+    crashes: Vec<(u64, Fault, u64)>,
+    stalled: bool,
+    exits: Vec<String>,
+    audit: DraAudit,
+    /// Unbound pods that fit at the end (a stalled run's).
+    fitting: Vec<String>,
+    deleted: usize,
+    /// The scheduler's writes: all, claim status writes, of them answered
+    /// 500 or 504 (the faults), Bindings answered 201.
+    writes: (usize, usize, usize, usize),
+    /// How the doubly allocated devices came about.
+    evidence: Vec<String>,
+    elapsed: Duration,
+}
+
+async fn run_seed(seed: u64, nodes: usize, gpus: u32, key_file: &std::path::Path) -> Run {
+    let max_crashes: usize = env("TESSERA_DRA_CRASH_MAX", 6);
+    let started = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let server = ApiServer::new(Config {
+        latency: latency("TESSERA_DRA_CRASH_LATENCY_MS", "0-2"),
+        seed,
+        watch_window: 20_000,
+        // Watches end every few seconds, so restarts of watches happen too.
+        watch_timeout_cap: Some(Duration::from_millis(rng.random_range(1_000..5_000))),
+        list_latency_per_item: Duration::from_micros(env("TESSERA_DRA_CRASH_LIST_US", 100)),
+    });
+    for i in 0..nodes {
+        let name = format!("dra-node-{i}");
+        server.create(Resource::Nodes, &node(&name)).expect("node");
+        server
+            .create(Resource::Slices, &slice(&name, gpus))
+            .expect("slice");
+    }
+    for c in classes() {
+        server.create(Resource::DeviceClasses, &c).expect("class");
+    }
+    let capacity = nodes as u64 * u64::from(gpus);
+    let load = rng.random_range(0.6..2.0);
+    let (items, users) = workload(&mut rng, capacity, load);
+    let total = items.len();
+    let policy = *["tessera", "binpack", "spread"]
+        .choose(&mut rng)
+        .unwrap_or(&"tessera");
+    let churn = Arc::new(Mutex::new(Churn {
+        deletions_left: rng.random_range(0..=total / 2),
+        ..Churn::default()
+    }));
+    let users = Arc::new(users);
+    let controller = Controller::spawn(&server, items, users.clone(), churn.clone(), seed);
+    let base = config(key_file, policy);
+    // A pod takes one or two claim writes, a Binding and an event or more.
+    let plan = Plan {
+        max_crashes,
+        span: (total as u64).max(5),
+        quiet: QUIET,
+        uncommitted: true,
+    };
+    let run = restarts(
+        &server,
+        &base,
+        &mut rng,
+        &plan,
+        |_| {},
+        || {
+            let c = churn.lock().unwrap();
+            let progress = bound(&server) as u64 + c.deleted_bound;
+            let settled = c.arrived == total && c.deletions_left == 0;
+            let gone = c.gone.clone();
+            drop(c);
+            let done =
+                settled && chores(&server, &gone, &users).is_empty() && fitting(&server).is_empty();
+            Look { progress, done }
+        },
+    )
+    .await;
+    let controller_session = controller.session;
+    drop(controller);
+    let audit = audit(&server);
+    let fitting = fitting(&server);
+    let all = server.writes();
+    let ours: Vec<_> = all
+        .iter()
+        .filter(|w| w.session != controller_session)
+        .collect();
+    let claim_writes = ours
+        .iter()
+        .filter(|w| w.resource == "resourceclaims" && w.subresource == "status")
+        .count();
+    let claim_faults = ours
+        .iter()
+        .filter(|w| w.resource == "resourceclaims" && w.subresource == "status")
+        .filter(|w| w.status == 500 || w.status == 504)
+        .count();
+    let binds = ours
+        .iter()
+        .filter(|w| w.subresource == "binding" && w.status == 201)
+        .count();
+    let evidence = explain(&server, &audit, controller_session);
+    let deleted = churn.lock().unwrap().gone.len();
+    Run {
+        seed,
+        policy,
+        crashes: run.crashes,
+        stalled: run.stalled,
+        exits: run.exits,
+        audit,
+        fitting,
+        deleted,
+        writes: (ours.len(), claim_writes, claim_faults, binds),
+        evidence,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// How the claims a violation is about came to be: every write of each,
+/// and of the pods the violation names, in order, by which process (how long
+/// after it started, and when its LIST of claims had been answered).
+fn explain(server: &ApiServer, audit: &DraAudit, controller: u64) -> Vec<String> {
+    let writes = server.writes();
+    let mut lines = Vec::new();
+    for (claim, pods) in &audit.suspects {
+        let is = |resource: &str, key: &str, w: &apiserver::WriteRecord| {
+            let (ns, name) = key.split_once('/').unwrap_or(("", key));
+            w.resource == resource && w.namespace == ns && w.name == name
+        };
+        lines.push(format!("{claim}, pods {pods:?}:"));
+        for w in writes
+            .iter()
+            .filter(|w| is("resourceclaims", claim, w) || pods.iter().any(|p| is("pods", p, w)))
+        {
+            let who = if w.session == controller {
+                "the controller".to_string()
+            } else {
+                format!("process {}", w.session)
+            };
+            let times = server.session_times(w.session);
+            let since = |t: Instant| {
+                times.as_ref().map_or_else(String::new, |(s, _)| {
+                    format!("+{} ms", t.saturating_duration_since(*s).as_millis())
+                })
+            };
+            let listed = times
+                .as_ref()
+                .and_then(|(_, l)| l.get("resourceclaims").copied())
+                .map_or_else(|| "never".into(), since);
+            lines.push(format!(
+                "  {} {}/{}{} by {who} at {} (claims listed at {listed}): {}, rv {}",
+                w.method,
+                w.resource,
+                w.name,
+                if w.subresource.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{}", w.subresource)
+                },
+                since(w.at),
+                w.status,
+                w.rv
+            ));
+        }
+    }
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_claims_survive_crashes_at_random_writes() {
+    let runs: u64 = env("TESSERA_DRA_CRASH_RUNS", 24);
+    let nodes: usize = env("TESSERA_DRA_CRASH_NODES", 4);
+    let gpus: u32 = env("TESSERA_DRA_CRASH_GPUS", 4);
+    let first: u64 = env("TESSERA_DRA_CRASH_SEED", 1);
+    let jobs: usize = env("TESSERA_DRA_CRASH_JOBS", 6);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, KEY).expect("key file");
+    let key_file = &key_file;
+    let started = Instant::now();
+    let mut totals = (0, 0, 0, 0, 0, 0, 0, 0);
+    let failures = over_seeds(
+        first..first + runs,
+        jobs,
+        |seed| run_seed(seed, nodes, gpus, key_file),
+        |run: Run| {
+            let mut problems = run.audit.violations.clone();
+            problems.extend(run.exits.iter().cloned());
+            if run.stalled {
+                problems.push(format!(
+                    "stalled: nothing moved for {QUIET:?} while these pods fit: {:?}",
+                    run.fitting
+                ));
+            }
+            totals.0 += run.crashes.len();
+            totals.1 += run.writes.0;
+            totals.2 += run.writes.1;
+            totals.3 += run.writes.2;
+            totals.4 += run.writes.3;
+            totals.5 += run.audit.pods + run.deleted;
+            totals.6 += run.audit.bound;
+            totals.7 += problems.len();
+            eprintln!(
+                "seed {}: {} pods ({} deleted), policy {}, {} crashes (write k, kind, progress then) {:?}; {} writes ({} claim, {} of them 500/504; {} binds); {} of {} bound, {} of {} claims allocated; {} problems; {:.1?}",
+                run.seed,
+                run.audit.pods + run.deleted,
+                run.deleted,
+                run.policy,
+                run.crashes.len(),
+                run.crashes,
+                run.writes.0,
+                run.writes.1,
+                run.writes.2,
+                run.writes.3,
+                run.audit.bound,
+                run.audit.pods,
+                run.audit.allocated,
+                run.audit.claims,
+                problems.len(),
+                run.elapsed
+            );
+            for line in &run.evidence {
+                eprintln!("  {line}");
+            }
+            (run.seed, problems)
+        },
+    )
+    .await;
+    let (crashes, writes, claim_writes, claim_faults, binds, pods, bound_end, violations) = totals;
+    eprintln!(
+        "DRA: {runs} runs on {nodes} nodes × {gpus} GPUs, {pods} pods, {crashes} crashes, {writes} scheduler writes ({claim_writes} claim writes, {claim_faults} of them answered 500/504; {binds} binds), {bound_end} pods bound at the end, {violations} violations, {} failed runs, {:.1?}",
+        failures.len(),
+        started.elapsed()
+    );
+    fail_on(
+        "DRA",
+        runs,
+        &failures,
+        "TESSERA_DRA_CRASH_SEED=<seed> TESSERA_DRA_CRASH_RUNS=1",
+    );
+}
+
+/// The audit itself: each broken rule, set up by hand in the stored objects,
+/// is named (and a sound state passes), so the crash test cannot pass by
+/// auditing nothing.
+#[tokio::test]
+async fn the_audit_names_each_broken_rule() {
+    let server = ApiServer::new(Config::default());
+    for n in ["a", "b"] {
+        server.create(Resource::Nodes, &node(n)).expect("node");
+        server
+            .create(Resource::Slices, &slice(n, 2))
+            .expect("slice");
+    }
+    let allocated = |c: &mut Value, node: &str, device: &str, pods: &[&Value]| {
+        let reserved: Vec<Value> = pods
+            .iter()
+            .map(|p| json!({"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}))
+            .collect();
+        c["status"] = json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.tessera.io", "pool": node, "device": device}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            "reservedFor": reserved});
+    };
+    let bound_pod = |name: &str, claim: &str, node: &str| {
+        let mut p = pod_with_claims(NAMESPACE, name, &[("gpu", Ok(claim))]);
+        p["spec"]["nodeName"] = json!(node);
+        server.create(Resource::Pods, &p).expect("pod")
+    };
+    // Sound: p1 on a with c1 = a/gpu-0, reserved for it.
+    let p1 = bound_pod("p1", "c1", "a");
+    let mut c1 = claim(NAMESPACE, "c1", "gpu.tessera.io", 1);
+    allocated(&mut c1, "a", "gpu-0", &[&p1]);
+    server.create(Resource::Claims, &c1).expect("claim");
+    let sound = audit(&server);
+    assert!(sound.violations.is_empty(), "{:?}", sound.violations);
+    assert_eq!((sound.pods, sound.bound, sound.allocated), (1, 1, 1));
+    // p2 on b, but its c2 holds a/gpu-0 too (given twice, and on another node).
+    let p2 = bound_pod("p2", "c2", "b");
+    let mut c2 = claim(NAMESPACE, "c2", "gpu.tessera.io", 1);
+    allocated(&mut c2, "a", "gpu-0", &[&p2]);
+    server.create(Resource::Claims, &c2).expect("claim");
+    // p3 bound with its claim unallocated; c4 allocated for nobody; c5 for p1, which does not use it.
+    bound_pod("p3", "c3", "b");
+    server
+        .create(
+            Resource::Claims,
+            &claim(NAMESPACE, "c3", "gpu.tessera.io", 1),
+        )
+        .expect("claim");
+    let mut c4 = claim(NAMESPACE, "c4", "gpu.tessera.io", 1);
+    allocated(&mut c4, "b", "gpu-1", &[]);
+    server.create(Resource::Claims, &c4).expect("claim");
+    let mut c5 = claim(NAMESPACE, "c5", "gpu.tessera.io", 1);
+    allocated(&mut c5, "b", "gpu-7", &[&p1]);
+    server.create(Resource::Claims, &c5).expect("claim");
+    let broken = audit(&server);
+    let want = [
+        "device gpu.tessera.io/a/gpu-0 is in 2 allocated claims: work/c1, work/c2",
+        "pod work/p2 bound to b, but its claim work/c2 is allocated on a",
+        "pod work/p3 bound to b, but its claim work/c3 is not allocated",
+        "pod work/p3 bound to b, but its claim work/c3 is not reserved for it",
+        "claim work/c4 is allocated (Some(\"b\")) but reserved for no pod: orphaned",
+        "claim work/c5 is reserved for pod work/p1, which does not use it",
+        "claim work/c5: device b/gpu-7 is published by no slice",
+    ];
+    for w in want {
+        assert!(
+            broken.violations.iter().any(|v| v == w),
+            "missing {w:?} in {:#?}",
+            broken.violations
+        );
+    }
+    assert_eq!(
+        broken.violations.len(),
+        want.len(),
+        "{:#?}",
+        broken.violations
+    );
+    assert_eq!(broken.doubles.len(), 1);
+    // Liveness: nothing unbound; an unbound pod asking one GPU fits (b/gpu-0 is free).
+    assert!(fitting(&server).is_empty());
+    server
+        .create(
+            Resource::Claims,
+            &claim(NAMESPACE, "c6", "gpu.tessera.io", 1),
+        )
+        .expect("claim");
+    server
+        .create(
+            Resource::Pods,
+            &pod_with_claims(NAMESPACE, "p6", &[("gpu", Ok("c6"))]),
+        )
+        .expect("pod");
+    assert_eq!(fitting(&server), ["work/p6"]);
+}
