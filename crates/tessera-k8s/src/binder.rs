@@ -16,7 +16,10 @@
 //! - refused (a 4xx: 409, 404, 422, …): dropped at once;
 //! - unknown (a 5xx such as 504 Timeout, which the API server may send after
 //!   committing; timeout, connection lost, the caller went away mid-call): kept,
-//!   because the write may still have landed. The watch settles it, or at its
+//!   because the write may still have landed. A 5xx is first answered by
+//!   sending the same Binding again (twice at most, 200 and 400 ms later): its
+//!   preconditions let at most one land, and a 409 is settled by reading the
+//!   pod back. The watch settles it, or at its
 //!   deadline (see `mirror::RESERVATION_TTL`) the pod is read back and the
 //!   server's answer wins: bound, it is taken up with the grant it carries; not
 //!   bound, its GPUs are free again. A failed read keeps it for the next try.
@@ -101,6 +104,11 @@ pub enum BindError {
 
 /// The least leadership left for a write to be started.
 const MIN_WRITE_WINDOW: Duration = Duration::from_millis(500);
+
+/// A Binding answered with a 5xx is sent again this many times at most…
+const SERVER_ERROR_RETRIES: u32 = 2;
+/// …after this pause (then twice it).
+const SERVER_ERROR_PAUSE: Duration = Duration::from_millis(200);
 
 /// Binds pods through the API server.
 #[derive(Clone)]
@@ -270,15 +278,34 @@ impl Binder {
         // Fencing: the last moment to find out we no longer lead. The write must
         // also finish while we still lead: a leader stops renewing-dependent work
         // at its deadline, 5 s before another replica may take over.
-        let budget = match self.leader.remaining() {
-            None => self.request_timeout,
-            Some(left) if left >= MIN_WRITE_WINDOW => left.min(self.request_timeout),
-            Some(_) => return Err(BindError::NotLeader),
+        let Some(mut budget) = self.write_budget(Duration::ZERO) else {
+            return Err(BindError::NotLeader);
         };
         pending.armed = false;
         self.mirror.lock().mark_sent(&found);
-        let call = self.post_binding(&api, pod, node, annotation.as_deref());
-        let outcome = tokio::time::timeout(budget, call).await;
+        // A 5xx leaves the outcome unknown. The same Binding is sent again
+        // after a short pause: its preconditions let at most one land, and if
+        // the first did, the retry's 409 is settled by reading the pod back
+        // (below). Without it, the pod's GPUs would stay reserved and the pod
+        // unbound until the reservation's deadline whenever the first did not.
+        let mut retries = 0;
+        let outcome = loop {
+            let call = self.post_binding(&api, pod, node, annotation.as_deref());
+            let outcome = tokio::time::timeout(budget, call).await;
+            let server_error = matches!(&outcome, Ok(Err(kube::Error::Api(s))) if s.code >= 500);
+            if !server_error || retries == SERVER_ERROR_RETRIES {
+                break outcome;
+            }
+            let pause = SERVER_ERROR_PAUSE * (retries + 1);
+            // Fenced again: the retry, too, must finish while we lead.
+            let Some(next) = self.write_budget(pause) else {
+                break outcome;
+            };
+            tracing::debug!(pod = %key, node, "binding answered with a server error; sending it again");
+            tokio::time::sleep(pause).await;
+            budget = next;
+            retries += 1;
+        };
         match outcome {
             Ok(Ok(())) => {
                 self.mirror.lock().mark_accepted(&found);
@@ -346,6 +373,19 @@ impl Binder {
         }
     }
 
+    /// How long a write started `after` from now may take: the request
+    /// timeout, within what is left of leadership; `None` when less than
+    /// [`MIN_WRITE_WINDOW`] would be left then.
+    fn write_budget(&self, after: Duration) -> Option<Duration> {
+        match self.leader.remaining() {
+            None => Some(self.request_timeout),
+            Some(left) => {
+                let left = left.checked_sub(after)?;
+                (left >= MIN_WRITE_WINDOW).then(|| left.min(self.request_timeout))
+            }
+        }
+    }
+
     /// Reads back the pods of reservations past their deadline whose Binding had
     /// an unknown outcome and settles each with the server's answer (see the
     /// module docs). A pod that cannot be read stays reserved for the next try.
@@ -377,10 +417,8 @@ impl Binder {
     async fn pass_through(&self, api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), BindError> {
         let key = convert::pod_key(pod);
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let budget = match self.leader.remaining() {
-            None => self.request_timeout,
-            Some(left) if left >= MIN_WRITE_WINDOW => left.min(self.request_timeout),
-            Some(_) => return Err(BindError::NotLeader),
+        let Some(budget) = self.write_budget(Duration::ZERO) else {
+            return Err(BindError::NotLeader);
         };
         let binding = Binding {
             metadata: ObjectMeta {

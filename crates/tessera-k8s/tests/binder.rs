@@ -378,7 +378,71 @@ async fn a_server_error_keeps_the_reservation_since_the_write_may_have_landed() 
             assert!(mm.held(UID).is_some_and(|h| !h.bound));
         }
         drop(m);
-        assert_eq!(api.await.unwrap().len(), 1);
+        // The Binding and its two retries, each answered with the error.
+        let seen = api.await.unwrap();
+        assert_eq!(seen.len(), 3, "{code}");
+        assert!(seen.iter().all(|s| s.path.ends_with("/binding")));
+    }
+}
+
+/// A Binding answered with a 5xx is sent again, unchanged (same
+/// preconditions): when the first did not land, the retry binds the pod at
+/// once instead of leaving it unbound with its GPUs reserved until the
+/// reservation's deadline (30 s, seen in the crash-restart run with writes
+/// answered 500 without committing); when the first did land (a 504 after
+/// committing), the retry's 409 is settled by reading the pod back.
+#[tokio::test]
+async fn a_binding_answered_with_a_server_error_is_sent_again() {
+    let Some(body) = fixture("bind-request-ExtenderBindingArgs.json") else {
+        return;
+    };
+    for first_landed in [false, true] {
+        let (nodes, inv) = fixture_cluster();
+        let m = mirror("tessera", nodes, inv, vec![pending_gpu_pod()]);
+        let bindings = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+        let sent = bindings.clone();
+        let (client, api) = mock_api(move |s| {
+            if s.path.ends_with("/binding") {
+                let mut b = sent.lock().unwrap();
+                b.push(s.body.clone());
+                match (b.len(), first_landed) {
+                    (1, false) => (500, status(500, "InternalError", "etcd is unhappy")),
+                    (1, true) => (504, status(504, "Timeout", "request did not complete")),
+                    (_, false) => (201, status(201, "", "")),
+                    (_, true) => (
+                        409,
+                        status(409, "Conflict", "pod gpu-pod-noext2 is already assigned"),
+                    ),
+                }
+            } else {
+                let b = sent.lock().unwrap();
+                let a = b[0]["metadata"]["annotations"][ANNOTATION].as_str();
+                (200, bound_pod("fake-gpu-node-1", a))
+            }
+        });
+        let (_, v) = call(
+            router(state(m.clone(), Some(client))),
+            "/bind",
+            body.clone(),
+        )
+        .await;
+        assert_eq!(v, json!({"Error": ""}), "first landed: {first_landed}");
+        {
+            let mut mm = m.lock();
+            assert_eq!(mm.ledger().allocation_count(), 1);
+            assert!(
+                mm.held(UID).is_some_and(|h| h.expires.is_none()),
+                "accepted"
+            );
+        }
+        drop(m);
+        let seen = api.await.unwrap();
+        let b = bindings.lock().unwrap();
+        assert_eq!(b.len(), 2, "one retry");
+        assert_eq!(b[0], b[1], "the same Binding, preconditions included");
+        assert_eq!(b[1]["metadata"]["uid"], UID);
+        // A read back only to settle the 409.
+        assert_eq!(seen.len(), if first_landed { 3 } else { 2 });
     }
 }
 

@@ -2,7 +2,8 @@
 //! API-server double while it is killed after a seeded number of its own API
 //! writes (before or after the write lands), then restarted with fresh process
 //! state, until every pod is bound. Half the processes also get one write
-//! committed but answered `504 Timeout`. Afterwards the double's stored objects
+//! committed but answered `504 Timeout`, and every process one write answered
+//! `500` without committing it (a client cannot tell the two apart). Afterwards the double's stored objects
 //! alone must show no GPU over-committed and a valid grant on every bound GPU
 //! pod ([`apiserver::check`]).
 //!
@@ -17,6 +18,8 @@
 //! (first seed, default 1), `TESSERA_CRASH_LATENCY_MS` (`lo-hi`, default `0-2`),
 //! `TESSERA_CRASH_MAX` (crashes per run at most, default 8; 0 gives a run without crashes),
 //! `TESSERA_CRASH_JOBS` (seeds run at once, default 1),
+//! `TESSERA_CRASH_UNCOMMITTED` (default `1`: every process also gets one
+//! write answered `500` without committing it; `0` leaves it out),
 //! `TESSERA_CRASH_LIST_US` (LIST time per item returned, default 100 µs: a
 //! restarted scheduler's lists of 1,000 pods take 100 ms, as big lists do).
 //! A failure names the seed; rerun it with `TESSERA_CRASH_SEED=<seed> TESSERA_CRASH_RUNS=1`.
@@ -331,7 +334,7 @@ async fn run_seed(
         max_crashes,
         span: (pods as u64 * 3 / 4).max(5),
         quiet: QUIET,
-        uncommitted: false,
+        uncommitted: env("TESSERA_CRASH_UNCOMMITTED", 1u8) == 1,
     };
     let run = restarts(
         &server,
