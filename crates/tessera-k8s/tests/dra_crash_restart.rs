@@ -57,9 +57,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use apiserver::cluster::{bound, node_of};
+use apiserver::cluster::{bound, node_of, ready_node};
 use apiserver::crash::{Look, Plan, env, fail_on, latency, over_seeds, restarts};
-use apiserver::dra::{claim, classes, pod_with_claims, slice};
+use apiserver::dra::{claim, classes, pod_with_claims, slice, standalone_config};
 use apiserver::dra_check::{DraAudit, audit, fitting, pod_claim_names, reserved_uids};
 use apiserver::{ApiServer, Config, Fault, Resource};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -67,7 +67,6 @@ use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tessera_k8s::run::RawConfig;
 
 const KEY: &[u8] = b"dra-crash-restart-signing-key!!!";
 const NAMESPACE: &str = "work";
@@ -75,35 +74,6 @@ const NAMESPACE: &str = "work";
 const QUIET: Duration = Duration::from_secs(90);
 /// The templates the workload's pods name, and the GPUs their claims ask.
 const TEMPLATES: [(&str, i64); 2] = [("one-gpu", 1), ("two-gpu", 2)];
-
-fn config(key_file: &std::path::Path, policy: &str) -> tessera_k8s::run::Config {
-    RawConfig {
-        mode: Some("standalone".into()),
-        listen: Some("127.0.0.1:0".into()),
-        metrics_listen: Some("127.0.0.1:0".into()),
-        signing_key_file: Some(key_file.to_path_buf()),
-        scheduler_name: Some("tessera".into()),
-        leader_elect: Some(false),
-        policy: Some(policy.into()),
-        dra: Some(true),
-        ..RawConfig::default()
-    }
-    .resolve()
-    .expect("valid config")
-}
-
-/// A Ready node with CPU and memory and no GpuNode: its GPUs are in its slice.
-fn node(name: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "spec": {},
-        "status": {
-            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
-        }
-    })
-}
 
 /// One pod of the workload and the claims created just before it.
 struct Item {
@@ -526,7 +496,9 @@ async fn run_seed(seed: u64, nodes: usize, gpus: u32, key_file: &std::path::Path
     });
     for i in 0..nodes {
         let name = format!("dra-node-{i}");
-        server.create(Resource::Nodes, &node(&name)).expect("node");
+        server
+            .create(Resource::Nodes, &ready_node(&name))
+            .expect("node");
         server
             .create(Resource::Slices, &slice(&name, gpus))
             .expect("slice");
@@ -547,7 +519,7 @@ async fn run_seed(seed: u64, nodes: usize, gpus: u32, key_file: &std::path::Path
     }));
     let users = Arc::new(users);
     let controller = Controller::spawn(&server, items, users.clone(), churn.clone(), seed);
-    let base = config(key_file, policy);
+    let base = standalone_config(key_file, policy);
     // A pod takes one or two claim writes, a Binding and an event or more.
     let plan = Plan {
         max_crashes,
@@ -743,7 +715,9 @@ async fn dra_claims_survive_crashes_at_random_writes() {
 async fn the_audit_names_each_broken_rule() {
     let server = ApiServer::new(Config::default());
     for n in ["a", "b"] {
-        server.create(Resource::Nodes, &node(n)).expect("node");
+        server
+            .create(Resource::Nodes, &ready_node(n))
+            .expect("node");
         server
             .create(Resource::Slices, &slice(n, 2))
             .expect("slice");

@@ -13,8 +13,8 @@ mod apiserver;
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiserver::cluster::node_of;
-use apiserver::dra::{claim, classes, pod_with_claims, slice};
+use apiserver::cluster::{node_of, ready_node};
+use apiserver::dra::{claim, classes, pod_with_claims, slice, standalone_config};
 use apiserver::process::Process;
 use apiserver::{ApiServer, Config, Resource};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -26,7 +26,6 @@ use tessera_k8s::dra::view::SharedDraView;
 use tessera_k8s::leader::Leadership;
 use tessera_k8s::metrics::Metrics;
 use tessera_k8s::mirror::{Mirror, SharedMirror};
-use tessera_k8s::run::RawConfig;
 use tessera_k8s::standalone::{Dra, Standalone};
 
 const KEY: &[u8] = b"dra-standalone-test-signing-key!";
@@ -39,38 +38,13 @@ fn key_file() -> std::path::PathBuf {
 }
 
 fn config(policy: &str) -> tessera_k8s::run::Config {
-    RawConfig {
-        mode: Some("standalone".into()),
-        listen: Some("127.0.0.1:0".into()),
-        metrics_listen: Some("127.0.0.1:0".into()),
-        signing_key_file: Some(key_file()),
-        scheduler_name: Some("tessera".into()),
-        leader_elect: Some(false),
-        policy: Some(policy.into()),
-        dra: Some(true),
-        ..RawConfig::default()
-    }
-    .resolve()
-    .expect("valid config")
-}
-
-/// A Ready node with CPU and memory and no GpuNode (a DRA node).
-fn node(name: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "spec": {},
-        "status": {
-            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
-        }
-    })
+    standalone_config(&key_file(), policy)
 }
 
 /// Nodes with `gpus` GPUs each published as slices, and the chart's classes.
 fn cluster(server: &ApiServer, nodes: &[(&str, u32)]) {
     for (n, gpus) in nodes {
-        server.create(Resource::Nodes, &node(n)).unwrap();
+        server.create(Resource::Nodes, &ready_node(n)).unwrap();
         server.create(Resource::Slices, &slice(n, *gpus)).unwrap();
     }
     for c in classes() {
@@ -811,13 +785,13 @@ fn claim_member(server: &ApiServer, gang: &str, name: &str, claim_name: &str) ->
 /// A Ready DRA node `name` with `gpus` GPUs appears, in the server, the
 /// mirror and the view.
 fn add_dra_node(l: &Loop, name: &str, gpus: u32) {
-    l.server.create(Resource::Nodes, &node(name)).unwrap();
+    l.server.create(Resource::Nodes, &ready_node(name)).unwrap();
     l.server
         .create(Resource::Slices, &slice(name, gpus))
         .unwrap();
     l.mirror
         .lock()
-        .upsert_node(serde_json::from_value(node(name)).unwrap());
+        .upsert_node(serde_json::from_value(ready_node(name)).unwrap());
     refresh(&l.server, &l.view);
 }
 
@@ -1069,44 +1043,23 @@ fn preempting_loop(
 /// kubelet's status), its claim `name`-gpu allocated node-a's gpu-0 and
 /// reserved for it (what Tessera wrote when it placed it); its UID.
 async fn running_on_node_a(server: &ApiServer, name: &str, priority: i32) -> String {
-    let mut p = pod_with_claims(NS, name, &[("gpu", Ok(&format!("{name}-gpu")))]);
-    p["spec"]["priority"] = json!(priority);
-    p["spec"]["nodeName"] = json!("node-a");
-    p["metadata"]["labels"] = json!({"app": name});
-    let uid = server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
-    let (client, _s) = server.client();
-    let pods: kube::Api<Pod> = kube::Api::namespaced(client, NS);
-    pods.patch_status(
-        name,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({"status": {"phase": "Running",
-            "startTime": hour_ago.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}})),
-    )
-    .await
-    .unwrap();
-    let mut c = claim(NS, &format!("{name}-gpu"), "gpu.tessera.io", 1);
-    c["status"] = json!({"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a", "device": "gpu-0"}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]});
-    server.create(Resource::Claims, &c).unwrap();
-    uid
+    holding(server, NS, name, priority, 0).await
 }
 
 /// Pod `name` of `priority` asking one GPU through its claim `name`-gpu; its UID.
 fn waiting_for_one_gpu(server: &ApiServer, name: &str, priority: i32) -> String {
+    waiting_in(server, NS, name, priority)
+}
+
+/// Pod `ns/name` of `priority` asking one GPU through its claim `name`-gpu; its UID.
+fn waiting_in(server: &ApiServer, ns: &str, name: &str, priority: i32) -> String {
     server
         .create(
             Resource::Claims,
-            &claim(NS, &format!("{name}-gpu"), "gpu.tessera.io", 1),
+            &claim(ns, &format!("{name}-gpu"), "gpu.tessera.io", 1),
         )
         .unwrap();
-    let mut p = pod_with_claims(NS, name, &[("gpu", Ok(&format!("{name}-gpu")))]);
+    let mut p = pod_with_claims(ns, name, &[("gpu", Ok(&format!("{name}-gpu")))]);
     p["spec"]["priority"] = json!(priority);
     server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
         .as_str()
@@ -1294,12 +1247,14 @@ fn two_queues(m: &mut Mirror) {
     ]);
 }
 
-/// Pod `ns/name` of `priority`, running for an hour on node-a, its claim
-/// `name`-gpu allocated node-a's `gpu` and reserved for it; its UID.
+/// Pod `ns/name` of `priority` (label `app: name`), running for an hour on
+/// node-a (the kubelet's status), its claim `name`-gpu allocated node-a's
+/// `gpu` and reserved for it (what Tessera wrote when it placed it); its UID.
 async fn holding(server: &ApiServer, ns: &str, name: &str, priority: i32, gpu: usize) -> String {
     let mut p = pod_with_claims(ns, name, &[("gpu", Ok(&format!("{name}-gpu")))]);
     p["spec"]["priority"] = json!(priority);
     p["spec"]["nodeName"] = json!("node-a");
+    p["metadata"]["labels"] = json!({"app": name});
     let uid = server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
         .as_str()
         .unwrap()
@@ -1329,18 +1284,7 @@ async fn holding(server: &ApiServer, ns: &str, name: &str, priority: i32, gpu: u
 /// Pod `team-a/a1` of priority 0 (below every holder's) asking one GPU
 /// through its claim `a1-gpu`; its UID.
 fn a1_waiting(server: &ApiServer) -> String {
-    server
-        .create(
-            Resource::Claims,
-            &claim(NS_A, "a1-gpu", "gpu.tessera.io", 1),
-        )
-        .unwrap();
-    let mut p = pod_with_claims(NS_A, "a1", &[("gpu", Ok("a1-gpu"))]);
-    p["spec"]["priority"] = json!(0);
-    server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    waiting_in(server, NS_A, "a1", 0)
 }
 
 fn stored(server: &ApiServer, r: Resource, ns: &str, name: &str) -> Value {

@@ -14,15 +14,7 @@ pub fn add_gpu_nodes(server: &ApiServer, count: usize, gpus: u32) -> Vec<String>
     (0..count)
         .map(|i| {
             let name = format!("gpu-node-{i}");
-            let node = json!({
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-                "spec": {},
-                "status": {
-                    "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-                    "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
-                }
-            });
+            let node = ready_node(&name);
             server.create(Resource::Nodes, &node).expect("node");
             let inventory = GpuNode::new(
                 &name,
@@ -104,4 +96,18 @@ pub fn node_of(pod: &Value) -> Option<&str> {
 /// Pods bound so far.
 pub fn bound(server: &ApiServer) -> usize {
     server.count(Resource::Pods, |p| node_of(p).is_some())
+}
+
+/// A Ready node `name` with 64 CPUs, 512 GiB and 110 pod slots (its GPUs are
+/// in a GpuNode or in ResourceSlices, added apart).
+pub fn ready_node(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        }
+    })
 }

@@ -166,3 +166,21 @@ pub fn pod_with_claims(
             "containers": [{"name": "main", "image": "cuda",
                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "claims": refs}}]}})
 }
+
+/// Tessera in standalone mode with `--dra`, on loopback ports of its own, no
+/// leader election, signing with `key_file`, placing with `policy`.
+pub fn standalone_config(key_file: &std::path::Path, policy: &str) -> tessera_k8s::run::Config {
+    tessera_k8s::run::RawConfig {
+        mode: Some("standalone".into()),
+        listen: Some("127.0.0.1:0".into()),
+        metrics_listen: Some("127.0.0.1:0".into()),
+        signing_key_file: Some(key_file.to_path_buf()),
+        scheduler_name: Some("tessera".into()),
+        leader_elect: Some(false),
+        policy: Some(policy.into()),
+        dra: Some(true),
+        ..tessera_k8s::run::RawConfig::default()
+    }
+    .resolve()
+    .expect("valid config")
+}
