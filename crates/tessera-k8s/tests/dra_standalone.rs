@@ -807,6 +807,24 @@ fn written_before_binding(server: &ApiServer, claim: &str, pod: &str) -> bool {
     claim_at.is_some() && bind_at.is_some() && claim_at < bind_at
 }
 
+/// Gang `name` of two members `name`-0 and `name`-1, each with a one-GPU
+/// claim (`c0`, `c1`), on node-a with `gpus` GPUs, after one pass of a loop
+/// whose view never follows the writes; the loop and the members' UIDs.
+async fn gang_of_two(name: &str, gpus: u32) -> (Loop, Vec<String>) {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", gpus)]);
+    let uids: Vec<String> = (0..2)
+        .map(|i| claim_member(&server, name, &format!("{name}-{i}"), &format!("c{i}")))
+        .collect();
+    let mut l = standalone_loop(server);
+    l.mirror
+        .lock()
+        .replace_pod_groups(vec![gang_group(name, 2)]);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    (l, uids)
+}
+
 /// A gang of two, each with a one-GPU claim, on one free GPU: the first
 /// member's allocation is decided, the second's does not fit, and the first
 /// is undone (no claim allocated, nothing assumed or held) and both wait with
@@ -814,17 +832,7 @@ fn written_before_binding(server: &ApiServer, claim: &str, pod: &str) -> bool {
 /// devices, though the view never showed the first member's write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_with_claims_is_allocated_whole_or_not_at_all() {
-    let server = ApiServer::new(Config::default());
-    cluster(&server, &[("node-a", 1)]);
-    let uids: Vec<String> = (0..2)
-        .map(|i| claim_member(&server, "train", &format!("train-{i}"), &format!("c{i}")))
-        .collect();
-    let mut l = standalone_loop(server);
-    l.mirror
-        .lock()
-        .replace_pod_groups(vec![gang_group("train", 2)]);
-    l.standalone.pass().await;
-    l.standalone.flush().await;
+    let (mut l, uids) = gang_of_two("train", 1).await;
     for (i, uid) in uids.iter().enumerate() {
         assert_eq!(bound_to(&l.server, &format!("train-{i}")), None);
         let c = get(&l.server, Resource::Claims, &format!("c{i}"));
@@ -868,17 +876,7 @@ async fn a_gang_with_claims_is_allocated_whole_or_not_at_all() {
 /// first's assumed allocation), each claim written before its Binding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_with_claims_gets_distinct_devices_written_before_binding() {
-    let server = ApiServer::new(Config::default());
-    cluster(&server, &[("node-a", 2)]);
-    let uids: Vec<String> = (0..2)
-        .map(|i| claim_member(&server, "pair", &format!("pair-{i}"), &format!("c{i}")))
-        .collect();
-    let mut l = standalone_loop(server);
-    l.mirror
-        .lock()
-        .replace_pod_groups(vec![gang_group("pair", 2)]);
-    l.standalone.pass().await;
-    l.standalone.flush().await;
+    let (l, uids) = gang_of_two("pair", 2).await;
     let mut got = Vec::new();
     for (i, uid) in uids.iter().enumerate() {
         let (pod, claim) = (format!("pair-{i}"), format!("c{i}"));
