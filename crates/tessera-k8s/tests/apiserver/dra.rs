@@ -140,6 +140,88 @@ pub fn slice(node: &str, gpus: u32) -> Value {
             "devices": devices}})
 }
 
+/// [`slice`] with every GPU shareable (KEP-5075): `allowMultipleAllocations`,
+/// consumable `memory` (80Gi, asked in steps of 1Mi) and `compute` (1000, in
+/// steps of 1), each consumed whole by a claim that does not ask it (the
+/// policies' default), so a whole-GPU claim takes all of a GPU it lands on.
+pub fn shared_slice(node: &str, gpus: u32) -> Value {
+    let mut s = slice(node, gpus);
+    for d in s["spec"]["devices"].as_array_mut().into_iter().flatten() {
+        d["allowMultipleAllocations"] = json!(true);
+        d["capacity"] = json!({
+            "memory": {"value": "80Gi", "requestPolicy": {"default": "80Gi",
+                "validRange": {"min": "1Mi", "max": "80Gi", "step": "1Mi"}}},
+            "compute": {"value": "1000", "requestPolicy": {"default": "1000",
+                "validRange": {"min": "1", "max": "1000", "step": "1"}}}});
+    }
+    s
+}
+
+/// A node of `gpus` A100-80GBs in MIG mode, as the node agent publishes them
+/// with `partitionable-mig` (the shape of `dra::tests::mig_slice_with`): per
+/// GPU a counter set `gpu-<i>-counter-set` (`compute-slices`, and
+/// `memory-slice-<k>` of 1 each) and a device `gpu-<i>-mig-<profile>-<start>`
+/// per placement the model's table allows, consuming the profile's compute
+/// slices and the memory slices it covers. No instance exists yet.
+pub fn mig_slice(node: &str, gpus: u32) -> Value {
+    let catalog = tessera_core::model::Catalog::default();
+    let a100 = catalog.find("A100-80GB").expect("A100-80GB in the catalog");
+    let geo = catalog.spec(a100).mig.clone().expect("A100-80GB has MIG");
+    let mut sets = Vec::new();
+    let mut devices = Vec::new();
+    for g in 0..gpus {
+        let set = format!("gpu-{g}-counter-set");
+        let mut all = json!({"compute-slices": {"value": geo.compute_slices.to_string()}});
+        for k in 0..geo.memory_slices {
+            all[format!("memory-slice-{k}")] = json!({"value": "1"});
+        }
+        sets.push(json!({"name": set, "counters": all}));
+        for p in &geo.profiles {
+            for &start in &p.starts {
+                let Some(mask) = geo.placement_mask(p, start) else {
+                    continue;
+                };
+                let mut used = json!({"compute-slices": {"value": p.compute_slices.to_string()}});
+                for k in (0..8).filter(|k| mask & (1 << k) != 0) {
+                    used[format!("memory-slice-{k}")] = json!({"value": "1"});
+                }
+                let label: String = p.name.chars().filter(char::is_ascii_alphanumeric).collect();
+                devices.push(json!({
+                    "name": format!("gpu-{g}-mig-{label}-{start}"),
+                    "attributes": {"type": {"string": "mig"}, "profile": {"string": p.name},
+                        "parentIndex": {"int": g}, "parentUUID": {"string": format!("GPU-{node}-{g}")},
+                        "model": {"string": "A100-80GB"},
+                        "productName": {"string": "NVIDIA A100-SXM4-80GB"}},
+                    "capacity": {"memory": {"value": format!("{}Mi", p.memory_mib)}},
+                    "consumesCounters": [{"counterSet": set, "counters": used}]
+                }));
+            }
+        }
+    }
+    json!({"metadata": {"name": format!("{node}-gpu.tessera.io")},
+        "spec": {"driver": "gpu.tessera.io", "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "sharedCounters": sets, "devices": devices}})
+}
+
+/// A claim asking a share of one GPU: `memory` (a quantity) and `compute`
+/// (of 1000).
+pub fn share_claim(namespace: &str, name: &str, memory: &str, compute: u32) -> Value {
+    json!({"metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io",
+                "capacity": {"requests": {"memory": memory, "compute": compute.to_string()}}}}]}}})
+}
+
+/// A claim asking one MIG placement of `profile` (`1g.10gb`).
+pub fn mig_claim(namespace: &str, name: &str, profile: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "mig.tessera.io",
+                "selectors": [{"cel": {"expression":
+                    format!("device.attributes['gpu.tessera.io'].profile == '{profile}'")}}]}}]}}})
+}
+
 /// A claim asking `count` devices of `class`.
 pub fn claim(namespace: &str, name: &str, class: &str, count: i64) -> Value {
     json!({"metadata": {"name": name, "namespace": namespace},
