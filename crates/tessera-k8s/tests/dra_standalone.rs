@@ -41,6 +41,47 @@ fn config(policy: &str) -> tessera_k8s::run::Config {
     standalone_config(&key_file(), policy)
 }
 
+/// The allocation of one device of Tessera's driver in `node`'s pool, as a
+/// scheduler writes it (`gpu` request, the node as its selector).
+fn one_device(node: &str, device: &str) -> Value {
+    json!({"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.tessera.io", "pool": node, "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}})
+}
+
+/// A one-GPU claim `ns/name` allocated `node`'s `device` and reserved for
+/// pod `pod` (`uid`), as stored once a scheduler wrote it.
+fn allocated_claim(ns: &str, name: &str, node: &str, device: &str, pod: &str, uid: &str) -> Value {
+    let mut c = claim(ns, name, "gpu.tessera.io", 1);
+    c["status"] = json!({"allocation": one_device(node, device),
+        "reservedFor": [{"resource": "pods", "name": pod, "uid": uid}]});
+    c
+}
+
+/// A one-GPU claim `claim_name` in `ns`, and pod `ns/pod` using it (changed
+/// by `shape` before it is created); the pod's UID.
+fn one_gpu_pod(
+    server: &ApiServer,
+    ns: &str,
+    pod: &str,
+    claim_name: &str,
+    shape: impl FnOnce(&mut Value),
+) -> String {
+    server
+        .create(
+            Resource::Claims,
+            &claim(ns, claim_name, "gpu.tessera.io", 1),
+        )
+        .unwrap();
+    let mut p = pod_with_claims(ns, pod, &[("gpu", Ok(claim_name))]);
+    shape(&mut p);
+    server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// Nodes with `gpus` GPUs each published as slices, and the chart's classes.
 fn cluster(server: &ApiServer, nodes: &[(&str, u32)]) {
     for (n, gpus) in nodes {
@@ -129,23 +170,9 @@ async fn a_claim_gets_the_policys_device_and_is_written_before_the_binding() {
         let server = ApiServer::new(Config::default());
         cluster(&server, &[("node-a", 4), ("node-b", 4)]);
         // Someone else's claim holds node-a's gpu-0.
-        let mut held = claim(NS, "held", "gpu.tessera.io", 1);
-        held["status"] = json!({"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a", "device": "gpu-0"}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
-            "reservedFor": [{"resource": "pods", "name": "other", "uid": "uid-other"}]});
+        let held = allocated_claim(NS, "held", "node-a", "gpu-0", "other", "uid-other");
         server.create(Resource::Claims, &held).unwrap();
-        server
-            .create(Resource::Claims, &claim(NS, "c1", "gpu.tessera.io", 1))
-            .unwrap();
-        let p = server
-            .create(
-                Resource::Pods,
-                &pod_with_claims(NS, "p1", &[("gpu", Ok("c1"))]),
-            )
-            .unwrap();
-        let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+        let uid = one_gpu_pod(&server, NS, "p1", "c1", |_| {});
         let proc = Process::start(&server, config(policy), &[]);
         until(
             &format!("{policy}: p1 bound"),
@@ -317,12 +344,7 @@ async fn a_restarted_scheduler_finishes_what_it_wrote_and_counts_it() {
         )
         .unwrap();
     let uid1 = p1["metadata"]["uid"].as_str().unwrap().to_string();
-    let mut c1 = claim(NS, "c1", "gpu.tessera.io", 1);
-    c1["status"] = json!({"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-b", "device": "gpu-1"}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "p1", "uid": uid1}]});
+    let c1 = allocated_claim(NS, "c1", "node-b", "gpu-1", "p1", &uid1);
     server.create(Resource::Claims, &c1).unwrap();
     let c1_rv = get(&server, Resource::Claims, "c1")["metadata"]["resourceVersion"].clone();
     // node-a full (both GPUs held by others): a new claim can only get node-b/gpu-0.
@@ -333,15 +355,7 @@ async fn a_restarted_scheduler_finishes_what_it_wrote_and_counts_it() {
             "reservedFor": [{"resource": "pods", "name": "x", "uid": format!("uid-x{i}")}]});
         server.create(Resource::Claims, &c).unwrap();
     }
-    server
-        .create(Resource::Claims, &claim(NS, "c2", "gpu.tessera.io", 1))
-        .unwrap();
-    server
-        .create(
-            Resource::Pods,
-            &pod_with_claims(NS, "p2", &[("gpu", Ok("c2"))]),
-        )
-        .unwrap();
+    one_gpu_pod(&server, NS, "p2", "c2", |_| {});
     let proc = Process::start(&server, config("spread"), &[]);
     until("both bound", Duration::from_secs(20), || {
         bound_to(&server, "p1").is_some() && bound_to(&server, "p2").is_some()
@@ -429,18 +443,7 @@ async fn two_pods_never_share_a_dedicated_gpu_while_the_watch_lags() {
     let server = ApiServer::new(Config::default());
     cluster(&server, &[("node-a", 1)]);
     for i in 1..=2 {
-        server
-            .create(
-                Resource::Claims,
-                &claim(NS, &format!("c{i}"), "gpu.tessera.io", 1),
-            )
-            .unwrap();
-        server
-            .create(
-                Resource::Pods,
-                &pod_with_claims(NS, &format!("p{i}"), &[("gpu", Ok(&format!("c{i}")))]),
-            )
-            .unwrap();
+        one_gpu_pod(&server, NS, &format!("p{i}"), &format!("c{i}"), |_| {});
     }
     let mut l = standalone_loop(server);
     l.standalone.pass().await;
@@ -482,18 +485,7 @@ async fn claims_count_against_their_queue_s_quota_and_usage() {
     let server = ApiServer::new(Config::default());
     cluster(&server, &[("node-a", 2)]);
     for i in 1..=2 {
-        server
-            .create(
-                Resource::Claims,
-                &claim(NS, &format!("c{i}"), "gpu.tessera.io", 1),
-            )
-            .unwrap();
-        server
-            .create(
-                Resource::Pods,
-                &pod_with_claims(NS, &format!("p{i}"), &[("gpu", Ok(&format!("c{i}")))]),
-            )
-            .unwrap();
+        one_gpu_pod(&server, NS, &format!("p{i}"), &format!("c{i}"), |_| {});
     }
     let mut l = standalone_loop(server);
     {
@@ -562,22 +554,10 @@ async fn claims_count_against_their_queue_s_quota_and_usage() {
 async fn a_conflicting_claim_write_is_never_overwritten() {
     let server = ApiServer::new(Config::default());
     cluster(&server, &[("node-a", 2), ("node-b", 2)]);
-    server
-        .create(Resource::Claims, &claim(NS, "c1", "gpu.tessera.io", 1))
-        .unwrap();
-    let p = server
-        .create(
-            Resource::Pods,
-            &pod_with_claims(NS, "p1", &[("gpu", Ok("c1"))]),
-        )
-        .unwrap();
-    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = one_gpu_pod(&server, NS, "p1", "c1", |_| {});
     let mut l = standalone_loop(server);
     // Another scheduler allocates c1 after our view read it.
-    let theirs = json!({"devices": {"results": [
-        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-b", "device": "gpu-1"}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}});
+    let theirs = one_device("node-b", "gpu-1");
     let (client, _s) = l.server.client();
     let api: kube::Api<kube::api::DynamicObject> =
         kube::Api::namespaced_with(client, NS, &tessera_k8s::dra::write::claims_resource());
@@ -699,15 +679,7 @@ async fn without_the_dra_api_ordinary_pods_are_placed_and_claims_refused() {
 async fn the_views_problems_are_counted_in_metrics() {
     let server = ApiServer::new(Config::default());
     cluster(&server, &[("node-a", 1)]);
-    server
-        .create(Resource::Claims, &claim(NS, "c1", "gpu.tessera.io", 1))
-        .unwrap();
-    server
-        .create(
-            Resource::Pods,
-            &pod_with_claims(NS, "p1", &[("gpu", Ok("c1"))]),
-        )
-        .unwrap();
+    one_gpu_pod(&server, NS, "p1", "c1", |_| {});
     let mut l = standalone_loop(server);
     let gauge = |l: &Loop| {
         l.standalone
@@ -767,19 +739,9 @@ fn in_gang(mut pod: Value, gang: &str) -> Value {
 /// Creates claim `claim` (one GPU) and pod `name` of gang `gang` using it;
 /// returns the pod's uid.
 fn claim_member(server: &ApiServer, gang: &str, name: &str, claim_name: &str) -> String {
-    server
-        .create(
-            Resource::Claims,
-            &claim(NS, claim_name, "gpu.tessera.io", 1),
-        )
-        .unwrap();
-    let p = server
-        .create(
-            Resource::Pods,
-            &in_gang(pod_with_claims(NS, name, &[("gpu", Ok(claim_name))]), gang),
-        )
-        .unwrap();
-    p["metadata"]["uid"].as_str().unwrap().to_string()
+    one_gpu_pod(server, NS, name, claim_name, |p| {
+        *p = in_gang(p.take(), gang)
+    })
 }
 
 /// A Ready DRA node `name` with `gpus` GPUs appears, in the server, the
@@ -905,12 +867,7 @@ async fn a_mixed_gang_is_placed_whole_or_not_at_all() {
     let server = ApiServer::new(Config::default());
     add_gpu_nodes(&server, 1, 1);
     cluster(&server, &[("node-a", 1)]);
-    let mut held = claim(NS, "held", "gpu.tessera.io", 1);
-    held["status"] = json!({"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a", "device": "gpu-0"}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "other", "uid": "uid-other"}]});
+    let held = allocated_claim(NS, "held", "node-a", "gpu-0", "other", "uid-other");
     server.create(Resource::Claims, &held).unwrap();
     let plain = server
         .create(
@@ -1051,18 +1008,9 @@ fn waiting_for_one_gpu(server: &ApiServer, name: &str, priority: i32) -> String 
 
 /// Pod `ns/name` of `priority` asking one GPU through its claim `name`-gpu; its UID.
 fn waiting_in(server: &ApiServer, ns: &str, name: &str, priority: i32) -> String {
-    server
-        .create(
-            Resource::Claims,
-            &claim(ns, &format!("{name}-gpu"), "gpu.tessera.io", 1),
-        )
-        .unwrap();
-    let mut p = pod_with_claims(ns, name, &[("gpu", Ok(&format!("{name}-gpu")))]);
-    p["spec"]["priority"] = json!(priority);
-    server.create(Resource::Pods, &p).unwrap()["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    one_gpu_pod(server, ns, name, &format!("{name}-gpu"), |p| {
+        p["spec"]["priority"] = json!(priority);
+    })
 }
 
 fn eviction_writes(server: &ApiServer) -> Vec<(String, u16)> {
@@ -1268,13 +1216,14 @@ async fn holding(server: &ApiServer, ns: &str, name: &str, priority: i32, gpu: u
     )
     .await
     .unwrap();
-    let mut c = claim(ns, &format!("{name}-gpu"), "gpu.tessera.io", 1);
-    c["status"] = json!({"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": "gpu.tessera.io", "pool": "node-a",
-            "device": format!("gpu-{gpu}")}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]});
+    let c = allocated_claim(
+        ns,
+        &format!("{name}-gpu"),
+        "node-a",
+        &format!("gpu-{gpu}"),
+        name,
+        &uid,
+    );
     server.create(Resource::Claims, &c).unwrap();
     uid
 }
