@@ -145,28 +145,13 @@ async fn publishes_gpunode_status_and_labels() {
 /// The running agent marks a failed GPU in its GpuNode status and clears the mark on recovery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_agent_marks_failed_gpus_in_the_inventory() {
-    use std::sync::Arc;
     use std::time::Duration;
-    use tessera_node::deviceplugin::allocate::NoPods;
-    use tessera_node::run::AgentDeps;
 
     let fake = Fake::from_yaml(GPUS, "t").unwrap();
     let (client, mut seen) = echo_api();
     let dir = tempfile::tempdir().unwrap();
     let config = agent_config(dir.path(), tessera_api::gpunode::HEARTBEAT_PERIOD);
-    let deps = AgentDeps {
-        backend: Arc::new(fake.clone()),
-        procs: Arc::new(fake.proc_reader()),
-        pods: Arc::new(NoPods("test".into())),
-        pod_resources: None,
-        kubelet: None,
-        inventory: Some(Inventory::new(client, "node-a".into())),
-        node_settings: None,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent = tokio::spawn(tessera_node::run::run(config, deps, async {
-        let _ = stopped.await;
-    }));
+    let agent = RunningAgent::start(config, &fake, client, None);
     let wait = Duration::from_secs(20);
     // Waits for a status write satisfying `pred`.
     let mut status_where = async |pred: &dyn Fn(&serde_json::Value) -> bool| -> serde_json::Value {
@@ -193,12 +178,7 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
     fake.recover("GPU-b").unwrap();
     let st = status_where(&|s| s["health"] == "Healthy").await;
     assert_eq!(st["healthyGpus"], 2);
-    let _ = stop.send(());
-    tokio::time::timeout(wait, agent)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    agent.stop(wait).await;
 }
 
 /// The kubelet's PodResources API (a fake gRPC server on a real unix socket)
@@ -209,10 +189,8 @@ async fn running_agent_marks_failed_gpus_in_the_inventory() {
 async fn status_carries_pod_resources_from_the_kubelet() {
     use std::sync::Arc;
     use std::time::Duration;
-    use tessera_node::deviceplugin::allocate::NoPods;
     use tessera_node::podresources::PodResourcesClient;
     use tessera_node::proto::podresources as prpb;
-    use tessera_node::run::AgentDeps;
 
     let fake = Fake::from_yaml(GPUS, "t").unwrap();
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -272,19 +250,8 @@ async fn status_carries_pod_resources_from_the_kubelet() {
     ]);
     let socket = common::start_pod_resources(dir.path(), kubelet.clone());
     let config = agent_config(dir.path(), tessera_api::gpunode::HEARTBEAT_PERIOD);
-    let deps = AgentDeps {
-        backend: Arc::new(fake.clone()),
-        procs: Arc::new(fake.proc_reader()),
-        pods: Arc::new(NoPods("test".into())),
-        pod_resources: None,
-        kubelet: Some(Arc::new(PodResourcesClient { socket })),
-        inventory: Some(Inventory::new(client, "node-a".into())),
-        node_settings: None,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent = tokio::spawn(tessera_node::run::run(config, deps, async {
-        let _ = stopped.await;
-    }));
+    let kubelet = Arc::new(PodResourcesClient { socket });
+    let agent = RunningAgent::start(config, &fake, client, Some(kubelet));
     let wait = Duration::from_secs(20);
     let status = loop {
         let (path, body) = tokio::time::timeout(wait, seen.recv())
@@ -308,12 +275,7 @@ async fn status_carries_pod_resources_from_the_kubelet() {
              "deviceIds": ["MIG-1"], "gpuUuids": ["GPU-b"]},
         ])
     );
-    let _ = stop.send(());
-    tokio::time::timeout(wait, agent)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    agent.stop(wait).await;
 }
 
 /// Issue 29: the DRA driver deletes the `GpuNode` the device-plugin agent left
@@ -377,10 +339,7 @@ async fn the_dra_driver_retires_the_nodes_gpunode_on_the_object_it_read() {
 /// and not more often, although its health is probed every 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quiet_agent_heartbeats_once_per_period() {
-    use std::sync::Arc;
     use std::time::Duration;
-    use tessera_node::deviceplugin::allocate::NoPods;
-    use tessera_node::run::AgentDeps;
     use tokio::time::Instant;
 
     let period = Duration::from_millis(400);
@@ -388,19 +347,7 @@ async fn quiet_agent_heartbeats_once_per_period() {
     let (client, mut seen) = echo_api();
     let dir = tempfile::tempdir().unwrap();
     let config = agent_config(dir.path(), period);
-    let deps = AgentDeps {
-        backend: Arc::new(fake.clone()),
-        procs: Arc::new(fake.proc_reader()),
-        pods: Arc::new(NoPods("test".into())),
-        pod_resources: None,
-        kubelet: None,
-        inventory: Some(Inventory::new(client, "node-a".into())),
-        node_settings: None,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent = tokio::spawn(tessera_node::run::run(config, deps, async {
-        let _ = stopped.await;
-    }));
+    let agent = RunningAgent::start(config, &fake, client, None);
     let wait = Duration::from_secs(20);
     // The start-up write and four heartbeats after it.
     let mut writes: Vec<(Instant, String)> = Vec::new();
@@ -426,12 +373,7 @@ async fn quiet_agent_heartbeats_once_per_period() {
         assert!(beat.parse::<jiff::Timestamp>().is_ok(), "RFC 3339: {beat}");
         writes.push((at, beat.to_string()));
     }
-    let _ = stop.send(());
-    tokio::time::timeout(wait, agent)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    agent.stop(wait).await;
     for pair in writes.windows(2) {
         let gap = pair[1].0 - pair[0].0;
         // Not more often: each write is due one period after the last; the
@@ -513,4 +455,46 @@ fn echo_api() -> (kube::Client, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
         }
     });
     (kube::Client::new(mock, "default"), seen)
+}
+
+/// The whole agent of these tests on `fake`'s GPUs, writing its `GpuNode`
+/// through `client`, with the kubelet's PodResources API if given.
+struct RunningAgent {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tessera_node::run::RunError>>,
+}
+
+impl RunningAgent {
+    fn start(
+        config: tessera_node::run::AgentConfig,
+        fake: &Fake,
+        client: kube::Client,
+        kubelet: Option<std::sync::Arc<dyn tessera_node::podresources::KubeletPods>>,
+    ) -> RunningAgent {
+        use std::sync::Arc;
+        let deps = tessera_node::run::AgentDeps {
+            backend: Arc::new(fake.clone()),
+            procs: Arc::new(fake.proc_reader()),
+            pods: Arc::new(tessera_node::deviceplugin::allocate::NoPods("test".into())),
+            pod_resources: None,
+            kubelet,
+            inventory: Some(Inventory::new(client, "node-a".into())),
+            node_settings: None,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(tessera_node::run::run(config, deps, async {
+            let _ = stopped.await;
+        }));
+        RunningAgent { stop, task }
+    }
+
+    /// Stops it and waits (up to `wait`) for a clean exit.
+    async fn stop(self, wait: std::time::Duration) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(wait, self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
 }
