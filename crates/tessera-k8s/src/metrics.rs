@@ -258,7 +258,7 @@ impl Metrics {
         let dra_problems = Gauge::default();
         registry.register(
             "dra_problems",
-            "DRA objects that do not read and devices left out of nodes' inventories (standalone --dra; as of the last pod with claims decided)",
+            "DRA objects that do not read and devices left out of nodes' inventories (standalone --dra; as of the last scheduling pass)",
             dra_problems.clone(),
         );
         let problems = Gauge::default();

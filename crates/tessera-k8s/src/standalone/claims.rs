@@ -255,9 +255,6 @@ pub(super) fn decide_dra_locked(
     let now = Instant::now();
     v.expire(now);
     count_claims(m, v);
-    // Counted where a decision needs the view anyway: the problems matter
-    // to pods with claims, and the view is current here.
-    metrics.set_dra_problems(v.problems().len());
     let classes = v.classes();
     let claims = pod_claims(pod, |ns, n| v.claim(ns, n), &classes).map_err(|e| match e {
         NotReady::Wait(m) => (m, "waiting for claims".to_string()),
@@ -364,14 +361,20 @@ pub(super) fn decide_dra_locked(
 }
 
 /// Tells the mirror what the allocated claims hold, per pod, so queues count
-/// them in their usage, and what the view finds wrong, so the web view lists
-/// it. Called with the mirror's lock held, then the view's.
+/// them in their usage. Called with the mirror's lock held, then the view's.
 pub(super) fn count_claims(m: &mut Mirror, v: &mut DraView) {
     let catalog = m.cluster().catalog.clone();
     let (claims, inventories) = v.claims_and_inventories();
     let held = pod_holdings(&catalog, m.gpu_equivalents(), inventories, claims);
     m.set_claim_holdings(held);
-    m.set_dra_problems(v.problems());
+}
+
+/// What the view finds wrong, once per pass: counted in
+/// `tessera_dra_problems` and told to the mirror, so the web view lists it.
+pub(super) fn tell_problems(m: &mut Mirror, v: &mut DraView, metrics: &Metrics) {
+    let problems = v.problems();
+    metrics.set_dra_problems(problems.len());
+    m.set_dra_problems(problems);
 }
 
 /// Milli GPU-equivalents the pod `uid`'s claims take once `plan` is applied:

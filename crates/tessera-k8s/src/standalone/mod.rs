@@ -338,7 +338,9 @@ impl Standalone {
         let now = Instant::now();
         // Claims' devices count in their pods' queues before the order is made.
         if let Dra::On(view) = &self.dra {
-            claims::count_claims(&mut self.mirror.lock(), &mut view.lock());
+            let (mut m, mut v) = (self.mirror.lock(), view.lock());
+            claims::count_claims(&mut m, &mut v);
+            claims::tell_problems(&mut m, &mut v, &self.metrics);
         }
         let (pending, live) = self.to_try(now);
         self.retries.retain(|uid, _| live.contains(uid));
