@@ -233,6 +233,12 @@ impl Mirror {
         }
     }
 
+    /// What pod `uid`'s DRA claims hold, milli GPU-equivalents, as last told
+    /// ([`Mirror::set_claim_holdings`], [`Mirror::hold_claims`]).
+    pub fn claim_holding(&self, uid: &str) -> u64 {
+        self.queues.claims.get(uid).copied().unwrap_or(0)
+    }
+
     /// Pod `uid`'s claims now hold `gpu_eq_milli` (decided, before the
     /// watch shows them; the next [`Mirror::set_claim_holdings`] replaces it).
     pub fn hold_claims(&mut self, uid: &str, gpu_eq_milli: u64) {

@@ -48,7 +48,6 @@ use crate::dra::inventory::Usage;
 use crate::dra::place::Plan;
 use crate::dra::pod::pod_claims;
 use crate::dra::preempt::{Candidate, HeldClaim, Mode, Quota, Quotas, Situation, plan};
-use crate::dra::quota::Devices;
 use crate::dra::view::{DraView, SharedDraView};
 use crate::extender::preempt::{preemptible, priority, started_s};
 use crate::mirror::{Mirror, PreemptionPlan, QuotaCheck, Victim};
@@ -92,21 +91,10 @@ impl Standalone {
     }
 }
 
-/// What one allocated claim of our driver holds, and its GPU-equivalents
-/// (milli), counted against the first pod it is reserved for (as quotas count it).
-struct Held {
-    claim: HeldClaim,
-    milli: u64,
-}
-
 /// Per consumer UID, the allocated claims of our driver reserved for it.
-fn claims_by_consumer(m: &mut Mirror, v: &mut DraView) -> BTreeMap<String, Vec<Held>> {
-    let catalog = m.cluster().catalog.clone();
-    let ge = m.gpu_equivalents();
-    let (claims, inventories) = v.claims_and_inventories();
-    let devices = Devices::new(inventories);
-    let mut out: BTreeMap<String, Vec<Held>> = BTreeMap::new();
-    for c in claims {
+fn claims_by_consumer(v: &mut DraView) -> BTreeMap<String, Vec<HeldClaim>> {
+    let mut out: BTreeMap<String, Vec<HeldClaim>> = BTreeMap::new();
+    for c in v.claims() {
         let Some(status) = c.status.as_ref() else {
             continue;
         };
@@ -122,13 +110,8 @@ fn claims_by_consumer(m: &mut Mirror, v: &mut DraView) -> BTreeMap<String, Vec<H
             consumers: status.reserved_for.iter().map(|r| r.uid.clone()).collect(),
             usage: Usage::of_claims([c], None),
         };
-        let milli = devices.claim_milli(&catalog, ge, c);
-        let pods = status.reserved_for.iter().filter(|r| r.resource == "pods");
-        for (i, r) in pods.enumerate() {
-            out.entry(r.uid.clone()).or_default().push(Held {
-                claim: held.clone(),
-                milli: if i == 0 { milli } else { 0 },
-            });
+        for r in status.reserved_for.iter().filter(|r| r.resource == "pods") {
+            out.entry(r.uid.clone()).or_default().push(held.clone());
         }
     }
     out
@@ -173,7 +156,7 @@ fn plan_for(
     // Queue usage from the claims as the view shows them now, the same
     // claims the candidates' weights are read from.
     count_claims(m, v);
-    let held = claims_by_consumer(m, v);
+    let held = claims_by_consumer(v);
     let inventories = v.inventories().clone();
     let usage = v.usage();
     let me = convert::pod_uid(pod);
@@ -219,13 +202,15 @@ fn plan_for(
             budgets.insert(name.clone(), allowed);
             name
         });
-        let milli: u64 = holds.iter().map(|h| h.milli).sum();
+        // What its claims count in its queue (a claim against the first pod
+        // it is reserved for), as `count_claims` just told the mirror.
+        let milli = m.claim_holding(uid);
         into.entry(node.to_string()).or_default().push(Candidate {
             id: uid.to_string(),
             priority: priority(p),
             started_s: started,
             budget,
-            claims: holds.iter().map(|h| h.claim.clone()).collect(),
+            claims: holds.clone(),
             queue: queue.clone(),
             milli,
         });
