@@ -1308,6 +1308,13 @@ RBAC_NEEDS_SCHEDULER_DRA = {
 }
 
 
+# Extender mode (crates/tessera-k8s/src/preemptor.rs): a pod kube-scheduler holds as
+# unschedulable that fits now gets the tessera.io/fits-at annotation (a merge patch).
+RBAC_NEEDS_SCHEDULER_EXTENDER = {
+    ("", "pods"): {"get", "list", "watch", "patch"},
+}
+
+
 def granted_verbs(roles):
     """(apiGroup, resource) -> the verbs the rules of these ClusterRoles grant."""
     granted = {}
@@ -1336,6 +1343,10 @@ def check_rbac(objs, where):
                 "--dra" in (c.get("args") or []) for o in objs if o["kind"] == "Deployment"
                 for c in o["spec"]["template"]["spec"]["containers"]):
             needs = {**needs, **RBAC_NEEDS_SCHEDULER_DRA}
+        if component == "scheduler" and any(
+                "--mode=extender" in (c.get("args") or []) for o in objs if o["kind"] == "Deployment"
+                for c in o["spec"]["template"]["spec"]["containers"]):
+            needs = {**needs, **RBAC_NEEDS_SCHEDULER_EXTENDER}
         for (g, res), verbs in needs.items():
             have = granted.get((g, res), set())
             missing = set() if "*" in have else verbs - have

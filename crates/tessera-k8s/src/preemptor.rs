@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 
 use crate::convert;
@@ -51,6 +51,20 @@ const NOT_FOR_PREEMPTION: [&str; 5] = [
 /// Pods that have run less than this are not evicted for others.
 pub const DEFAULT_MIN_RUNTIME: Duration = Duration::from_secs(60);
 
+/// Annotation the extender-mode preemptor sets (to the time, RFC 3339) on a pod
+/// kube-scheduler marked unschedulable that fits a node now: kube-scheduler
+/// does not watch GpuNodes, so GPUs that Tessera sees free after its last try
+/// (a GpuNode report catching up with a deleted pod, a MIG layout written)
+/// would otherwise wait for its five-minute flush. An update of a pod it holds
+/// as unschedulable makes it try that pod again.
+pub const FITS_AT_ANNOTATION: &str = "tessera.io/fits-at";
+
+/// The least time between two [`FITS_AT_ANNOTATION`] writes on one pod.
+pub const NUDGE_EVERY: Duration = Duration::from_secs(30);
+
+/// The reason a candidate is skipped when it fits now.
+const FITS_NOW: &str = "it fits a node now; kube-scheduler's next attempt places it";
+
 /// Plans and carries out preemptions; remembers whom each preemptor evicted.
 pub struct Preemptor {
     mirror: SharedMirror,
@@ -68,6 +82,8 @@ pub struct Preemptor {
     /// The longest the last extender round held the mirror's lock at once
     /// (the verbs wait for it meanwhile).
     lock_hold: Duration,
+    /// When each pod was last asked to be tried again ([`FITS_AT_ANNOTATION`]).
+    nudged: HashMap<String, Instant>,
 }
 
 impl Preemptor {
@@ -81,6 +97,52 @@ impl Preemptor {
             metrics: None,
             said: HashMap::new(),
             lock_hold: Duration::ZERO,
+            nudged: HashMap::new(),
+        }
+    }
+
+    /// Makes kube-scheduler try `pod` again (it fits now): sets
+    /// [`FITS_AT_ANNOTATION`], with the pod's resourceVersion as precondition
+    /// (a pod changed since is being tried anyway), at most every
+    /// [`NUDGE_EVERY`]. Returns whether it wrote.
+    pub async fn nudge(&mut self, pod: &Pod) -> bool {
+        let uid = convert::pod_uid(pod).to_string();
+        if self
+            .nudged
+            .get(&uid)
+            .is_some_and(|t| t.elapsed() < NUDGE_EVERY)
+        {
+            return false;
+        }
+        let (Some(ns), Some(name), Some(rv)) = (
+            pod.metadata.namespace.as_deref(),
+            pod.metadata.name.as_deref(),
+            pod.metadata.resource_version.as_deref(),
+        ) else {
+            return false;
+        };
+        self.nudged.insert(uid, Instant::now());
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": rv,
+            "annotations": {FITS_AT_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()},
+        }});
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(pod = %convert::pod_key(pod), "extender preemption: it fits a node now; asked kube-scheduler to try it again ({FITS_AT_ANNOTATION})");
+                true
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                tracing::debug!(pod = %convert::pod_key(pod), code = e.code, "not asking kube-scheduler to try it again: it changed or is gone");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(pod = %convert::pod_key(pod), error = %e, "could not ask kube-scheduler to try it again");
+                false
+            }
         }
     }
 
@@ -286,6 +348,18 @@ const JUDGE_CHUNK: usize = 64;
 /// Whether kube-scheduler has tried `pod` and found no node (`PodScheduled`
 /// False, reason `Unschedulable`).
 fn marked_unschedulable(pod: &Pod) -> bool {
+    scheduled_false_for(pod, "Unschedulable")
+}
+
+/// Whether kube-scheduler's last try of `pod` ended in an error
+/// (`PodScheduled` False, reason `SchedulerError`: e.g. the extender could not
+/// be reached). v1.28 then holds the pod until an event it watches or its
+/// five-minute flush (found by tessera-e2e with Tessera killed and restarted).
+fn marked_error(pod: &Pod) -> bool {
+    scheduled_false_for(pod, "SchedulerError")
+}
+
+fn scheduled_false_for(pod: &Pod, reason: &str) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -293,7 +367,7 @@ fn marked_unschedulable(pod: &Pod) -> bool {
             c.iter().any(|c| {
                 c.type_ == "PodScheduled"
                     && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
+                    && c.reason.as_deref() == Some(reason)
             })
         })
 }
@@ -301,6 +375,8 @@ fn marked_unschedulable(pod: &Pod) -> bool {
 /// One extender-mode round: pods of `names` that kube-scheduler marked
 /// unschedulable and that still fit nowhere get a preemption, highest priority
 /// first; returns how many evicted something (or are waiting for victims).
+/// Those it marked unschedulable, or whose last try was an error, that fit
+/// now are asked to be tried again ([`FITS_AT_ANNOTATION`]).
 /// Each candidate's outcome is logged at info when it changes (a pod waiting
 /// for minutes does not repeat its line every round).
 pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
@@ -309,7 +385,7 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
     let candidate = |pod: &Pod| {
         names.iter().any(|n| n == convert::scheduler_name(pod))
             && !convert::is_gated(pod)
-            && marked_unschedulable(pod)
+            && (marked_unschedulable(pod) || marked_error(pod))
     };
     let uids: Vec<String> = {
         let m = p.mirror.lock();
@@ -372,9 +448,13 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
                     })
                     .clone();
                 match outcome {
-                    None => skipped.push((
+                    None => skipped.push((pod, FITS_NOW.into())),
+                    // Asked again only once it fits: its next try may well
+                    // succeed, or say why it does not.
+                    Some(_) if marked_error(&pod) => skipped.push((
                         pod,
-                        "it fits a node now; kube-scheduler's next attempt places it".into(),
+                        "kube-scheduler's last try ended in an error; it fits nowhere now either"
+                            .into(),
                     )),
                     Some(reason) => todo.push((pod, reason)),
                 }
@@ -389,6 +469,7 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
         .collect();
     p.retain(|uid| live.contains(uid));
     p.said.retain(|uid, _| live.contains(uid));
+    p.nudged.retain(|uid, _| live.contains(uid));
     if !todo.is_empty() || !skipped.is_empty() {
         tracing::debug!(
             candidates = todo.len(),
@@ -396,8 +477,12 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
             "extender preemption round"
         );
     }
+    let mut nudges = 0;
     for (pod, why) in skipped {
         p.say(&pod, format!("not preempting for it: {why}"));
+        if why == FITS_NOW && nudges < ROUND_LIMIT && p.nudge(&pod).await {
+            nudges += 1;
+        }
     }
     todo.sort_by_key(|(pod, _)| std::cmp::Reverse(priority(pod)));
     let mut acted = 0;

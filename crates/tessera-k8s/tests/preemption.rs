@@ -350,6 +350,82 @@ async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
     let ev = evictions(&seen);
     assert_eq!(ev.len(), 1, "evicted once: {seen:?}");
     assert_eq!(ev[0].path, "/api/v1/namespaces/ml/pods/low/eviction");
+    assert!(
+        seen.iter().all(|s| s.method != "PATCH"),
+        "a pod that fits nowhere is not asked to be tried again: {seen:?}"
+    );
+}
+
+/// Found on a real v1.28 kube-scheduler (tessera-e2e, extender preemption):
+/// kube-scheduler preempted the victim itself, retried the preemptor before
+/// the node agent's GpuNode report had dropped the deleted victim, got "2
+/// fewer than 2 idle GPUs" from the extender and then never tried it again
+/// (no event it watches changed: it does not watch GpuNodes) until its
+/// five-minute flush. The same after Tessera was killed and restarted: the
+/// pods tried meanwhile ended with `SchedulerError` (connection refused) and
+/// waited. A pod it marked unschedulable, or errored, that fits now gets
+/// `tessera.io/fits-at` (an update kube-scheduler requeues it on), with its
+/// resourceVersion as precondition, once per 30 s.
+#[tokio::test]
+async fn extender_mode_asks_kube_scheduler_to_retry_a_pod_that_fits_now() {
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use tessera_k8s::preemptor::{FITS_AT_ANNOTATION, Preemptor, extender_round};
+    let nodes = vec![kube_node("n1", "32", "64Gi")];
+    let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let mut waiting = gpu_pod("ml", "waiting", 0);
+    waiting.metadata.resource_version = Some("41".into());
+    waiting.status = Some(PodStatus {
+        conditions: Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    // Its last try was an error (the extender could not be reached): the same.
+    let mut errored = waiting.clone();
+    errored.metadata.name = Some("errored".into());
+    errored.metadata.uid = Some("uid-errored".into());
+    errored
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()[0]
+        .reason = Some("SchedulerError".into());
+    m.lock().replace_pods(vec![waiting.clone(), errored]);
+    let answer = serde_json::to_value(&waiting).unwrap();
+    let (client, api) = mock_api(move |s| {
+        if s.method == "PATCH" {
+            (200, answer.clone())
+        } else {
+            accept_writes(s)
+        }
+    });
+    let mut p = Preemptor::new(m.clone(), client, None);
+    let names = vec!["tessera".to_string()];
+    assert_eq!(extender_round(&mut p, &names).await, 0, "nothing to evict");
+    assert_eq!(extender_round(&mut p, &names).await, 0);
+    drop(p);
+    drop(m);
+    let seen = api.await.unwrap();
+    let mut patches: Vec<&Seen> = seen.iter().filter(|s| s.method == "PATCH").collect();
+    patches.sort_by_key(|s| s.path.clone());
+    assert_eq!(patches.len(), 2, "once each within 30 s: {seen:?}");
+    assert_eq!(patches[0].path, "/api/v1/namespaces/ml/pods/errored");
+    patches.remove(0);
+    assert_eq!(patches[0].path, "/api/v1/namespaces/ml/pods/waiting");
+    assert_eq!(patches[0].content_type, "application/merge-patch+json");
+    assert_eq!(patches[0].body["metadata"]["resourceVersion"], "41");
+    assert!(
+        patches[0].body["metadata"]["annotations"][FITS_AT_ANNOTATION].is_string(),
+        "{:?}",
+        patches[0].body
+    );
+    assert!(evictions(&seen).is_empty());
 }
 
 /// Issue 27 item 6: the extender-mode log must say why a candidate is skipped;
