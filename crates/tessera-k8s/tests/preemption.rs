@@ -48,6 +48,21 @@ fn bound(m: &SharedMirror, mut p: Pod, node: &str) -> Pod {
     p
 }
 
+/// A pod status as kube-scheduler writes it after a failed try: `PodScheduled`
+/// False with `reason` (`Unschedulable`, or `SchedulerError`).
+fn scheduled_false(reason: &str) -> k8s_openapi::api::core::v1::PodStatus {
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    PodStatus {
+        conditions: Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some(reason.into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
 fn pdb(ns: &str, app: &str, allowed: i32) -> PodDisruptionBudget {
     PodDisruptionBudget {
         metadata: ObjectMeta {
@@ -316,7 +331,6 @@ async fn an_eviction_the_api_refuses_leaves_the_preemptor_waiting() {
 /// then waits for the victims — and leaves alone those it has not tried yet.
 #[tokio::test]
 async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
-    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
     use tessera_k8s::preemptor::{Preemptor, extender_round};
     let mut high = gpu_pod("ml", "high", 1000);
     let w = world(gpu_pod("ml", "low", 0), high.clone(), Some(vec![]));
@@ -329,15 +343,7 @@ async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
         0,
         "not tried by kube-scheduler yet"
     );
-    high.status = Some(PodStatus {
-        conditions: Some(vec![PodCondition {
-            type_: "PodScheduled".into(),
-            status: "False".into(),
-            reason: Some("Unschedulable".into()),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    });
+    high.status = Some(scheduled_false("Unschedulable"));
     w.m.lock().upsert_pod(high);
     assert_eq!(extender_round(&mut p, &names).await, 1);
     assert_eq!(
@@ -368,34 +374,18 @@ async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
 /// resourceVersion as precondition, once per 30 s.
 #[tokio::test]
 async fn extender_mode_asks_kube_scheduler_to_retry_a_pod_that_fits_now() {
-    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
     use tessera_k8s::preemptor::{FITS_AT_ANNOTATION, Preemptor, extender_round};
     let nodes = vec![kube_node("n1", "32", "64Gi")];
     let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 1)];
     let m = mirror("tessera", nodes, inv, vec![]);
     let mut waiting = gpu_pod("ml", "waiting", 0);
     waiting.metadata.resource_version = Some("41".into());
-    waiting.status = Some(PodStatus {
-        conditions: Some(vec![PodCondition {
-            type_: "PodScheduled".into(),
-            status: "False".into(),
-            reason: Some("Unschedulable".into()),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    });
+    waiting.status = Some(scheduled_false("Unschedulable"));
     // Its last try was an error (the extender could not be reached): the same.
     let mut errored = waiting.clone();
     errored.metadata.name = Some("errored".into());
     errored.metadata.uid = Some("uid-errored".into());
-    errored
-        .status
-        .as_mut()
-        .unwrap()
-        .conditions
-        .as_mut()
-        .unwrap()[0]
-        .reason = Some("SchedulerError".into());
+    errored.status = Some(scheduled_false("SchedulerError"));
     m.lock().replace_pods(vec![waiting.clone(), errored]);
     let answer = serde_json::to_value(&waiting).unwrap();
     let (client, api) = mock_api(move |s| {
