@@ -17,6 +17,15 @@ pub const GROUP: &str = "tessera.io";
 /// Version of [`GpuNode`].
 pub const VERSION: &str = "v1alpha1";
 
+/// Node label the device-plugin agent sets to [`NVIDIA_GPU_SERVED`] while it
+/// serves `nvidia.com/gpu` (and the MIG "mixed" names) itself, and removes
+/// otherwise. Its `Allocate` hands GPUs only to pods Tessera placed, so the
+/// extender keeps other schedulers' `nvidia.com/gpu` pods off such nodes
+/// instead of letting them be bound and refused at admission.
+pub const NVIDIA_GPU_LABEL: &str = "tessera.io/nvidia-gpu-resource";
+/// The value of [`NVIDIA_GPU_LABEL`].
+pub const NVIDIA_GPU_SERVED: &str = "served";
+
 /// The GPUs of one node, as the node agent discovered them.
 #[derive(
     CustomResource, Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default,

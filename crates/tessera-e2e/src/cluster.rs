@@ -39,6 +39,8 @@ pub fn kube_scheduler_config(url: &str) -> Result<String> {
 /// chart's RBAC, and GPU nodes each with a kubelet stand-in and a node agent.
 pub struct Cluster {
     pub nodes: Vec<GpuNode>,
+    /// Nodes with NVIDIA's stock plugin and no Tessera agent ([`Cluster::add_stock_node`]).
+    pub stock: Vec<crate::stock::StockNode>,
     pub scheduler: Scheduler,
     pub mode: String,
     pub key: std::path::PathBuf,
@@ -87,12 +89,22 @@ impl Cluster {
         );
         Ok(Cluster {
             nodes: gpu_nodes,
+            stock: Vec::new(),
             scheduler,
             mode: mode.to_string(),
             key,
             admin,
             plane,
         })
+    }
+
+    /// Adds a GPU node with `gpus` devices of NVIDIA's stock plugin and no
+    /// Tessera agent (a mixed cluster).
+    pub async fn add_stock_node(&mut self, name: &str, gpus: usize) -> Result<()> {
+        let dir = self.plane.dir.path().join(format!("node-{name}"));
+        let node = crate::stock::start_stock_node(&self.admin, name, &dir, gpus).await?;
+        self.stock.push(node);
+        Ok(())
     }
 
     /// `kill -9` of the Tessera scheduler; returns whether it was running.

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod kubelet;
 pub mod plane;
+pub mod stock;
 pub mod tessera;
 
 /// Scenarios of one test binary run one at a time: each starts its own

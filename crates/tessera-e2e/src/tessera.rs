@@ -98,7 +98,7 @@ pub async fn start_gpu_node(
     let metrics = free_port();
     let mut cmd = Command::new(tessera_bin());
     cmd.env("KUBECONFIG", plane.kubeconfig(Identity::NodeAgent))
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", log_filter())
         .args(["node-agent", "--backend", "fake", "--node-name", name])
         .arg("--fake-config")
         .arg(&cfg)
@@ -187,7 +187,7 @@ pub async fn start_scheduler_on(
     let proc_name = format!("tessera-scheduler-{n}");
     let mut cmd = Command::new(tessera_bin());
     cmd.env("KUBECONFIG", plane.kubeconfig(Identity::Scheduler))
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", log_filter())
         .args(["scheduler", "--mode", mode])
         .arg(format!("--listen=127.0.0.1:{listen}"))
         .arg(format!("--metrics-listen=127.0.0.1:{metrics}"))
@@ -223,4 +223,10 @@ pub async fn start_scheduler_on(
         metrics,
         proc_name,
     })
+}
+
+/// The tessera processes' `RUST_LOG`: `TESSERA_E2E_LOG` when set (e.g.
+/// `tessera_k8s=debug` to follow a failing scenario's passes), else `info`.
+fn log_filter() -> String {
+    std::env::var("TESSERA_E2E_LOG").unwrap_or_else(|_| "info".into())
 }

@@ -201,33 +201,83 @@ async fn mig_instance_is_granted_and_handed() {
     c.audit(A100_MIB).await.unwrap();
 }
 
+/// A mixed cluster: one node with Tessera's agent (which serves
+/// `nvidia.com/gpu` itself) and one with NVIDIA's stock plugin. Stock
+/// `nvidia.com/gpu` pods of `default-scheduler`, through the same
+/// kube-scheduler and extender, are bound to the stock node and run; once it
+/// is full the next one waits with the reason, instead of being bound to
+/// Tessera's node and refused at admission (seen on 1.36 before the fix).
 #[tokio::test]
 async fn default_scheduler_gpu_pod_is_still_bound() {
     let Some(env) = env_or_skip("extender::default_scheduler_gpu_pod_is_still_bound") else {
         return;
     };
     let _one = SERIAL.lock().await;
-    let c = Cluster::extender(&env, &nodes(1, 2)).await.unwrap();
-    c.create(gpu_pod(
-        "stock",
-        "default-scheduler",
-        json!({"nvidia.com/gpu": "1"}),
-        None,
-    ))
-    .await
-    .unwrap();
+    let mut c = Cluster::extender(&env, &nodes(1, 2)).await.unwrap();
+    c.add_stock_node("stock-0", 2).await.unwrap();
+    for name in ["stock-a", "stock-b", "stock-c"] {
+        c.create(gpu_pod(
+            name,
+            "default-scheduler",
+            json!({"nvidia.com/gpu": "1"}),
+            None,
+        ))
+        .await
+        .unwrap();
+    }
     c.create(gpu_pod("plain", "default-scheduler", json!({}), None))
         .await
         .unwrap();
-    let (p, t) = c
-        .wait_pod("stock", BIND, "bound", |p| node_of(p).is_some())
+    let mut on_stock = 0;
+    for name in ["stock-a", "stock-b", "stock-c"] {
+        let ran = c.wait_running(name, Duration::from_secs(10)).await;
+        if let Ok((node, t)) = ran {
+            assert_eq!(node, "stock-0", "{name} was bound to a node Tessera serves");
+            println!(
+                "{name} (default-scheduler, nvidia.com/gpu) Running on {node} {:.1} s after creation",
+                t.as_secs_f64()
+            );
+            on_stock += 1;
+        }
+    }
+    assert_eq!(on_stock, 2, "both stock GPUs used");
+    let waiting = c
+        .pods()
+        .list(&Default::default())
         .await
-        .unwrap();
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("stock-")
+                && node_of(p).is_none()
+        })
+        .and_then(|p| p.metadata.name)
+        .expect("the third stock pod waits");
+    let deadline = std::time::Instant::now() + BIND;
+    let events = loop {
+        let e = c.events(&waiting);
+        if e.contains("served by Tessera's node agent") || std::time::Instant::now() > deadline {
+            break e;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        events.contains("FailedScheduling") && events.contains("served by Tessera's node agent"),
+        "{events}"
+    );
     println!(
-        "stock nvidia.com/gpu pod of default-scheduler bound to {:?} after {:.1} s, phase {:?}",
-        node_of(&p),
-        t.as_secs_f64(),
-        p.status.as_ref().and_then(|s| s.phase.clone())
+        "{waiting} waits: {}",
+        events.lines().last().unwrap_or_default()
+    );
+    let failed: usize = c.nodes.iter().map(|n| n.kubelet.failed().len()).sum();
+    assert_eq!(
+        failed, 0,
+        "a pod was refused at admission on Tessera's node"
     );
     let (_, t) = c.wait_running("plain", BIND).await.unwrap();
     println!("plain pod Running after {:.1} s", t.as_secs_f64());

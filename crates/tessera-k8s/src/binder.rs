@@ -500,6 +500,20 @@ impl Binder {
 
 /// The first `tessera.io/` resource `pod` asks for, if any.
 pub fn tessera_resource(pod: &Pod) -> Option<String> {
+    first_resource(pod, |name| name.starts_with("tessera.io/"))
+}
+
+/// The first stock NVIDIA GPU resource (`nvidia.com/gpu`, `nvidia.com/mig-*`)
+/// the pod asks for, if any.
+pub fn stock_gpu_resource(pod: &Pod) -> Option<String> {
+    first_resource(pod, |name| {
+        name == "nvidia.com/gpu" || name.starts_with("nvidia.com/mig-")
+    })
+}
+
+/// The first resource name in the pod's limits or requests (containers, then
+/// init containers) that `wanted` accepts.
+fn first_resource(pod: &Pod, wanted: impl Fn(&str) -> bool) -> Option<String> {
     let spec = pod.spec.as_ref()?;
     spec.containers
         .iter()
@@ -511,7 +525,7 @@ pub fn tessera_resource(pod: &Pod) -> Option<String> {
                 .chain(r.requests.iter())
                 .flat_map(|m| m.keys())
         })
-        .find(|name| name.starts_with("tessera.io/"))
+        .find(|name| wanted(name))
         .cloned()
 }
 

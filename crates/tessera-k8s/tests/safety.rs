@@ -149,6 +149,54 @@ async fn pods_of_other_schedulers_get_no_opinion() {
     assert!(why.contains("asks for tessera.io/gpu"), "{v}");
 }
 
+/// e2e (issue 38, real kube-scheduler 1.36 sharing the extender): a
+/// `default-scheduler` pod asking `nvidia.com/gpu` was bound to a node where
+/// Tessera's agent serves that resource, and its Allocate refused the pod
+/// (Failed, UnexpectedAdmissionError). Nodes whose agent says so are
+/// unresolvable for such pods, with the reason; others stay "no opinion".
+#[tokio::test]
+async fn stock_gpu_pods_of_other_schedulers_avoid_nodes_tessera_serves() {
+    let mut served = kube_node("agent", "32", "64Gi");
+    served.metadata.labels = Some(
+        [(
+            tessera_api::gpunode::NVIDIA_GPU_LABEL.to_string(),
+            tessera_api::gpunode::NVIDIA_GPU_SERVED.to_string(),
+        )]
+        .into(),
+    );
+    let nodes = vec![kube_node("stock", "32", "64Gi"), served];
+    let inv = vec![gpu_node("agent", "A100-80GB", 81_920, 1)];
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let mut st = state(m, None);
+    st.scheduler_names = Arc::from(["tessera".to_string()]);
+    let app = router(st);
+    for resource in ["nvidia.com/gpu", "nvidia.com/mig-3g.40gb"] {
+        let mut plain = pod("default", "cuda", "uid-c", &[(resource, "1")]);
+        plain.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+        let (_, v) = call(
+            app.clone(),
+            "/filter",
+            filter_body(&plain, &["stock", "agent"]),
+        )
+        .await;
+        assert_eq!(v["NodeNames"], json!(["stock"]), "{v}");
+        let why = v["FailedAndUnresolvableNodes"]["agent"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            why.contains(&format!(
+                "{resource} on this node is served by Tessera's node agent"
+            )),
+            "{v}"
+        );
+    }
+    // A plain pod asking no GPU is not judged.
+    let mut cpu = pod("default", "web", "uid-w", &[]);
+    cpu.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    let (_, v) = call(app, "/filter", filter_body(&cpu, &["stock", "agent"])).await;
+    assert_eq!(v["NodeNames"], json!(["stock", "agent"]), "{v}");
+}
+
 /// Finding 6: twenty 4 % shares each asking `tessera.io/gpu: 1` were bound to a
 /// node advertising 16 slots; the kubelet refused the last four.
 #[tokio::test]

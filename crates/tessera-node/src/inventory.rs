@@ -337,6 +337,20 @@ impl Inventory {
         &self,
         labels: &BTreeMap<String, String>,
     ) -> Result<(), InventoryError> {
+        self.patch_labels(serde_json::json!(labels)).await
+    }
+
+    /// Sets (`Some`) or removes (`None`) one label of the Node.
+    pub async fn publish_label(
+        &self,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), InventoryError> {
+        self.patch_labels(serde_json::json!({ key: value })).await
+    }
+
+    /// A merge patch of the Node's labels (`null` removes one).
+    async fn patch_labels(&self, labels: serde_json::Value) -> Result<(), InventoryError> {
         let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let patch = serde_json::json!({ "metadata": { "labels": labels } });
         api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))

@@ -175,6 +175,17 @@ pub async fn run(
         if let Err(e) = inv.publish_status(&status).await {
             tracing::warn!(error = %e, "inventory status not published");
         }
+        // Whether this agent's plugin answers `nvidia.com/gpu` here: other
+        // schedulers' pods asking it cannot run on this node.
+        let served = config
+            .nvidia_gpu
+            .then_some(tessera_api::gpunode::NVIDIA_GPU_SERVED);
+        if let Err(e) = inv
+            .publish_label(tessera_api::gpunode::NVIDIA_GPU_LABEL, served)
+            .await
+        {
+            tracing::warn!(error = %e, "nvidia.com/gpu label not published");
+        }
         if config.node_labels {
             let labels = node_labels(
                 &view.gpus,

@@ -161,13 +161,13 @@ async fn nvidia_gpu_is_answered_from_the_decision() {
         "uid-nv",
         NODE,
         Isolation::Exclusive,
-        vec![grant(1, GPU1, 81_920, 1000)],
+        vec![grant(0, GPU0, 81_920, 1000)],
     );
     let share = decision(
         "uid-nv-share",
         NODE,
         Isolation::Mps,
-        vec![grant(0, GPU0, 20_000, 250)],
+        vec![grant(1, GPU1, 20_000, 250)],
     );
     agent.pods.set(vec![
         pod(
@@ -187,10 +187,25 @@ async fn nvidia_gpu_is_answered_from_the_decision() {
             Some(share.encode_signed(KEY)),
         ),
     ]);
-    // The kubelet picked GPU0; the decision says GPU1.
     agent.admitting("nv", &[]);
-    let r = allocate(&mut nv, &[GPU0]).await.unwrap();
-    assert_eq!(mounted_devices(&r), [GPU1]);
+    // Asked first, the plugin steers the kubelet to the decision's GPU, so its
+    // record (PodResources) names what the container reaches (e2e: a report
+    // naming another GPU blocked the node).
+    let pref = nv
+        .get_preferred_allocation(pb::PreferredAllocationRequest {
+            container_requests: vec![pb::ContainerPreferredAllocationRequest {
+                available_device_i_ds: vec![GPU0.into(), GPU1.into()],
+                must_include_device_i_ds: vec![],
+                allocation_size: 1,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(pref.container_responses[0].device_i_ds, [GPU0]);
+    // The kubelet picked GPU1 anyway; the decision says GPU0.
+    let r = allocate(&mut nv, &[GPU1]).await.unwrap();
+    assert_eq!(mounted_devices(&r), [GPU0]);
     agent.admitting("nv-share", &["nv"]);
     let e = allocate(&mut nv, &[GPU0]).await.unwrap_err();
     assert!(

@@ -193,6 +193,23 @@ impl ExtenderState {
                 unresolvable: names.iter().map(|n| (*n, why.clone())).collect(),
                 ..Default::default()
             })
+        } else if let Some(resource) = crate::binder::stock_gpu_resource(pod) {
+            // Another profile's stock GPU pod: where Tessera's agent serves that
+            // resource, its Allocate refuses pods Tessera did not place, so the
+            // pod would be bound and then fail at admission. Elsewhere (NVIDIA's
+            // plugin): no opinion.
+            let why: Arc<str> = Arc::from(format!(
+                "{resource} on this node is served by Tessera's node agent, which hands GPUs only to pods Tessera places (schedulerName {:?} is not one Tessera serves)",
+                crate::convert::scheduler_name(pod)
+            ));
+            let m = self.mirror.lock();
+            let (served, passed): (Vec<&'a str>, Vec<&'a str>) =
+                names.iter().partition(|n| m.serves_nvidia_gpu(n));
+            Ok(FilterOutcome {
+                passed,
+                unresolvable: served.into_iter().map(|n| (n, why.clone())).collect(),
+                ..Default::default()
+            })
         } else {
             // Not a pod of ours (another profile shares this extender): no opinion.
             Ok(FilterOutcome {

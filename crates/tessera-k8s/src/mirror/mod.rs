@@ -136,6 +136,15 @@ pub struct Mirror {
 }
 
 impl Mirror {
+    /// Whether the Node `name` says Tessera's agent serves `nvidia.com/gpu`
+    /// there ([`tessera_api::gpunode::NVIDIA_GPU_LABEL`]).
+    pub fn serves_nvidia_gpu(&self, name: &str) -> bool {
+        self.kube_nodes
+            .get(name)
+            .and_then(|n| n.metadata.labels.as_ref())
+            .and_then(|l| l.get(tessera_api::gpunode::NVIDIA_GPU_LABEL))
+            .is_some_and(|v| v == tessera_api::gpunode::NVIDIA_GPU_SERVED)
+    }
     /// An empty mirror deciding with `policy` and verifying annotations with `key`
     /// (one key, or a [`KeyRing`] with verify-only keys during a rotation).
     pub fn new(policy: Box<dyn Policy>, key: impl Into<KeyRing>) -> Mirror {

@@ -343,6 +343,12 @@ impl Standalone {
             claims::tell_problems(&mut m, &mut v, &self.metrics);
         }
         let (pending, live) = self.to_try(now);
+        tracing::debug!(
+            to_try = pending.len(),
+            waiting = live.len(),
+            binds = self.binds.len(),
+            "scheduling pass"
+        );
         self.retries.retain(|uid, _| live.contains(uid));
         self.preemptor.retain(|uid| live.contains(uid));
         // A gang's waiting members, in the order of the pending list; the gang is
@@ -380,7 +386,9 @@ impl Standalone {
                 }
                 continue;
             }
-            match self.decide(&pod) {
+            let decided = self.decide(&pod);
+            tracing::debug!(pod = %convert::pod_key(&pod), placed = ?decided.as_ref().map(|d| &d.node).map_err(|e| &e.1), "decided");
+            match decided {
                 Err((message, reason)) => match self.preemptor.try_for(&pod, &reason).await {
                     Some(preempting) => self.failed(
                         &pod,

@@ -537,6 +537,54 @@ impl Allocator {
             .map_err(|e| fail(e.to_string()))
     }
 
+    /// The pods on this node and the kubelet's list of what each holds. The
+    /// kubelet knows a pod before the watch delivers it: this waits a moment
+    /// for the pods it knows and the agent cannot read yet.
+    async fn pods_now(&self) -> Result<(Vec<PodInfo>, Option<Vec<KubeletPod>>), AllocateError> {
+        let mut pods = self.pods.pods_on_node(&self.node).await?;
+        let kubelet = self.kubelet_pods().await;
+        if let Some(k) = &kubelet {
+            let deadline = tokio::time::Instant::now() + self.store_wait;
+            while unknown(k, &pods).next().is_some() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                pods = self.pods.pods_on_node(&self.node).await?;
+            }
+        }
+        Ok((pods, kubelet))
+    }
+
+    /// `GetPreferredAllocation`'s answer when the asking container can be told
+    /// (the same rule as `Allocate`): the devices of `available` on the GPUs its
+    /// verified decision grants it. `Allocate` hands the decision's GPUs
+    /// whatever the kubelet picked, so steering the kubelet to them keeps its
+    /// own record (PodResources, which the node report, DCGM's per-pod metrics
+    /// and the kubelet's device accounting read) equal to what the container
+    /// reaches. `None` when no single container is asking or a granted GPU has
+    /// no free device of this resource: the kubelet then picks by topology.
+    pub async fn granted_preference(
+        &self,
+        resource: &Resource,
+        size: usize,
+        available: &[String],
+        view: &NodeView,
+    ) -> Option<Vec<String>> {
+        let (pods, kubelet) = self.pods_now().await.ok()?;
+        let picked = {
+            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            pick(&pods, kubelet.as_deref(), &resource.name(), size, &state)
+        };
+        let Pick::Pod(pod, container) = picked else {
+            return None;
+        };
+        let value = pod.annotations.get(ANNOTATION)?;
+        let alloc = Allocation::decode_verified(value, &self.key, &pod.uid, &self.node).ok()?;
+        let gpus = alloc.gpus_of(&container)?;
+        if gpus.len() != size {
+            return None;
+        }
+        granted_devices(&gpus, available, view)
+    }
+
     /// Answers one `ContainerAllocateRequest` for `resource`.
     pub async fn allocate_container(
         &self,
@@ -546,17 +594,7 @@ impl Allocator {
     ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
         let resource_name = resource.name();
         let count = request.devices_ids.len();
-        let mut pods = self.pods.pods_on_node(&self.node).await?;
-        let kubelet = self.kubelet_pods().await;
-        if let Some(k) = &kubelet {
-            // The kubelet knows a pod before the watch delivers it: wait a
-            // moment for the pods it knows and the agent cannot read yet.
-            let deadline = tokio::time::Instant::now() + self.store_wait;
-            while unknown(k, &pods).next().is_some() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                pods = self.pods.pods_on_node(&self.node).await?;
-            }
-        }
+        let (pods, kubelet) = self.pods_now().await?;
         let picked = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             // Forget pods that are gone, so the record does not grow for ever.
@@ -709,6 +747,39 @@ impl Allocator {
         };
         Ok((resp, mps_gpus))
     }
+}
+
+/// One device of `available` per granted GPU: the MIG instance a MIG grant
+/// names (by its UUID, or by profile and start on its GPU), else a device of
+/// the granted GPU itself (its UUID, a time-slicing replica or a
+/// `tessera.io/gpu` token of it). `None` when one has none free.
+fn granted_devices(
+    gpus: &[&tessera_core::allocation::AllocatedGpu],
+    available: &[String],
+    view: &NodeView,
+) -> Option<Vec<String>> {
+    let mut chosen: Vec<String> = Vec::with_capacity(gpus.len());
+    for g in gpus {
+        let gpu = view.grant_gpu(g)?;
+        let instance = match &g.mig {
+            _ if g.uuid.starts_with("MIG-") => Some(g.uuid.as_str()),
+            Some(m) => gpu
+                .mig_instances
+                .iter()
+                .find(|i| i.profile == m.profile && i.start == Some(m.start))
+                .map(|i| i.uuid.as_str()),
+            None => None,
+        };
+        let fits = |id: &String| match instance {
+            Some(uuid) => super::device_gpu(id) == uuid,
+            None => super::device_gpu(id) == gpu.uuid,
+        };
+        let id = available
+            .iter()
+            .find(|id| fits(id) && !chosen.contains(id))?;
+        chosen.push(id.clone());
+    }
+    Some(chosen)
 }
 
 /// Which pod a call is for.

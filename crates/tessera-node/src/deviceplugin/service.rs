@@ -89,19 +89,28 @@ impl DevicePlugin for DevicePluginService {
         request: Request<pb::PreferredAllocationRequest>,
     ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
         let view = self.view.borrow().clone();
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|c| pb::ContainerPreferredAllocationResponse {
-                device_i_ds: preferred(
+        let mut container_responses = Vec::new();
+        for c in &request.into_inner().container_requests {
+            let size = usize::try_from(c.allocation_size).unwrap_or(0);
+            // The asking container's granted devices first (the kubelet's record
+            // then matches what Allocate hands); else the topology-best set.
+            let granted = if c.must_include_device_i_ds.is_empty() {
+                self.allocator
+                    .granted_preference(&self.resource, size, &c.available_device_i_ds, &view)
+                    .await
+            } else {
+                None
+            };
+            let device_i_ds = granted.unwrap_or_else(|| {
+                preferred(
                     &c.available_device_i_ds,
                     &c.must_include_device_i_ds,
-                    usize::try_from(c.allocation_size).unwrap_or(0),
+                    size,
                     &view,
-                ),
-            })
-            .collect();
+                )
+            });
+            container_responses.push(pb::ContainerPreferredAllocationResponse { device_i_ds });
+        }
         Ok(Response::new(pb::PreferredAllocationResponse {
             container_responses,
         }))
