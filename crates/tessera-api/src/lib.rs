@@ -2,6 +2,7 @@
 //! them) and the node agent (which writes them). Only types and their schema
 //! live here: no client code, so both sides link it without pulling in the other.
 
+pub mod crd;
 pub mod gpunode;
 pub mod podgroup;
 pub mod queue;

@@ -10,7 +10,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tessera_core::allocation::{ANNOTATION, Allocation};
 
-use crate::plane::{ControlPlane, Env, Identity, Options, repo_root};
+use crate::plane::{ControlPlane, Env, Identity, Options, free_port, repo_root};
 use crate::tessera::{
     GpuNode, Scheduler, start_gpu_node, start_scheduler, start_scheduler_on, write_key,
 };
@@ -42,6 +42,11 @@ pub struct Cluster {
     /// Nodes with NVIDIA's stock plugin and no Tessera agent ([`Cluster::add_stock_node`]).
     pub stock: Vec<crate::stock::StockNode>,
     pub scheduler: Scheduler,
+    /// Every replica, when several run behind [`Cluster::service`]
+    /// ([`Cluster::extender_replicas`]); empty with one.
+    pub replicas: Vec<(String, Scheduler)>,
+    /// The Service kube-scheduler calls when several replicas run.
+    pub service: Option<crate::service::Service>,
     pub mode: String,
     pub key: std::path::PathBuf,
     pub admin: Client,
@@ -53,15 +58,32 @@ impl Cluster {
     /// kube-scheduler with Tessera as its extender; `nodes`: (name, fake GPUs
     /// YAML) per node.
     pub async fn extender(env: &Env, nodes: &[(String, String)]) -> Result<Cluster> {
-        Cluster::start(env, "extender", nodes).await
+        Cluster::start(env, "extender", nodes, 1).await
+    }
+
+    /// `n` extender replicas electing a leader on their Lease
+    /// (`--lease-role=elect`, each advertising its metrics port for forwarded
+    /// binds) behind one Service address that kube-scheduler calls, as
+    /// docs/kubernetes.md's "Existing kube-scheduler" wires them.
+    pub async fn extender_replicas(
+        env: &Env,
+        nodes: &[(String, String)],
+        n: usize,
+    ) -> Result<Cluster> {
+        Cluster::start(env, "extender", nodes, n).await
     }
 
     /// Tessera alone (`--mode standalone`), no kube-scheduler.
     pub async fn standalone(env: &Env, nodes: &[(String, String)]) -> Result<Cluster> {
-        Cluster::start(env, "standalone", nodes).await
+        Cluster::start(env, "standalone", nodes, 1).await
     }
 
-    async fn start(env: &Env, mode: &str, nodes: &[(String, String)]) -> Result<Cluster> {
+    async fn start(
+        env: &Env,
+        mode: &str,
+        nodes: &[(String, String)],
+        replicas: usize,
+    ) -> Result<Cluster> {
         let t = Instant::now();
         let mut plane = ControlPlane::start(env, Options::default()).await?;
         let values = if mode == "extender" {
@@ -71,7 +93,40 @@ impl Cluster {
         };
         plane.install_chart_rbac(&values)?;
         let key = write_key(&plane)?;
-        let scheduler = start_scheduler(&mut plane, mode, &key, &["--leader-elect=false"]).await?;
+        let mut all = Vec::new();
+        let mut service = None;
+        let scheduler = if replicas <= 1 {
+            start_scheduler(&mut plane, mode, &key, &["--leader-elect=false"]).await?
+        } else {
+            for i in 0..replicas {
+                let ports = (free_port(), free_port());
+                let identity = format!("tessera-{i}");
+                let args = [
+                    "--lease-role=elect".to_string(),
+                    format!("--advertise-url=http://127.0.0.1:{}", ports.1),
+                    format!("--identity={identity}"),
+                ];
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let s = start_scheduler_on(&mut plane, mode, &key, &args, ports).await?;
+                all.push((identity, s));
+            }
+            let endpoints = all
+                .iter()
+                .map(|(_, s)| crate::service::Endpoint {
+                    serve: ([127, 0, 0, 1], s.listen).into(),
+                    probe: ([127, 0, 0, 1], s.metrics).into(),
+                })
+                .collect();
+            let svc = crate::service::Service::start(endpoints)?;
+            let listen = svc.addr.port();
+            service = Some(svc);
+            // `scheduler` names the Service's address; `replicas` the processes.
+            Scheduler {
+                listen,
+                metrics: all[0].1.metrics,
+                proc_name: all[0].1.proc_name.clone(),
+            }
+        };
         if mode == "extender" {
             let config = kube_scheduler_config(&format!("http://127.0.0.1:{}", scheduler.listen))?;
             plane.start_kube_scheduler(&config, Identity::KubeScheduler, "")?;
@@ -91,6 +146,8 @@ impl Cluster {
             nodes: gpu_nodes,
             stock: Vec::new(),
             scheduler,
+            replicas: all,
+            service,
             mode: mode.to_string(),
             key,
             admin,
@@ -110,6 +167,37 @@ impl Cluster {
     /// `kill -9` of the Tessera scheduler; returns whether it was running.
     pub fn kill_scheduler(&mut self) -> bool {
         self.plane.kill(&self.scheduler.proc_name) > 0
+    }
+
+    /// The identity holding Tessera's Lease (`tessera-system/tessera-scheduler`), if any.
+    pub fn lease_holder(&self) -> Option<String> {
+        self.plane
+            .kubectl(
+                &[
+                    "-n",
+                    "tessera-system",
+                    "get",
+                    "lease",
+                    "tessera-scheduler",
+                    "-o",
+                    "jsonpath={.spec.holderIdentity}",
+                ],
+                None,
+            )
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// `kill -9` of the replica holding the Lease; returns its identity.
+    pub fn kill_leader(&mut self) -> Option<String> {
+        let holder = self.lease_holder()?;
+        let proc_name = self
+            .replicas
+            .iter()
+            .find(|(id, _)| *id == holder)
+            .map(|(_, s)| s.proc_name.clone())?;
+        (self.plane.kill(&proc_name) > 0).then_some(holder)
     }
 
     /// Starts the Tessera scheduler again on the same ports and waits for its

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod kubelet;
 pub mod plane;
+pub mod service;
 pub mod stock;
 pub mod tessera;
 

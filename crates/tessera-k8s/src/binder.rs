@@ -15,7 +15,7 @@
 //! - accepted: kept until the watch shows the pod bound (or deleted);
 //! - refused (a 4xx: 409, 404, 422, …): dropped at once;
 //! - unknown (a 5xx such as 504 Timeout, which the API server may send after
-//!   committing; timeout, connection lost, the caller went away mid-call): kept,
+//!   committing; timeout, connection lost): kept,
 //!   because the write may still have landed. A 5xx is first answered by
 //!   sending the same Binding again (twice at most, 200 and 400 ms later): its
 //!   preconditions let at most one land, and a 409 is settled by reading the
@@ -23,6 +23,10 @@
 //!   deadline (see `mirror::RESERVATION_TTL`) the pod is read back and the
 //!   server's answer wins: bound, it is taken up with the grant it carries; not
 //!   bound, its GPUs are free again. A failed read keeps it for the next try.
+//!
+//! A bind's caller going away (kube-scheduler's extender `httpTimeout`) does
+//! not cut a write off: once reserved, the write runs on a task of its own to
+//! its outcome, so that a refused Binding frees its room at once.
 //!
 //! Pods of other profiles (a shared kube-scheduler calls its extenders for
 //! every profile) are bound through with a plain Binding and no grant, as
@@ -251,7 +255,24 @@ impl Binder {
         let reservation = { self.mirror.lock().reserve(&pod, node)? };
         match reservation {
             Reservation::AlreadyBound => Ok(()),
-            Reservation::Write { annotation } => self.write(&pod, node, annotation).await,
+            Reservation::Write { annotation } => {
+                // Once reserved, the write runs to its outcome on a task of its
+                // own: kube-scheduler closes the connection at its extender
+                // `httpTimeout` and the HTTP server then drops this future; a
+                // write cut off there left its outcome unknown, and the pod's
+                // room held for the reservation's deadline and a read-back,
+                // after the API server had refused it (issue 41, defect 12).
+                let (binder, to) = (self.clone(), node.to_string());
+                tokio::spawn(async move { binder.write(&pod, &to, annotation).await })
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(BindError::Unsettled {
+                            pod: key,
+                            node: node.to_string(),
+                            message: format!("the bind task ended: {e}"),
+                        })
+                    })
+            }
         }
     }
 

@@ -208,6 +208,9 @@ impl Preemptor {
             }
             let catalog = m.cluster().catalog.clone();
             let req = convert::pod_request(pod, &catalog).map_err(|e| e.to_string())?;
+            if convert::never_preempts(pod) {
+                return Err("its preemptionPolicy is Never".into());
+            }
             if !may_preempt_for(pod, &req) {
                 return Err("it asks for no GPU, or is gated".into());
             }
@@ -400,8 +403,14 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
     // (issue 28 item 9). Pods of one shape share one decision per round.
     let mut skipped: Vec<(Pod, String)> = Vec::new();
     let mut todo: Vec<(Pod, String)> = Vec::new();
+    // Keyed by the pod's node constraints too: a pod pinned to full nodes
+    // does not fit now because another may go elsewhere (issue 41, defect 1).
     let mut fits: HashMap<
-        (tessera_core::request::Request, crate::hostfit::HostAsk),
+        (
+            tessera_core::request::Request,
+            crate::hostfit::HostAsk,
+            String,
+        ),
         Option<String>,
     > = HashMap::new();
     for chunk in uids.chunks(JUDGE_CHUNK) {
@@ -434,17 +443,22 @@ pub async fn extender_round(p: &mut Preemptor, names: &[String]) -> usize {
                     skipped.push((pod, format!("its queue may not take more: {why}")));
                     continue;
                 }
-                // kube-scheduler judges the node side; a pod that fits now is retried by it.
+                // A pod that fits now, on a node it may use, is retried by kube-scheduler.
+                let constraints = crate::standalone::node_constraints_key(&pod);
                 let outcome = fits
-                    .entry((req, host))
-                    .or_insert_with_key(|(req, host)| match m.decide(req, host, |_| Ok(())) {
-                        Ok(_) => None,
-                        Err(e) => Some(
-                            e.ranked()
-                                .first()
-                                .map(|(r, _)| r.to_string())
-                                .unwrap_or_default(),
-                        ),
+                    .entry((req, host, constraints))
+                    .or_insert_with_key(|(req, host, _)| {
+                        match m.decide(req, host, |facts| {
+                            crate::standalone::node_allows(&pod, facts)
+                        }) {
+                            Ok(_) => None,
+                            Err(e) => Some(
+                                e.ranked()
+                                    .first()
+                                    .map(|(r, _)| r.to_string())
+                                    .unwrap_or_default(),
+                            ),
+                        }
                     })
                     .clone();
                 match outcome {

@@ -166,7 +166,7 @@ async fn places_binds_and_explains() {
     assert!(
         notes.contains(&(
             "FailedScheduling".into(),
-            "0/3 nodes fit: 2 node does not match the pod's nodeSelector, 1 fewer than 4 GPUs in total".into()
+            "0/3 nodes fit: 2 node(s) didn't match the pod's nodeSelector, 1 fewer than 4 GPUs in total".into()
         )),
         "{notes:?}"
     );

@@ -86,6 +86,15 @@ pub fn is_gated(pod: &Pod) -> bool {
         .is_some_and(|g| !g.is_empty())
 }
 
+/// `spec.preemptionPolicy: Never`: the pod waits for room and never evicts
+/// others to get it (kube-scheduler's DefaultPreemption skips it too).
+pub fn never_preempts(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.preemption_policy.as_deref())
+        == Some("Never")
+}
+
 /// The pod's annotations as `(key, value)` pairs.
 pub fn annotations(pod: &Pod) -> impl Iterator<Item = (&str, &str)> {
     pod.metadata

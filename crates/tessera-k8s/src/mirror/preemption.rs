@@ -334,7 +334,10 @@ pub fn victims_text(victims: &[Victim]) -> String {
         .join(", ")
 }
 
-/// Whether `pod` is one Tessera may place by evicting others: it asks for GPUs.
+/// Whether `pod` is one Tessera may place by evicting others: it asks for GPUs,
+/// is not gated and its `preemptionPolicy` is not `Never`.
 pub fn may_preempt_for(pod: &Pod, req: &Request) -> bool {
-    req.gpu != tessera_core::request::GpuAsk::None && !convert::is_gated(pod)
+    req.gpu != tessera_core::request::GpuAsk::None
+        && !convert::is_gated(pod)
+        && !convert::never_preempts(pod)
 }

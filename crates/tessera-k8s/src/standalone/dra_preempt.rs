@@ -66,7 +66,7 @@ impl Standalone {
         pod: &Pod,
         reason: &str,
     ) -> Option<String> {
-        if reason != CLAIMS_DO_NOT_FIT || !self.leader.is_leader() {
+        if reason != CLAIMS_DO_NOT_FIT || !self.leader.is_leader() || convert::never_preempts(pod) {
             return None;
         }
         let now_s = SystemTime::now()

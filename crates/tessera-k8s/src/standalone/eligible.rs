@@ -55,10 +55,10 @@ pub fn selector_matches(sel: &k8s_openapi::api::core::v1::NodeSelector, node: &N
 /// `Err` carries the reason as it appears in the sentence.
 pub fn node_allows(pod: &Pod, node: &NodeFacts) -> Result<(), String> {
     if node.unschedulable {
-        return Err("node is cordoned".into());
+        return Err("node(s) were unschedulable (cordoned)".into());
     }
     if !node.ready {
-        return Err("node is not ready".into());
+        return Err("node(s) were not ready".into());
     }
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(());
@@ -66,7 +66,7 @@ pub fn node_allows(pod: &Pod, node: &NodeFacts) -> Result<(), String> {
     if let Some(sel) = &spec.node_selector
         && sel.iter().any(|(k, v)| node.labels.get(k) != Some(v))
     {
-        return Err("node does not match the pod's nodeSelector".into());
+        return Err("node(s) didn't match the pod's nodeSelector".into());
     }
     if let Some(required) = spec
         .affinity
@@ -81,7 +81,7 @@ pub fn node_allows(pod: &Pod, node: &NodeFacts) -> Result<(), String> {
             .iter()
             .any(|t| term_matches(t, node))
     {
-        return Err("node does not match the pod's required node affinity".into());
+        return Err("node(s) didn't match the pod's required node affinity".into());
     }
     let tolerations = spec.tolerations.as_deref().unwrap_or(&[]);
     if node
@@ -90,9 +90,27 @@ pub fn node_allows(pod: &Pod, node: &NodeFacts) -> Result<(), String> {
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         .any(|t| !tolerations.iter().any(|tol| convert::tolerates(tol, t)))
     {
-        return Err("node has a taint the pod does not tolerate".into());
+        return Err("node(s) had a taint the pod didn't tolerate".into());
     }
     Ok(())
+}
+
+/// What of `pod` [`node_allows`] reads (nodeSelector, required node affinity,
+/// tolerations), as one string: pods with equal keys are allowed the same
+/// nodes, so a verdict cached per request shape must be cached per key too.
+pub fn node_constraints_key(pod: &Pod) -> String {
+    let Some(spec) = pod.spec.as_ref() else {
+        return String::new();
+    };
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    serde_json::json!([spec.node_selector, required, spec.tolerations]).to_string()
 }
 
 /// What a pod asks that this mode does not evaluate (see the module docs).
@@ -247,7 +265,7 @@ mod tests {
         cordoned.unschedulable = true;
         assert_eq!(
             node_allows(&plain, &cordoned),
-            Err("node is cordoned".into())
+            Err("node(s) were unschedulable (cordoned)".into())
         );
     }
 }

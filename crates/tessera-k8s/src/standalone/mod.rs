@@ -52,7 +52,7 @@ mod gang;
 
 pub use claims::{Dra, PlaceError};
 
-pub use eligible::{node_allows, selector_matches, unsupported};
+pub use eligible::{node_allows, node_constraints_key, selector_matches, unsupported};
 
 /// First retry delay after a failed attempt.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
