@@ -106,6 +106,15 @@ async fn leader_killed_behind_a_service() {
     let failed: usize = c.nodes.iter().map(|nd| nd.kubelet.failed().len()).sum();
     assert_eq!(failed, 0, "a pod was refused at admission");
     let first = first_after.unwrap_or_default();
+    // What the replicas said about binds (the survivor's refusals above all).
+    for (id, s) in &c.replicas {
+        let log = c.plane.log(&s.proc_name);
+        let failed: Vec<&str> = log.lines().filter(|l| l.contains("bind failed")).collect();
+        println!("{id}: {} binds answered with an error", failed.len());
+        for l in failed.iter().take(12) {
+            println!("  {l}");
+        }
+    }
     println!(
         "failover: leader {killed} killed with {before} pods bound and {} arriving; first bind after the kill {:.1} s, all {n} bound {:.1} s after it (Lease {} s); new leader {}; 0 over-committed GPUs, 0 refused at admission",
         n - before,

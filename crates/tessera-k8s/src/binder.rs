@@ -397,7 +397,7 @@ impl Binder {
     /// How long a write started `after` from now may take: the request
     /// timeout, within what is left of leadership; `None` when less than
     /// [`MIN_WRITE_WINDOW`] would be left then.
-    fn write_budget(&self, after: Duration) -> Option<Duration> {
+    pub(crate) fn write_budget(&self, after: Duration) -> Option<Duration> {
         match self.leader.remaining() {
             None => Some(self.request_timeout),
             Some(left) => {

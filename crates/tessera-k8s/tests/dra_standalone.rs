@@ -1374,3 +1374,80 @@ async fn no_reclaim_from_a_queue_at_its_guarantee_or_for_a_borrowing_queue() {
         );
     }
 }
+
+/// Issue 41, defect 5: claim writes were fenced by one `is_leader()` check
+/// and then allowed 10 s, so a leader about to lapse could write an
+/// allocation after another replica took over. They are fenced as Bindings
+/// are: a leader with less than the least write window left starts none (the
+/// hold is given back, nothing is written), and one with more writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_near_its_deadline_writes_no_claim() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 1)]);
+    let uid = one_gpu_pod(&server, NS, "p1", "c1", |_| {});
+    let mut l = standalone_loop(server);
+    let now = tokio::time::Instant::now();
+    l.standalone
+        .binder
+        .leadership()
+        .set_until(true, Some(now + Duration::from_millis(300)));
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert!(
+        !l.server
+            .writes()
+            .iter()
+            .any(|w| w.resource == "resourceclaims"),
+        "a claim write started with 0.3 s of leadership left: {:?}",
+        l.server.writes()
+    );
+    assert!(devices(&get(&l.server, Resource::Claims, "c1")).is_empty());
+    assert_eq!(bound_to(&l.server, "p1"), None);
+    assert!(
+        l.mirror.lock().held(&uid).is_none(),
+        "the hold is given back"
+    );
+    // Renewed: the next try writes and binds.
+    l.standalone.binder.leadership().set_until(
+        true,
+        Some(tokio::time::Instant::now() + Duration::from_secs(10)),
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(bound_to(&l.server, "p1").as_deref(), Some("node-a"));
+    assert_eq!(devices(&get(&l.server, Resource::Claims, "c1")).len(), 1);
+}
+
+/// Issue 41, defect 4: the overlay dropped confirmed writes at its 30 s
+/// deadline, so with the claims watch stalled the GPU of a landed allocation
+/// was handed to a second claim. Past the deadline, the second pod still does
+/// not get it; once the watch shows the first claim, nothing is assumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_write_outlives_the_deadline_while_the_watch_stalls() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 1)]);
+    for i in 1..=2 {
+        one_gpu_pod(&server, NS, &format!("p{i}"), &format!("c{i}"), |_| {});
+    }
+    let mut l = standalone_loop(server);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let later = tokio::time::Instant::now() + tessera_k8s::dra::overlay::ASSUME_TTL * 3;
+    l.view.lock().expire(later);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let alloc: Vec<usize> = ["c1", "c2"]
+        .iter()
+        .map(|c| devices(&get(&l.server, Resource::Claims, c)).len())
+        .collect();
+    assert_eq!(
+        alloc.iter().sum::<usize>(),
+        1,
+        "one GPU, given once: {alloc:?}"
+    );
+    refresh(&l.server, &l.view);
+    assert_eq!(l.view.lock().assumed(), 0, "the watch caught up");
+    drop(l.mirror);
+}

@@ -22,7 +22,7 @@ use tessera_core::policy::Policy;
 
 use super::cel::{AttrValue, Env};
 use super::choose::{UseOf, choose};
-use super::claim::{Alternative, ClaimAsk, ClaimError, ConstraintKind, Mode};
+use super::claim::{Alternative, ClaimAsk, ClaimError, ConstraintKind, MAX_RESULTS, Mode};
 use super::inventory::{DeviceKey, DeviceUse, NodeInventory, Usage};
 use super::quantity::Quantity;
 use super::types::DeviceToleration;
@@ -66,6 +66,10 @@ pub enum Unfit {
     Constraints { request: String },
     #[error("the policy declined the node")]
     PolicyDeclined,
+    #[error(
+        "{results} devices would be allocated, but the API server stores at most {MAX_RESULTS} results in one claim's allocation"
+    )]
+    TooManyResults { results: usize },
 }
 
 /// Device `i` of the node: what other claims hold, plus this claim's picks.
@@ -277,6 +281,14 @@ impl Search<'_> {
     /// Satisfies requests `r..`; on success the picks stay in `state`.
     fn request(&mut self, r: usize, state: &mut State<'_>) -> Option<f64> {
         let Some(req) = self.ask.requests.get(r) else {
+            // More results than the API server stores (allocationMode All on
+            // a node with many matching devices): no allocation on this node.
+            if state.picks.len() > MAX_RESULTS {
+                self.unfit(Unfit::TooManyResults {
+                    results: state.picks.len(),
+                });
+                return None;
+            }
             return Some(0.0);
         };
         for (a, alt) in req.alternatives.iter().enumerate() {

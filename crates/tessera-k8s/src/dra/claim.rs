@@ -17,6 +17,12 @@ use super::types::{
 /// API allows more, but no node of ours has as many).
 pub const MAX_COUNT: i64 = 128;
 
+/// Most results one claim's allocation may hold: the API server refuses a
+/// status with more (`AllocationResultsMaxSize`, 32 in resource.k8s.io/v1).
+/// A claim whose requests need more can never be allocated: it is refused
+/// with that reason instead of retried forever on the server's 422.
+pub const MAX_RESULTS: usize = 32;
+
 /// Why a claim cannot be allocated by anyone: it is malformed or uses what is
 /// not supported. Not a "does not fit".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -263,6 +269,28 @@ impl ClaimAsk {
                 name: r.name.clone(),
                 alternatives,
             });
+        }
+        // The fewest results any choice of alternatives needs (All: at least one).
+        let least: u64 = requests
+            .iter()
+            .map(|r| {
+                r.alternatives
+                    .iter()
+                    .map(|a| match a.mode {
+                        Mode::Count(n) => u64::from(n),
+                        Mode::All => 1,
+                    })
+                    .min()
+                    .unwrap_or(1)
+            })
+            .sum();
+        if least > MAX_RESULTS as u64 {
+            return Err(invalid(
+                "spec.devices.requests",
+                format!(
+                    "asks for at least {least} devices, but the API server stores at most {MAX_RESULTS} results in one claim's allocation"
+                ),
+            ));
         }
         let mut constraints = Vec::new();
         for (i, c) in devices.constraints.iter().enumerate() {

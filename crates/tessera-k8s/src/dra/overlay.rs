@@ -8,8 +8,11 @@
 //! claim as it will be (and, once the write is answered, as the server
 //! returned it, with its new `resourceVersion`). An entry ends when the watch
 //! shows the claim at that `resourceVersion` or later, when the write is
-//! refused, or at its deadline: anything assumed in memory expires, and then
-//! the watch is the truth (kube-scheduler's assume cache does the same).
+//! refused, or when the claim is gone (deleted, or absent from a relist).
+//! What is only assumed (a write in flight, or of unknown outcome) also ends
+//! at its deadline. A write the server confirmed does not: it is no longer an
+//! assumption, and dropping it while the watch is stalled gave its devices to
+//! another claim (issue 41, defect 4).
 //!
 //! A write that failed in a way that may or may not have landed (a 5xx, a
 //! lost connection, no answer in time) leaves its entry with its outcome
@@ -160,11 +163,26 @@ impl Overlay {
         }
     }
 
-    /// Drops entries past their deadline; returns how many.
+    /// Drops assumed entries past their deadline; returns how many. Written
+    /// ones stay until the watch shows them or the claim is gone.
     pub fn expire(&mut self, now: Instant) -> usize {
         let before = self.by_uid.len();
-        self.by_uid.retain(|_, a| a.expires > now);
+        self.by_uid
+            .retain(|_, a| a.outcome == Outcome::Written || a.expires > now);
         before - self.by_uid.len()
+    }
+
+    /// A relist: entries of claims it does not hold are gone with their claims.
+    pub fn retain_listed(&mut self, listed: &std::collections::BTreeSet<String>) {
+        self.by_uid.retain(|u, _| listed.contains(u));
+    }
+
+    /// Written entries the watch has not shown yet (a stalled watch keeps them).
+    pub fn written_waiting(&self) -> usize {
+        self.by_uid
+            .values()
+            .filter(|a| a.outcome == Outcome::Written)
+            .count()
     }
 
     /// The assumed claim of `claim_uid`, if any.
@@ -208,6 +226,16 @@ mod tests {
         assert!(o.get("u").is_none());
         // An answer the watch already showed is not kept.
         o.written(claim("v", "7"), Some("8"), t0);
+        assert!(o.is_empty());
+        // Confirmed by the server: kept past any deadline while the watch
+        // stalls (defect 4), until the watch shows it or the claim is gone.
+        o.written(claim("y", "20"), Some("19"), t0);
+        assert_eq!(o.expire(t0 + ASSUME_TTL * 10), 0);
+        assert!(o.get("y").is_some());
+        assert_eq!(o.written_waiting(), 1);
+        o.retain_listed(&["y".to_string()].into());
+        assert!(o.get("y").is_some());
+        o.retain_listed(&Default::default());
         assert!(o.is_empty());
         // Unconfirmed: gone at the deadline, not before.
         o.assume(claim("w", "3"), t0);

@@ -555,3 +555,38 @@ fn unknown_mig_models_fall_back_to_packing() {
         .unwrap();
     assert_eq!(devices(&a), ["gpu-0-mig-3g40gb-0"]);
 }
+
+/// Issue 41, defect 10: the API server stores at most 32 results in a claim's
+/// allocation (`AllocationResultsMaxSize`); a larger allocation was written,
+/// refused with 422 and retried forever. A claim whose requests need more is
+/// refused as malformed, naming why; allocationMode All on a node with more
+/// matching devices does not fit there; 32 still do.
+#[test]
+fn allocations_stay_within_the_api_servers_results_limit() {
+    let many: Vec<Gpu> = (0..33).map(|_| gpu("H100-80GB", false)).collect();
+    let s = slice("n1", &many);
+    let err = run(&claim("c", gpus(33), json!([])), &s, &[], &*tessera()).unwrap_err();
+    assert!(
+        err.to_string().contains("at least 33 devices")
+            && err.to_string().contains("at most 32 results"),
+        "{err}"
+    );
+    let two = json!([
+        {"name": "a", "exactly": {"deviceClassName": "gpu.tessera.io", "count": 20}},
+        {"name": "b", "exactly": {"deviceClassName": "gpu.tessera.io", "count": 13}}
+    ]);
+    assert!(run(&claim("t", two, json!([])), &s, &[], &*tessera()).is_err());
+    let all = claim(
+        "a",
+        json!([{"name": "g", "exactly": {"deviceClassName": "gpu.tessera.io", "allocationMode": "All"}}]),
+        json!([]),
+    );
+    assert_eq!(
+        run(&all, &s, &[], &*tessera()).unwrap(),
+        Err(Unfit::TooManyResults { results: 33 })
+    );
+    let a = run(&claim("ok", gpus(32), json!([])), &s, &[], &*tessera())
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.results.len(), 32);
+}

@@ -55,6 +55,13 @@ impl DraView {
 
     pub fn replace_claims(&mut self, items: Vec<Value>) {
         self.claims.clear();
+        let listed: std::collections::BTreeSet<String> = items
+            .iter()
+            .filter_map(|v| v.pointer("/metadata/uid").and_then(Value::as_str))
+            .map(str::to_string)
+            .collect();
+        // A claim deleted while the watch was down: its writes are gone with it.
+        self.overlay.retain_listed(&listed);
         for v in items {
             self.upsert_claim(v);
         }
@@ -197,7 +204,7 @@ impl DraView {
         if n > 0 {
             tracing::warn!(
                 claims = n,
-                "claim allocations written by this scheduler were not shown by the watch before their deadline; the watch is taken as the truth again"
+                "claim allocations this scheduler was writing (no confirmed answer) were not shown by the watch before their deadline; the watch is taken as the truth again"
             );
         }
     }

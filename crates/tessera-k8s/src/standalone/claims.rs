@@ -465,16 +465,20 @@ async fn write_then_bind(
         Err(e)
     };
     for (k, w) in d.writes.iter().enumerate() {
-        if !binder.leadership().is_leader() {
+        // Fenced as Bindings are: started only with enough leadership left,
+        // and finished within it (issue 41, defect 5: checked once, then
+        // 10 s allowed, a write could land after another replica took over).
+        let Some(budget) = binder.write_budget(Duration::ZERO) else {
             return failed(k, PlaceError::NotLeader);
-        }
+        };
+        let budget = budget.min(WRITE_TIMEOUT);
         let call = async {
             match &w.allocation {
                 Some(a) => write_allocation(binder.client(), &w.claim, a, &who).await,
                 None => write_reservation(binder.client(), &w.claim, &who).await,
             }
         };
-        match tokio::time::timeout(WRITE_TIMEOUT, call).await {
+        match tokio::time::timeout(budget, call).await {
             Ok(Ok(Written::Allocated(c))) => view.lock().written(*c, Instant::now()),
             Ok(Ok(Written::Conflict)) => {
                 return failed(
@@ -498,7 +502,7 @@ async fn write_then_bind(
                     k + 1,
                     PlaceError::ClaimTimeout {
                         claim: key(&w.claim),
-                        secs: WRITE_TIMEOUT.as_secs(),
+                        secs: budget.as_secs(),
                     },
                 );
             }
