@@ -48,6 +48,8 @@ pub struct Cluster {
     /// The Service kube-scheduler calls when several replicas run.
     pub service: Option<crate::service::Service>,
     pub mode: String,
+    /// The scheduler's arguments beyond mode, ports and key (kept on restart).
+    pub scheduler_args: Vec<String>,
     pub key: std::path::PathBuf,
     pub admin: Client,
     // Last: dropping it stops every process.
@@ -78,6 +80,16 @@ impl Cluster {
         Cluster::start(env, "standalone", nodes, 1).await
     }
 
+    /// Standalone with the admission webhooks served over TLS on loopback as
+    /// the chart configures them ([`crate::webhook`]): the chart's
+    /// scheduler arguments for them, its webhook configurations applied.
+    pub async fn standalone_with_webhooks(
+        env: &Env,
+        nodes: &[(String, String)],
+    ) -> Result<Cluster> {
+        Cluster::start(env, "standalone-webhooks", nodes, 1).await
+    }
+
     async fn start(
         env: &Env,
         mode: &str,
@@ -85,6 +97,8 @@ impl Cluster {
         replicas: usize,
     ) -> Result<Cluster> {
         let t = Instant::now();
+        let webhooks = mode == "standalone-webhooks";
+        let mode = if webhooks { "standalone" } else { mode };
         let mut plane = ControlPlane::start(env, Options::default()).await?;
         let values = if mode == "extender" {
             json!({})
@@ -93,10 +107,26 @@ impl Cluster {
         };
         plane.install_chart_rbac(&values)?;
         let key = write_key(&plane)?;
+        let mut scheduler_args = vec!["--leader-elect=false".to_string()];
+        let mut webhook = None;
+        if webhooks {
+            let certs = crate::webhook::make_certs(&plane.dir.path().join("webhook-tls"))?;
+            let port = free_port();
+            // As the chart's scheduler Deployment passes them.
+            scheduler_args.extend([
+                format!("--webhook-listen=127.0.0.1:{port}"),
+                format!("--webhook-cert={}", certs.cert.display()),
+                format!("--webhook-key={}", certs.key.display()),
+                "--allocation-writer=system:serviceaccount:tessera-system:tessera-scheduler".into(),
+                "--webhook-set-scheduler-name".into(),
+            ]);
+            webhook = Some((port, certs));
+        }
         let mut all = Vec::new();
         let mut service = None;
         let scheduler = if replicas <= 1 {
-            start_scheduler(&mut plane, mode, &key, &["--leader-elect=false"]).await?
+            let args: Vec<&str> = scheduler_args.iter().map(String::as_str).collect();
+            start_scheduler(&mut plane, mode, &key, &args).await?
         } else {
             for i in 0..replicas {
                 let ports = (free_port(), free_port());
@@ -131,6 +161,14 @@ impl Cluster {
             let config = kube_scheduler_config(&format!("http://127.0.0.1:{}", scheduler.listen))?;
             plane.start_kube_scheduler(&config, Identity::KubeScheduler, "")?;
         }
+        if let Some((port, certs)) = &webhook {
+            for cfg in crate::webhook::loopback_configs(&plane, &values, *port, &certs.ca_pem)? {
+                plane.kubectl(
+                    &["apply", "--validate=false", "-f", "-"],
+                    Some(&cfg.to_string()),
+                )?;
+            }
+        }
         let mut gpu_nodes = Vec::new();
         for (name, gpus) in nodes {
             gpu_nodes.push(start_gpu_node(&mut plane, name, gpus, &key, &[]).await?);
@@ -149,6 +187,7 @@ impl Cluster {
             replicas: all,
             service,
             mode: mode.to_string(),
+            scheduler_args,
             key,
             admin,
             plane,
@@ -204,11 +243,13 @@ impl Cluster {
     /// /readyz (its initial lists done).
     pub async fn restart_scheduler(&mut self) -> Result<()> {
         let ports = (self.scheduler.listen, self.scheduler.metrics);
+        let args = self.scheduler_args.clone();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.scheduler = start_scheduler_on(
             &mut self.plane,
             &self.mode.clone(),
             &self.key.clone(),
-            &["--leader-elect=false"],
+            &args,
             ports,
         )
         .await?;
@@ -232,6 +273,12 @@ impl Cluster {
 
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.admin.clone(), "default")
+    }
+
+    /// Creates `pod` in `default`, with the API server's error as it is.
+    pub async fn try_create(&self, pod: serde_json::Value) -> Result<Pod, kube::Error> {
+        let pod: Pod = serde_json::from_value(pod).expect("a Pod manifest");
+        self.pods().create(&PostParams::default(), &pod).await
     }
 
     /// Creates `pod` in `default`.

@@ -10,6 +10,7 @@ pub mod plane;
 pub mod service;
 pub mod stock;
 pub mod tessera;
+pub mod webhook;
 
 /// Scenarios of one test binary run one at a time: each starts its own
 /// control plane, and two at once on a small machine only measure each other.

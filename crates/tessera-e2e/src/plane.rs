@@ -458,14 +458,7 @@ impl ControlPlane {
             None,
         )?;
         self.kubectl(&["create", "namespace", "tessera-system"], None)?;
-        let out = Command::new("bash")
-            .arg(root.join("scripts/render-chart.sh"))
-            .arg(values.to_string())
-            .output()?;
-        if !out.status.success() {
-            bail!("render-chart.sh: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        let manifest = String::from_utf8(out.stdout)?;
+        let manifest = render_chart_text(values)?;
         let keep = [
             "ServiceAccount",
             "ClusterRole",
@@ -489,6 +482,19 @@ impl ControlPlane {
             Some(&docs.join("\n---\n")),
         )?;
         Ok(())
+    }
+
+    /// The chart rendered with `values` (`scripts/render-chart.sh`), one JSON
+    /// value per document.
+    pub fn render_chart(&self, values: &serde_json::Value) -> Result<Vec<serde_json::Value>> {
+        render_chart_text(values)?
+            .split("\n---")
+            .filter(|doc| doc.lines().any(|l| l.starts_with("kind: ")))
+            .map(|doc| {
+                serde_saphyr::from_str::<serde_json::Value>(doc)
+                    .with_context(|| format!("a rendered document does not read:\n{doc}"))
+            })
+            .collect()
     }
 
     /// How many processes named `name...` were started.
@@ -567,4 +573,16 @@ fn rand_u64() -> u64 {
             .as_nanos(),
     );
     h.finish()
+}
+
+/// `scripts/render-chart.sh` with `values`: the chart's manifest.
+fn render_chart_text(values: &serde_json::Value) -> Result<String> {
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts/render-chart.sh"))
+        .arg(values.to_string())
+        .output()?;
+    if !out.status.success() {
+        bail!("render-chart.sh: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?)
 }

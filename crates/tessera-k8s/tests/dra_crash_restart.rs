@@ -86,6 +86,7 @@ use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
+use tessera_k8s::dra::write::DELETE_PROTECTION;
 
 const KEY: &[u8] = b"dra-crash-restart-signing-key!!!";
 const NAMESPACE: &str = "work";
@@ -364,11 +365,15 @@ enum Chore {
         template: String,
     },
     /// Take deleted pods out of `reservedFor`, and the allocation with the
-    /// last of them (`syncClaim`), at resourceVersion `rv`.
+    /// last of them (`syncClaim`), at resourceVersion `rv`. As the real
+    /// controller: the allocation only of a claim carrying
+    /// `resource.kubernetes.io/delete-protection` (`protected`), which is then
+    /// removed; an unprotected claim keeps its allocation (issue 41, defect 3).
     Release {
         claim: String,
         rv: String,
         keep: Vec<Value>,
+        protected: bool,
     },
     /// Delete a free claim nobody will use again.
     Collect { claim: String },
@@ -439,6 +444,10 @@ fn chores(
                     .unwrap_or_default()
                     .to_string(),
                 keep,
+                protected: c
+                    .pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|f| f.iter().any(|x| x == DELETE_PROTECTION)),
             });
             continue;
         }
@@ -538,19 +547,49 @@ async fn perform(server: &ApiServer, client: &kube::Client, chore: Chore) {
                 )
                 .await;
         }
-        Chore::Release { claim, rv, keep } => {
-            let status = if keep.is_empty() {
+        Chore::Release {
+            claim,
+            rv,
+            keep,
+            protected,
+        } => {
+            let status = if keep.is_empty() && protected {
                 json!({"reservedFor": null, "allocation": null})
+            } else if keep.is_empty() {
+                json!({"reservedFor": null})
             } else {
                 json!({"reservedFor": keep})
             };
-            let _ = claims
+            let Ok(after) = claims
                 .patch_status(
                     &claim,
                     &PatchParams::default(),
                     &Patch::Merge(json!({"metadata": {"resourceVersion": rv}, "status": status})),
                 )
-                .await;
+                .await
+            else {
+                return;
+            };
+            if keep.is_empty() && protected {
+                let after = serde_json::to_value(after).unwrap_or_default();
+                let rest: Vec<Value> = after
+                    .pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter(|f| *f != DELETE_PROTECTION)
+                    .cloned()
+                    .collect();
+                let _ = claims
+                    .patch(
+                        &claim,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {
+                            "resourceVersion": after["metadata"]["resourceVersion"],
+                            "finalizers": rest}})),
+                    )
+                    .await;
+            }
         }
         Chore::Collect { claim } => {
             let _ = claims.delete(&claim, &DeleteParams::default()).await;

@@ -17,13 +17,16 @@ use tessera_k8s::dra::allocate::{Chosen, NodeAllocation};
 use tessera_k8s::dra::inventory::DeviceKey;
 use tessera_k8s::dra::quantity::Quantity;
 use tessera_k8s::dra::types::ResourceClaim;
-use tessera_k8s::dra::write::{PodRef, WriteError, Written, allocation_result, write_allocation};
+use tessera_k8s::dra::write::{
+    DELETE_PROTECTION, PodRef, WriteError, Written, allocation_result, protect, write_allocation,
+};
 
 fn served_claim(allocated: bool) -> Value {
     let mut c = json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": "train-gpu", "namespace": "ml", "uid": "c-uid", "resourceVersion": "42",
-                     "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"}},
+                     "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                     "finalizers": [DELETE_PROTECTION]},
         "spec": {"devices": {"requests": [{"name": "g", "exactly": {
             "deviceClassName": "gpu.tessera.io",
             "capacity": {"requests": {"memory": "20Gi"}}}}]}}
@@ -190,4 +193,72 @@ async fn other_api_errors_are_errors_naming_the_claim() {
     .await;
     let e = r.unwrap_err();
     assert!(e.to_string().contains("train-gpu"), "{e}");
+}
+
+/// Issue 41, defect 3: kube-scheduler adds `resource.kubernetes.io/delete-protection`
+/// before it writes an allocation; Tessera did not, so a reserved claim could
+/// be deleted under its pod and the resourceclaim controller (which clears an
+/// allocation only on a claim carrying it) never freed its GPU. `protect`
+/// adds it with the claim's resourceVersion as precondition, keeping the
+/// other finalizers; an allocation is never written to a claim without it,
+/// nor to a claim being deleted.
+#[tokio::test]
+async fn a_claim_is_delete_protected_before_its_allocation() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let mut c = served_claim(false);
+            c["metadata"]["finalizers"] = body["metadata"]["finalizers"].clone();
+            c["metadata"]["resourceVersion"] = json!("43");
+            seen.push((parts.method, parts.uri.path().to_string(), body));
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&c).unwrap()))
+                    .unwrap(),
+            );
+        }
+        seen
+    });
+    let client = kube::Client::new(service, "default");
+    let mut bare = served_claim(false);
+    bare["metadata"]["finalizers"] = json!(["example.com/keep"]);
+    let bare: ResourceClaim = serde_json::from_value(bare).unwrap();
+    let alloc = allocation_result(&decision(), "c-uid");
+    // Not protected: no allocation is written.
+    let r = write_allocation(&client, &bare, &alloc, &pod()).await;
+    assert!(matches!(r, Err(WriteError::Incomplete { .. })), "{r:?}");
+    let Written::Allocated(protected) = protect(&client, &bare).await.unwrap() else {
+        panic!("expected the claim back");
+    };
+    assert_eq!(protected.metadata.resource_version.as_deref(), Some("43"));
+    // Protected already: nothing is sent.
+    let again = protect(&client, &protected).await.unwrap();
+    assert_eq!(again, Written::Allocated(protected.clone()));
+    // Being deleted: never allocated.
+    let mut deleting = served_claim(false);
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-12-06T20:00:00Z");
+    deleting["metadata"]["finalizers"] = json!([]);
+    let deleting: ResourceClaim = serde_json::from_value(deleting).unwrap();
+    let r = protect(&client, &deleting).await;
+    assert!(matches!(r, Err(WriteError::Deleting { .. })), "{r:?}");
+    drop(client);
+    let seen = server.await.unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let (method, path, body) = &seen[0];
+    assert_eq!(*method, Method::PATCH);
+    assert_eq!(
+        path,
+        "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/train-gpu"
+    );
+    assert_eq!(
+        body,
+        &json!({"metadata": {"resourceVersion": "42",
+            "finalizers": ["example.com/keep", DELETE_PROTECTION]}})
+    );
 }

@@ -192,7 +192,10 @@ fn available(state: &State<'_>, i: usize, alt: &Alternative) -> Option<BTreeMap<
             .capacity
             .iter()
             .all(|(k, q)| d.capacity.get(k).is_some_and(|c| *q <= c.value));
-        return (u.allocations == 0 && fits && state.counters_fit(i)).then(BTreeMap::new);
+        return (u.is_free() && fits && state.counters_fit(i)).then(BTreeMap::new);
+    }
+    if u.exclusive > 0 {
+        return None;
     }
     let mut consumed = BTreeMap::new();
     for (k, cap) in &d.capacity {

@@ -260,13 +260,27 @@ pub struct DeviceUse {
     pub allocations: u32,
     /// Capacity consumed by shares, summed.
     pub consumed: BTreeMap<String, Quantity>,
+    /// Holdings that take the whole device whatever it allows (issue 41,
+    /// defects 6 and 7): an allocation without `consumedCapacity` (another
+    /// allocator's whole allocation of a shareable device), one whose consumed
+    /// capacity does not read or whose sum overflows, and the allocation of a
+    /// claim that does not read. No share and no allocation gets the device
+    /// while one is there, as an unverifiable grant blocks its GPU.
+    pub exclusive: u32,
+}
+
+impl DeviceUse {
+    /// Nothing holds the device.
+    pub fn is_free(&self) -> bool {
+        self.allocations == 0 && self.exclusive == 0
+    }
 }
 
 /// What every allocated claim but `except_uid` holds, by device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
     pub devices: BTreeMap<DeviceKey, DeviceUse>,
-    /// Consumed capacities that did not read (counted as nothing, reported).
+    /// Consumed capacities that did not read (their devices held whole, reported).
     pub unreadable: Vec<String>,
 }
 
@@ -294,18 +308,31 @@ impl Usage {
                 };
                 let e = u.devices.entry(key).or_default();
                 e.allocations += 1;
+                if r.consumed_capacity.is_empty() {
+                    e.exclusive += 1;
+                }
+                let mut sound = true;
                 for (name, v) in &r.consumed_capacity {
                     match Quantity::parse(v) {
                         Ok(q) => {
                             let sum = e.consumed.entry(name.clone()).or_default();
-                            *sum = sum.checked_add(q).unwrap_or(*sum);
+                            match sum.checked_add(q) {
+                                Some(t) => *sum = t,
+                                None => sound = false,
+                            }
                         }
-                        Err(err) => u.unreadable.push(format!(
-                            "claim {}: {}: {err}",
-                            c.metadata.name.as_deref().unwrap_or("?"),
-                            r.device
-                        )),
+                        Err(err) => {
+                            sound = false;
+                            u.unreadable.push(format!(
+                                "claim {}: {}: {err}",
+                                c.metadata.name.as_deref().unwrap_or("?"),
+                                r.device
+                            ));
+                        }
                     }
+                }
+                if !sound && !r.consumed_capacity.is_empty() {
+                    e.exclusive += 1;
                 }
             }
         }

@@ -117,6 +117,16 @@ impl Overlay {
         );
     }
 
+    /// The claim of an entry in flight now stands at `rv` (an update of ours
+    /// on the way, its delete protection): the write's precondition.
+    pub fn rebase(&mut self, claim_uid: &str, rv: Option<&str>) {
+        if let Some(a) = self.by_uid.get_mut(claim_uid)
+            && a.outcome == Outcome::InFlight
+        {
+            a.claim.metadata.resource_version = rv.map(str::to_string);
+        }
+    }
+
     /// The write failed in a way that may have landed: its devices stay
     /// taken until the watch shows the claim changed since it was read
     /// (`seen_rv`, the watched claim's resourceVersion now, may show it

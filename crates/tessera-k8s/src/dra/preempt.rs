@@ -200,12 +200,13 @@ fn freed(s: &Situation<'_>, victims: &[&Candidate]) -> Usage {
                 continue;
             };
             u.allocations = u.allocations.saturating_sub(held.allocations);
+            u.exclusive = u.exclusive.saturating_sub(held.exclusive);
             for (name, q) in &held.consumed {
                 if let Some(sum) = u.consumed.get_mut(name) {
                     *sum = sum.saturating_sub(*q);
                 }
             }
-            if u.allocations == 0 {
+            if u.is_free() {
                 usage.devices.remove(key);
             }
         }

@@ -590,3 +590,59 @@ fn allocations_stay_within_the_api_servers_results_limit() {
         .unwrap();
     assert_eq!(a.results.len(), 32);
 }
+
+/// Issue 41, defect 7: another allocator's whole allocation of a shareable
+/// device (a result without `consumedCapacity`) did not block shares. And
+/// defect 6: a consumed capacity that does not read counted as nothing. Both
+/// now hold the device whole: no share and no whole GPU gets it.
+#[test]
+fn a_whole_or_unreadable_holding_of_a_shareable_gpu_blocks_shares() {
+    let s = slice("n1", &[gpu("H100-80GB", true)]);
+    let small = claim("s", share("1Gi", "100"), json!([]));
+    let whole = holding("w", "n1", "gpu-0");
+    assert_eq!(
+        run(&small, &s, std::slice::from_ref(&whole), &*tessera())
+            .unwrap()
+            .err(),
+        Some(Unfit::NotEnoughDevices {
+            request: "s".into(),
+            want: 1,
+            free: 0
+        }),
+        "a share beside a whole allocation"
+    );
+    let mut bad = holding("b", "n1", "gpu-0");
+    bad.status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .results[0]
+        .consumed_capacity = [("memory".to_string(), "lots".to_string())].into();
+    let u = Usage::of_claims([&bad], None);
+    assert_eq!(u.unreadable.len(), 1, "{u:?}");
+    assert!(run(&small, &s, &[bad], &*tessera()).unwrap().is_err());
+    assert!(
+        run(&claim("g", gpus(1), json!([])), &s, &[whole], &*tessera())
+            .unwrap()
+            .is_err()
+    );
+    // A share holding with its consumed capacity leaves room for another.
+    let first = run(&small, &s, &[], &*tessera()).unwrap().unwrap();
+    let held = [allocated(
+        claim("s", share("1Gi", "100"), json!([])),
+        &first,
+    )];
+    assert!(
+        run(
+            &claim("t", share("1Gi", "100"), json!([])),
+            &s,
+            &held,
+            &*tessera()
+        )
+        .unwrap()
+        .is_ok()
+    );
+}

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::DRIVER;
-use super::inventory::{NodeInventory, Usage, node_inventory};
+use super::inventory::{DeviceKey, NodeInventory, Usage, node_inventory};
 use super::overlay::Overlay;
 use super::types::{DeviceClass, ResourceClaim, ResourceSlice};
 
@@ -35,6 +35,29 @@ fn read<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
     serde_json::from_value(v).map_err(|e| e.to_string())
 }
 
+/// The devices a claim's raw `status.allocation.devices.results` names, read
+/// field by field (for a claim that does not read as a whole).
+fn allocated_devices(v: &Value) -> Vec<DeviceKey> {
+    let Some(results) = v
+        .pointer("/status/allocation/devices/results")
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    results
+        .iter()
+        .filter(|r| r.get("adminAccess").and_then(Value::as_bool) != Some(true))
+        .filter_map(|r| {
+            let s = |f: &str| r.get(f).and_then(Value::as_str).map(str::to_string);
+            Some(DeviceKey {
+                driver: s("driver")?,
+                pool: s("pool")?,
+                device: s("device")?,
+            })
+        })
+        .collect()
+}
+
 static EMPTY: BTreeMap<String, NodeInventory> = BTreeMap::new();
 
 /// The DRA objects as last listed and watched.
@@ -46,6 +69,9 @@ pub struct DraView {
     /// Slices and classes that did not read, by name.
     unread: BTreeMap<String, String>,
     overlay: Overlay,
+    /// Per claim that does not read, the devices its raw allocation names:
+    /// held whole until it reads or goes (issue 41, defect 6).
+    unread_holds: BTreeMap<Key, Vec<DeviceKey>>,
     /// Per node, built from our driver's slices; `None` after a slice changed.
     inventories: Option<BTreeMap<String, NodeInventory>>,
 }
@@ -55,6 +81,7 @@ impl DraView {
 
     pub fn replace_claims(&mut self, items: Vec<Value>) {
         self.claims.clear();
+        self.unread_holds.clear();
         let listed: std::collections::BTreeSet<String> = items
             .iter()
             .filter_map(|v| v.pointer("/metadata/uid").and_then(Value::as_str))
@@ -69,7 +96,13 @@ impl DraView {
 
     pub fn upsert_claim(&mut self, v: Value) {
         let key = key_of(&v);
+        let named = allocated_devices(&v);
         let claim = read::<ResourceClaim>(v);
+        if claim.is_err() && !named.is_empty() {
+            self.unread_holds.insert(key.clone(), named);
+        } else {
+            self.unread_holds.remove(&key);
+        }
         if let Ok(c) = &claim {
             self.overlay.observe(
                 c.metadata.uid.as_deref().unwrap_or_default(),
@@ -84,6 +117,7 @@ impl DraView {
             self.overlay.forget(uid);
         }
         self.claims.remove(&key_of(v));
+        self.unread_holds.remove(&key_of(v));
     }
 
     pub fn replace_slices(&mut self, items: Vec<Value>) {
@@ -150,6 +184,16 @@ impl DraView {
     /// A decided allocation, before its write (`claim` as it will be).
     pub fn assume(&mut self, claim: ResourceClaim, now: Instant) {
         self.overlay.assume(claim, now);
+    }
+
+    /// The claim was updated on its way to being written (its delete
+    /// protection added): what is assumed of it is now at that version, so a
+    /// write of unknown outcome ends only once the claim changes past it.
+    pub fn rebase(&mut self, claim: &ResourceClaim) {
+        self.overlay.rebase(
+            claim.metadata.uid.as_deref().unwrap_or_default(),
+            claim.metadata.resource_version.as_deref(),
+        );
     }
 
     /// The server's answer to a write of ours.
@@ -244,7 +288,13 @@ impl DraView {
 
     /// What every claim holds (the overlay's writes included).
     pub fn usage(&self) -> Usage {
-        Usage::of_claims(self.claims(), None)
+        let mut u = Usage::of_claims(self.claims(), None);
+        for key in self.unread_holds.values().flatten() {
+            let e = u.devices.entry(key.clone()).or_default();
+            e.allocations += 1;
+            e.exclusive += 1;
+        }
+        u
     }
 
     pub fn classes(&self) -> Vec<DeviceClass> {
@@ -342,6 +392,37 @@ impl SharedDraView {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Issue 41, defect 6: a claim that does not read but whose allocation
+    /// names a device counted as nothing; it now holds that device whole
+    /// until it reads or goes.
+    #[test]
+    fn an_unreadable_allocated_claim_holds_its_devices() {
+        let mut v = DraView::default();
+        let bad = json!({"metadata": {"name": "bad", "namespace": "ml", "uid": "b"},
+            "spec": {"devices": {"requests": "not a list"}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "g", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}]}}}});
+        v.replace_claims(vec![bad.clone()]);
+        let key = DeviceKey {
+            driver: DRIVER.into(),
+            pool: "n1".into(),
+            device: "gpu-0".into(),
+        };
+        let u = v.usage();
+        assert!(
+            u.devices
+                .get(&key)
+                .is_some_and(|d| !d.is_free() && d.exclusive == 1),
+            "{u:?}"
+        );
+        v.remove_claim(&bad);
+        assert!(v.usage().devices.is_empty());
+        v.upsert_claim(bad);
+        assert!(!v.usage().devices.is_empty());
+        v.replace_claims(vec![]);
+        assert!(v.usage().devices.is_empty());
+    }
 
     /// A claim or slice that does not read is named, never a panic, and
     /// hides nothing else.

@@ -8,6 +8,15 @@
 //! again; we never overwrite. A claim that already has an allocation is never
 //! written here at all: someone else's allocation stands (and counts as used,
 //! [`super::inventory::Usage`]).
+//!
+//! Before its first allocation a claim gets the
+//! `resource.kubernetes.io/delete-protection` finalizer, as kube-scheduler's
+//! DRA plugin adds it: an update of the claim itself with the same
+//! precondition, then the status patch with the version that update returned.
+//! Without it a reserved claim could be deleted under its running pod, and
+//! the resourceclaim controller never deallocates a claim that lacks it (its
+//! GPUs would stay allocated to nobody, and preemption would free nothing).
+//! A claim being deleted is never allocated (the API server refuses it too).
 
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -39,6 +48,49 @@ impl PodRef {
     }
 }
 
+/// The finalizer that keeps an allocated claim until its allocation is
+/// cleared (`resourceapi.Finalizer`); the resourceclaim controller clears a
+/// claim's allocation once nobody uses it only when the claim has it.
+pub const DELETE_PROTECTION: &str = "resource.kubernetes.io/delete-protection";
+
+/// Whether the claim carries [`DELETE_PROTECTION`].
+pub fn is_protected(claim: &ResourceClaim) -> bool {
+    claim
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == DELETE_PROTECTION))
+}
+
+/// The merge patch adding [`DELETE_PROTECTION`] to the claim's finalizers
+/// (the whole list: a merge patch replaces lists), with the resourceVersion
+/// precondition; `None` when it has it already.
+pub fn protect_patch(claim: &ResourceClaim) -> Result<Option<Value>, WriteError> {
+    if is_protected(claim) {
+        return Ok(None);
+    }
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(WriteError::Deleting { claim: name });
+    }
+    let rv = precondition(claim, &name)?;
+    let mut finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
+    finalizers.push(DELETE_PROTECTION.to_string());
+    Ok(Some(json!({
+        "metadata": {"resourceVersion": rv, "finalizers": finalizers},
+    })))
+}
+
+/// Adds [`DELETE_PROTECTION`] unless the claim has it: the claim as the server
+/// then has it ([`Written::Allocated`] holds it, at its new resourceVersion),
+/// or [`Written::Conflict`].
+pub async fn protect(client: &kube::Client, claim: &ResourceClaim) -> Result<Written, WriteError> {
+    let Some(patch) = protect_patch(claim)? else {
+        return Ok(Written::Allocated(Box::new(claim.clone())));
+    };
+    patch_claim(client, claim, &patch, false).await
+}
+
 /// What the write came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Written {
@@ -56,6 +108,8 @@ pub enum WriteError {
     Full { claim: String },
     #[error("claim {claim} has no {field}")]
     Incomplete { claim: String, field: &'static str },
+    #[error("claim {claim} is being deleted; it is not allocated")]
+    Deleting { claim: String },
     #[error("writing the allocation of claim {claim}: {source}")]
     Api {
         claim: String,
@@ -79,7 +133,8 @@ impl WriteError {
         match self {
             WriteError::AlreadyAllocated { .. }
             | WriteError::Full { .. }
-            | WriteError::Incomplete { .. } => true,
+            | WriteError::Incomplete { .. }
+            | WriteError::Deleting { .. } => true,
             WriteError::Api {
                 source: kube::Error::Api(s),
                 ..
@@ -177,6 +232,9 @@ pub fn status_patch(
     {
         return Err(WriteError::AlreadyAllocated { claim: name });
     }
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(WriteError::Deleting { claim: name });
+    }
     let rv = precondition(claim, &name)?;
     let mut reserved: Vec<ConsumerReference> = claim
         .status
@@ -229,7 +287,8 @@ pub async fn write_reservation(
 }
 
 /// Writes `allocation` and reserves the claim for `pod`, unless the claim
-/// changed since it was read ([`Written::Conflict`]).
+/// changed since it was read ([`Written::Conflict`]). The claim must carry
+/// [`DELETE_PROTECTION`] already ([`protect`] first): refused otherwise.
 pub async fn write_allocation(
     client: &kube::Client,
     claim: &ResourceClaim,
@@ -237,6 +296,12 @@ pub async fn write_allocation(
     pod: &PodRef,
 ) -> Result<Written, WriteError> {
     let patch = status_patch(claim, allocation, pod)?;
+    if !is_protected(claim) {
+        return Err(WriteError::Incomplete {
+            claim: claim.metadata.name.clone().unwrap_or_default(),
+            field: "metadata.finalizers (resource.kubernetes.io/delete-protection)",
+        });
+    }
     patch_claim_status(client, claim, &patch).await
 }
 
@@ -245,6 +310,16 @@ async fn patch_claim_status(
     client: &kube::Client,
     claim: &ResourceClaim,
     patch: &Value,
+) -> Result<Written, WriteError> {
+    patch_claim(client, claim, patch, true).await
+}
+
+/// Sends a merge patch to the claim (`status`: its status subresource).
+async fn patch_claim(
+    client: &kube::Client,
+    claim: &ResourceClaim,
+    patch: &Value,
+    status: bool,
 ) -> Result<Written, WriteError> {
     let name = claim.metadata.name.clone().ok_or(WriteError::Incomplete {
         claim: String::new(),
@@ -259,10 +334,13 @@ async fn patch_claim_status(
             field: "metadata.namespace",
         })?;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &claims_resource());
-    match api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-    {
+    let pp = PatchParams::default();
+    let sent = if status {
+        api.patch_status(&name, &pp, &Patch::Merge(patch)).await
+    } else {
+        api.patch(&name, &pp, &Patch::Merge(patch)).await
+    };
+    match sent {
         Ok(obj) => {
             let v = serde_json::to_value(obj).map_err(|source| WriteError::Decode {
                 claim: name.clone(),

@@ -72,7 +72,7 @@ use crate::dra::quota::{Devices, devices_milli, pod_holdings};
 use crate::dra::types::{AllocationResult, ConsumerReference, ResourceClaim};
 use crate::dra::view::{DraView, SharedDraView};
 use crate::dra::write::{
-    PodRef, WriteError, Written, allocation_result, write_allocation, write_reservation,
+    PodRef, WriteError, Written, allocation_result, protect, write_allocation, write_reservation,
 };
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, QuotaCheck, Reservation};
@@ -474,7 +474,17 @@ async fn write_then_bind(
         let budget = budget.min(WRITE_TIMEOUT);
         let call = async {
             match &w.allocation {
-                Some(a) => write_allocation(binder.client(), &w.claim, a, &who).await,
+                Some(a) => {
+                    // Delete protection first, as kube-scheduler does (issue 41, defect 3).
+                    let claim = match protect(binder.client(), &w.claim).await? {
+                        Written::Allocated(c) => c,
+                        Written::Conflict => return Ok(Written::Conflict),
+                    };
+                    if claim.metadata.resource_version != w.claim.metadata.resource_version {
+                        view.lock().rebase(&claim);
+                    }
+                    write_allocation(binder.client(), &claim, a, &who).await
+                }
                 None => write_reservation(binder.client(), &w.claim, &who).await,
             }
         };
