@@ -803,6 +803,10 @@ MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
         {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu",
                                "deviceClassApiVersion": "resource.k8s.io/v1beta2"}}},
         "needs the DeviceClasses as resource.k8s.io/v1 (Kubernetes 1.34 or later, with the DRAExtendedResource feature gate"),
+    "a DRA extended resource with Tessera allocating claims (two allocators, one device)": (
+        {"scheduler": {"mode": "standalone", "dra": True},
+         "nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu"}}},
+        "with scheduler.dra: kube-scheduler would allocate Tessera's devices"),
     "a DRA extended resource without the chart's DeviceClasses": (
         {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "deviceClasses": False}}},
         "needs the chart's DeviceClasses, but nodeAgent.dra.deviceClasses is false"),
@@ -1092,6 +1096,12 @@ def scoping_cases(values):
         ("tessera.io pod in an opted-out namespace", optout, "CREATE", "pods",
          sample_pod("share", "lab", share), None, None, False, False),
     ]
+    # With scheduler.dra the mutating webhook reads a pod's claims (Tessera's classes
+    # make it Tessera's: two allocators must not share devices); otherwise it is not sent.
+    claims = sample_pod("claims", "default")
+    claims["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimTemplateName": "one-gpu"}]
+    dra = bool((values.get("scheduler") or {}).get("dra"))
+    cases.append(("pod with ResourceClaims", default, "CREATE", "pods", claims, None, None, False, dra))
     for extra in (values.get("scheduler") or {}).get("serveSchedulerNames") or []:
         cases.append((f"pod naming served schedulerName {extra}", default, "CREATE", "pods",
                       sample_pod("served", "default", gpu, scheduler=extra), None, None, True, False))

@@ -110,16 +110,9 @@ impl Cluster {
         let mut scheduler_args = vec!["--leader-elect=false".to_string()];
         let mut webhook = None;
         if webhooks {
-            let certs = crate::webhook::make_certs(&plane.dir.path().join("webhook-tls"))?;
-            let port = free_port();
             // As the chart's scheduler Deployment passes them.
-            scheduler_args.extend([
-                format!("--webhook-listen=127.0.0.1:{port}"),
-                format!("--webhook-cert={}", certs.cert.display()),
-                format!("--webhook-key={}", certs.key.display()),
-                "--allocation-writer=system:serviceaccount:tessera-system:tessera-scheduler".into(),
-                "--webhook-set-scheduler-name".into(),
-            ]);
+            let (args, port, certs) = crate::webhook::scheduler_args(&plane)?;
+            scheduler_args.extend(args);
             webhook = Some((port, certs));
         }
         let mut all = Vec::new();

@@ -5,6 +5,8 @@
 //! prints that it did not run. docs/kubernetes.md, "End-to-end suite".
 
 pub mod cluster;
+pub mod dra;
+pub mod fill;
 pub mod kubelet;
 pub mod plane;
 pub mod service;

@@ -86,15 +86,18 @@ pub enum Identity {
     Admin,
     Scheduler,
     NodeAgent,
+    /// The DRA driver's service account (`<release>-node-agent-dra`).
+    NodeAgentDra,
     KubeScheduler,
     ControllerManager,
 }
 
 impl Identity {
-    const ALL: [Identity; 5] = [
+    const ALL: [Identity; 6] = [
         Identity::Admin,
         Identity::Scheduler,
         Identity::NodeAgent,
+        Identity::NodeAgentDra,
         Identity::KubeScheduler,
         Identity::ControllerManager,
     ];
@@ -108,6 +111,10 @@ impl Identity {
             ),
             Identity::NodeAgent => (
                 "system:serviceaccount:tessera-system:tessera-node-agent",
+                "system:serviceaccounts,system:serviceaccounts:tessera-system",
+            ),
+            Identity::NodeAgentDra => (
+                "system:serviceaccount:tessera-system:tessera-node-agent-dra",
                 "system:serviceaccounts,system:serviceaccounts:tessera-system",
             ),
             Identity::KubeScheduler => ("system:kube-scheduler", ""),
@@ -234,7 +241,7 @@ impl ControlPlane {
             kcm.args([
                 &format!("--kubeconfig={}", kc.display()),
                 "--use-service-account-credentials=true",
-                "--controllers=*,-node-lifecycle-controller,-nodeipam-controller,-cloud-node-lifecycle-controller,-service-lb-controller,-route-controller",
+                "--controllers=*,-node-lifecycle-controller,-cloud-node-lifecycle-controller,-service-lb-controller",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 &format!("--secure-port={}", free_port()),
@@ -440,6 +447,23 @@ impl ControlPlane {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply` of one object (server-side validation only: on 1.36 on
+    /// two cores client-side validation can time out while OpenAPI warms up).
+    pub fn apply(&self, object: &serde_json::Value) -> Result<String> {
+        self.kubectl(
+            &["apply", "--validate=false", "-f", "-"],
+            Some(&object.to_string()),
+        )
+    }
+
+    /// `kubectl create` of one object (as [`ControlPlane::apply`]).
+    pub fn create(&self, object: &serde_json::Value) -> Result<String> {
+        self.kubectl(
+            &["create", "--validate=false", "-f", "-"],
+            Some(&object.to_string()),
+        )
     }
 
     /// The chart's CRDs, namespace, service accounts and RBAC (rendered by

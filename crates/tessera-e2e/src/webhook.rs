@@ -139,3 +139,18 @@ pub fn loopback_configs(
     }
     Ok(out)
 }
+
+/// Certificates for the webhook and the scheduler arguments that serve it on a
+/// free loopback port, as the chart's scheduler Deployment passes them.
+pub fn scheduler_args(plane: &ControlPlane) -> Result<(Vec<String>, u16, Certs)> {
+    let certs = make_certs(&plane.dir.path().join("webhook-tls"))?;
+    let port = crate::plane::free_port();
+    let args = vec![
+        format!("--webhook-listen=127.0.0.1:{port}"),
+        format!("--webhook-cert={}", certs.cert.display()),
+        format!("--webhook-key={}", certs.key.display()),
+        "--allocation-writer=system:serviceaccount:tessera-system:tessera-scheduler".into(),
+        "--webhook-set-scheduler-name".into(),
+    ];
+    Ok((args, port, certs))
+}

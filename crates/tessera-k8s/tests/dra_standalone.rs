@@ -413,7 +413,7 @@ fn loop_with(server: ApiServer, mirror: Mirror, client: kube::Client) -> Loop {
         Binder::new(client.clone(), mirror.clone(), leader.clone()),
         leader,
         Arc::new(Metrics::new()),
-        Some(kube::runtime::events::Recorder::new(
+        Some(tessera_k8s::events::Publisher::new(
             client,
             kube::runtime::events::Reporter::from("tessera"),
         )),

@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use common::*;
 use k8s_openapi::api::core::v1::{Pod, Taint};
-use kube::runtime::events::{Recorder, Reporter};
-use serde_json::Value;
+use kube::runtime::events::Reporter;
+use serde_json::{Value, json};
 use tessera_k8s::binder::Binder;
+use tessera_k8s::events::Publisher;
 use tessera_k8s::leader::Leadership;
 use tessera_k8s::metrics::Metrics;
 use tessera_k8s::standalone::Standalone;
@@ -94,7 +95,7 @@ async fn places_binds_and_explains() {
     let (client, api) = mock_api(answer);
     let leader = Leadership::always();
     let metrics = Arc::new(Metrics::new());
-    let recorder = Recorder::new(client.clone(), Reporter::from("tessera"));
+    let recorder = Publisher::new(client.clone(), Reporter::from("tessera"));
     let mut s = Standalone::new(
         "tessera".into(),
         m.clone(),
@@ -135,15 +136,44 @@ async fn places_binds_and_explains() {
         .iter()
         .map(|s| (s.method.clone(), s.path.clone()))
         .collect();
-    let binds: Vec<&(String, String)> =
+    let mut binds: Vec<&(String, String)> =
         calls.iter().filter(|(_, p)| p.contains("/pods/")).collect();
-    // One write per pod: the binding carries the allocation annotation.
+    binds.sort();
+    // One write per pod: the binding carries the allocation annotation; the two
+    // that wait show PodScheduled=False with the reason, once (the second pass
+    // retried nobody), as kube-scheduler writes it (issue 41, defect 13).
+    let call = |m: &str, p: &str| (m.to_string(), format!("/api/v1/namespaces/ml/pods/{p}"));
     assert_eq!(
         binds,
-        [&(
-            "POST".to_string(),
-            "/api/v1/namespaces/ml/pods/good/binding".to_string()
-        )]
+        [
+            &call("PATCH", "broken/status"),
+            &call("PATCH", "too-big/status"),
+            &call("POST", "good/binding"),
+        ]
+    );
+    let status = seen
+        .iter()
+        .find(|s| s.path.ends_with("too-big/status"))
+        .unwrap();
+    let c = &status.body["status"]["conditions"][0];
+    assert_eq!(
+        (&c["type"], &c["status"], &c["reason"]),
+        (
+            &json!("PodScheduled"),
+            &json!("False"),
+            &json!("Unschedulable")
+        ),
+        "{}",
+        status.body
+    );
+    assert!(
+        c["message"].as_str().unwrap().starts_with("0/3 nodes fit"),
+        "{}",
+        status.body
+    );
+    assert_eq!(
+        status.body["metadata"]["uid"], "uid-big",
+        "the UID as precondition"
     );
     let notes: Vec<(String, String)> = seen
         .iter()
@@ -190,7 +220,7 @@ fn one_node_standalone(
     let inv = vec![gpu_node("n1", "A100-80GB", 81_920, 4)];
     let m = mirror("tessera", nodes, inv, pods);
     let (client, api) = mock_api(answer);
-    let recorder = Recorder::new(
+    let recorder = Publisher::new(
         client.clone(),
         Reporter {
             controller: "tessera".into(),

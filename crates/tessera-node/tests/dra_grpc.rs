@@ -521,6 +521,7 @@ async fn start_driver(
         mps_binary: "nvidia-cuda-mps-control".into(),
         mps_grace: Duration::ZERO,
         state_file: None,
+        pod_resources_socket: None,
     };
     let fake = tessera_node::backend::fake::Fake::from_yaml(
         "gpus:\n  - { uuid: GPU-0, product: NVIDIA A100-SXM4-80GB }\n",

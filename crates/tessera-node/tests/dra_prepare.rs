@@ -346,3 +346,86 @@ fn quantities_in_mib() {
     assert_eq!(quantity_mib("1.5Gi"), None);
     assert_eq!(quantity_mib("10Xi"), None);
 }
+
+/// A claim named `name` with UID `uid` and these results.
+fn put_named(s: &Setup, name: &str, uid: &str, results: Value) {
+    let mut c = claim(uid, results);
+    c["metadata"]["name"] = json!(name);
+    s.claims.0.lock().unwrap().insert(format!("ml/{name}"), c);
+}
+
+fn named(name: &str, uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "ml".into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+fn result(device: &str, share: Option<(&str, &str)>) -> Value {
+    let mut r =
+        json!({"request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": device});
+    if let Some((memory, compute)) = share {
+        r["shareID"] = json!(format!("share-{device}-{memory}-{compute}"));
+        r["consumedCapacity"] = json!({"memory": memory, "compute": compute});
+    }
+    json!([r])
+}
+
+/// Issue 41, defect 2 (the last line): two allocators each blind to the
+/// other's in-flight writes can both allocate one device, and the API server
+/// accepts both claims. The driver refuses to prepare a device another
+/// prepared claim holds beyond what it allows, naming the holder, and writes
+/// nothing for the refused claim; once the holder is unprepared, it prepares.
+#[tokio::test]
+async fn a_device_held_by_another_prepared_claim_is_refused() {
+    let s = setup();
+    let uid = |n: u8| format!("00000000-0000-4000-8000-00000000000{n}");
+    // A whole GPU: one claim.
+    put_named(&s, "a", &uid(1), result("gpu-0", None));
+    s.preparer.prepare(&named("a", &uid(1))).await.unwrap();
+    put_named(&s, "b", &uid(2), result("gpu-0", None));
+    let err = s.preparer.prepare(&named("b", &uid(2))).await.unwrap_err();
+    assert!(err.contains("already prepared for claim ml/a"), "{err}");
+    put_named(&s, "c", &uid(3), result("gpu-0", Some(("10Gi", "100"))));
+    let err = s.preparer.prepare(&named("c", &uid(3))).await.unwrap_err();
+    assert!(err.contains("already prepared for claim ml/a"), "{err}");
+    // A MIG instance: one claim.
+    put_named(&s, "d", &uid(4), result("gpu-2-mig-3g40gb-4", None));
+    s.preparer.prepare(&named("d", &uid(4))).await.unwrap();
+    put_named(&s, "e", &uid(5), result("gpu-2-mig-3g40gb-4", None));
+    let err = s.preparer.prepare(&named("e", &uid(5))).await.unwrap_err();
+    assert!(err.contains("already prepared for claim ml/d"), "{err}");
+    // Shares of a GPU: within its 80 GiB and 1000 per-mille together.
+    put_named(&s, "f", &uid(6), result("gpu-1", Some(("50Gi", "500"))));
+    s.preparer.prepare(&named("f", &uid(6))).await.unwrap();
+    put_named(&s, "g", &uid(7), result("gpu-1", Some(("40Gi", "400"))));
+    let err = s.preparer.prepare(&named("g", &uid(7))).await.unwrap_err();
+    assert!(err.contains("more than the GPU has"), "{err}");
+    put_named(&s, "h", &uid(8), result("gpu-1", Some(("20Gi", "600"))));
+    let err = s.preparer.prepare(&named("h", &uid(8))).await.unwrap_err();
+    assert!(err.contains("1100 of 1000"), "{err}");
+    put_named(&s, "i", &uid(9), result("gpu-1", Some(("20Gi", "400"))));
+    s.preparer.prepare(&named("i", &uid(9))).await.unwrap();
+    // A share's consumed capacity that does not read is no share of nothing.
+    let mut bad = result("gpu-1", Some(("lots", "1")));
+    bad[0]["shareID"] = json!("share-bad");
+    put_named(&s, "j", "00000000-0000-4000-8000-000000000010", bad);
+    let err = s
+        .preparer
+        .prepare(&named("j", "00000000-0000-4000-8000-000000000010"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("does not read"), "{err}");
+    // Refused claims wrote nothing and are not recorded.
+    let records = s.preparer.records().await;
+    let mut prepared: Vec<&str> = records.claims.values().map(|c| c.name.as_str()).collect();
+    prepared.sort();
+    assert_eq!(prepared, ["a", "d", "f", "i"]);
+    assert_eq!(spec_files(s.dir.path()).len(), 4);
+    // Preparing a claim again is not a conflict with itself.
+    s.preparer.prepare(&named("a", &uid(1))).await.unwrap();
+    // The holder unprepared, the device is free.
+    s.preparer.unprepare(&named("a", &uid(1))).await.unwrap();
+    s.preparer.prepare(&named("b", &uid(2))).await.unwrap();
+}

@@ -86,6 +86,7 @@ impl Node {
             mps_binary: binary,
             mps_grace: Duration::ZERO,
             state_file: None,
+            pod_resources_socket: None,
         };
         let mut config = config;
         // Where `node-agent --dra` keeps it.

@@ -134,7 +134,10 @@ async fn a_deleted_claim_is_released_after_two_sweeps_a_period_apart() {
     assert!(s.spec("gone").exists());
     assert_eq!(
         s.state()["claims"]["uid-gone"],
-        json!({"namespace": "ml", "name": "gone", "devices": ["gpu-0-mig-3g40gb-4"]})
+        json!({"namespace": "ml", "name": "gone", "devices": ["gpu-0-mig-3g40gb-4"],
+               // What it holds of its GPU: memory slices 4-7 (issue 41, defect 2).
+               "holds": [{"device": "gpu-0-mig-3g40gb-4", "gpu": "GPU-m",
+                          "footprint": {"kind": "slices", "mask": 240}}]})
     );
 
     // Force-deleted: the API answers 404; the kubelet never unprepares.

@@ -12,7 +12,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::claim::{ClaimAsk, ClaimError};
-use super::types::{DeviceClass, ResourceClaim};
+use super::types::{ClaimSpec, DeviceClass, ResourceClaim};
 use super::{CLASS_GPU, CLASS_MIG, DRIVER};
 
 /// `ResourceClaimReservedForMaxSize` (protocols.md §3.2).
@@ -88,8 +88,14 @@ pub fn is_our_class(name: &str, classes: &[DeviceClass]) -> bool {
 
 /// The device classes an unallocated claim's requests name, in order.
 fn classes_named(claim: &ResourceClaim) -> Vec<&str> {
+    classes_of(&claim.spec)
+}
+
+/// The device classes a claim spec's requests name, `firstAvailable`
+/// alternatives too, in order.
+pub fn classes_of(spec: &ClaimSpec) -> Vec<&str> {
     let mut v = Vec::new();
-    for r in &claim.spec.devices.requests {
+    for r in &spec.devices.requests {
         if let Some(e) = &r.exactly {
             v.push(e.device_class_name.as_str());
         }

@@ -72,6 +72,9 @@ pub struct DraView {
     /// Per claim that does not read, the devices its raw allocation names:
     /// held whole until it reads or goes (issue 41, defect 6).
     unread_holds: BTreeMap<Key, Vec<DeviceKey>>,
+    /// How many times a claim's devices were given back (a claim deleted,
+    /// deallocated or released by a consumer, or a relist): room freed.
+    released: u64,
     /// Per node, built from our driver's slices; `None` after a slice changed.
     inventories: Option<BTreeMap<String, NodeInventory>>,
 }
@@ -80,6 +83,7 @@ impl DraView {
     // ---- watch input -------------------------------------------------------------------
 
     pub fn replace_claims(&mut self, items: Vec<Value>) {
+        self.released += 1;
         self.claims.clear();
         self.unread_holds.clear();
         let listed: std::collections::BTreeSet<String> = items
@@ -103,6 +107,17 @@ impl DraView {
         } else {
             self.unread_holds.remove(&key);
         }
+        let held = |c: &ResourceClaim| {
+            c.status.as_ref().map_or((0, 0), |s| {
+                (usize::from(s.allocation.is_some()), s.reserved_for.len())
+            })
+        };
+        if let (Some(Ok(old)), Ok(new)) = (self.claims.get(&key), &claim) {
+            let (was, now) = (held(old), held(new));
+            if now.0 < was.0 || now.1 < was.1 {
+                self.released += 1;
+            }
+        }
         if let Ok(c) = &claim {
             self.overlay.observe(
                 c.metadata.uid.as_deref().unwrap_or_default(),
@@ -118,6 +133,7 @@ impl DraView {
         }
         self.claims.remove(&key_of(v));
         self.unread_holds.remove(&key_of(v));
+        self.released += 1;
     }
 
     pub fn replace_slices(&mut self, items: Vec<Value>) {
@@ -363,6 +379,11 @@ impl DraView {
             .collect();
         v.extend(skipped);
         v
+    }
+
+    /// How many times claims gave devices back (see the field).
+    pub fn released(&self) -> u64 {
+        self.released
     }
 
     /// Claims assumed and not yet shown by the watch.

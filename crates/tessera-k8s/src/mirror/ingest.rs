@@ -396,8 +396,14 @@ impl Mirror {
         self.verdicts.forget(id);
     }
 
+    /// How many holdings were released so far: a change of it is room freed.
+    pub fn released(&self) -> u64 {
+        self.released
+    }
+
     pub(super) fn release(&mut self, uid: &str) {
         if let Some(h) = self.held.remove(uid) {
+            self.released += 1;
             self.unaccount(&h);
             if let Some(id) = h.id
                 && !self.dirty

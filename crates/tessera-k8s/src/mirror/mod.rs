@@ -104,6 +104,10 @@ pub struct Mirror {
     /// No unconfirmed reservation expires before this (a scan of the holds is
     /// skipped until then: they are tens of thousands on a large cluster).
     next_expiry: Option<Instant>,
+    /// How many holdings were released so far (pods gone or done, binds
+    /// refused, reservations expired): a pod that failed before the last
+    /// release may fit now ([`Mirror::released`]).
+    released: u64,
     /// Nodes whose bound pods' grants do not fit their GPUs (two schedulers
     /// raced, an annotation names a GPU that is gone): nothing more is placed
     /// there until the next rebuild finds them consistent, since the ledger
@@ -172,6 +176,7 @@ impl Mirror {
             dra_problems: Vec::new(),
             host_used: FxHashMap::default(),
             next_expiry: None,
+            released: 0,
             blocked: FxHashMap::default(),
             finished: HashMap::new(),
             reported: HashSet::new(),

@@ -351,6 +351,8 @@ impl RawConfig {
                         allocation_writers: self.allocation_writers,
                         catalog: Default::default(),
                         tolerated_taints,
+                        // Given the API client once it exists (run), with --dra.
+                        claims_client: None,
                     }),
                 })
             }

@@ -10,13 +10,14 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::watcher::{self, Event};
 use tessera_api::{GpuNode, GpuQueue, PodGroup};
 use tessera_core::policy::{self, PolicyArgs};
 use tokio::sync::{Notify, watch};
 
 use crate::binder::Binder;
+use crate::events::Publisher;
 use crate::extender::{ExtenderState, ops_router, router};
 use crate::gate::{Kind, SyncGate};
 use crate::leader::{self, Leadership};
@@ -365,7 +366,16 @@ pub async fn run(
 
     let hook = config.webhook.clone().map(|w| {
         tracing::info!(addr = %w.addr, "serving the admission webhook");
-        tokio::spawn(webhook::serve(w.addr, w.tls, w.config, stopped()))
+        // With --dra, default-scheduler pods whose claims ask Tessera's classes
+        // are handed to Tessera: their claims are read to tell.
+        let hook_config = if config.dra {
+            let mut c = (*w.config).clone();
+            c.claims_client = Some(webhook::ClaimsClient(client.clone()));
+            Arc::new(c)
+        } else {
+            w.config
+        };
+        tokio::spawn(webhook::serve(w.addr, w.tls, hook_config, stopped()))
     });
 
     let election = config.lease.clone().map(|lease| {
@@ -385,7 +395,7 @@ pub async fn run(
     // (its dry run counts no victims for resources it ignores), so Tessera
     // preempts for the pods it marked unschedulable (see crate::preemptor).
     if config.mode == Mode::Extender {
-        let recorder = Recorder::new(
+        let recorder = Publisher::new(
             client.clone(),
             Reporter {
                 controller: config.scheduler_name.clone(),
@@ -409,7 +419,7 @@ pub async fn run(
     }
 
     let standalone = (config.mode == Mode::Standalone).then(|| {
-        let recorder = Recorder::new(
+        let recorder = Publisher::new(
             client.clone(),
             Reporter {
                 controller: config.scheduler_name.clone(),

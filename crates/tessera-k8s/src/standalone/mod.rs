@@ -30,7 +30,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
+
+use crate::events::Publisher;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -46,6 +48,7 @@ pub use crate::preemptor::DEFAULT_MIN_RUNTIME;
 use crate::preemptor::Preemptor;
 
 pub mod claims;
+pub mod condition;
 mod dra_preempt;
 mod eligible;
 mod gang;
@@ -58,6 +61,48 @@ pub use eligible::{node_allows, node_constraints_key, selector_matches, unsuppor
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
 /// Longest retry delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// A pod that failed: its backoff, and what wakes it before the backoff ends.
+#[derive(Debug, Clone)]
+struct Retry {
+    failures: u32,
+    failed: Instant,
+    /// When the backoff ends.
+    at: Instant,
+    reason: String,
+    /// The pod's resourceVersion when it failed.
+    version: Option<String>,
+    /// [`Standalone::released`] when it failed.
+    released: u64,
+}
+
+impl Retry {
+    /// Whether the pod still waits at `now`. As kube-scheduler requeues an
+    /// unschedulable pod on a cluster event that may make it fit, a pod is
+    /// tried again, one initial backoff after its failure at the latest, when
+    /// it changed (e.g. the resourceclaim controller named its claim in its
+    /// status) or room was given back since (a pod gone, a claim released):
+    /// waiting out a doubled backoff made template-claim pods on a real 1.36
+    /// cluster wait 7 s after their claim was made or a GPU was freed.
+    fn waits(&self, pod: &Pod, now: Instant, released: u64) -> bool {
+        if self.at <= now {
+            return false;
+        }
+        let event = released != self.released || pod.metadata.resource_version != self.version;
+        !(event && self.failed + BACKOFF_START <= now)
+    }
+
+    /// When the loop should look at it again: one initial backoff after the
+    /// failure (an event meanwhile makes it due then), else at its backoff's end.
+    fn due(&self, now: Instant) -> Instant {
+        let woken = self.failed + BACKOFF_START;
+        if woken > now {
+            woken.min(self.at)
+        } else {
+            self.at
+        }
+    }
+}
 
 /// The delay before attempt `failures + 1`: 1 s, 2 s, 4 s … capped at 60 s.
 pub fn backoff(failures: u32) -> Duration {
@@ -138,8 +183,10 @@ pub struct Standalone {
     events: Option<EventSink>,
     /// Woken by the pod watcher when something changed.
     pub wake: Arc<Notify>,
-    /// Failed pods: failures so far, when to retry, the last reason.
-    retries: HashMap<String, (u32, Instant, String)>,
+    /// Failed pods: when and why, and when to retry.
+    retries: HashMap<String, Retry>,
+    /// [`Standalone::released`] at the start of the pass under way.
+    pass_released: u64,
     /// Binds whose API call is in flight.
     binds: JoinSet<Finished>,
     /// Closed until the initial lists are in.
@@ -180,7 +227,7 @@ impl Standalone {
         binder: Binder,
         leader: Leadership,
         metrics: Arc<Metrics>,
-        recorder: Option<Recorder>,
+        recorder: Option<Publisher>,
         wake: Arc<Notify>,
     ) -> Standalone {
         let events = recorder.map(EventSink::spawn);
@@ -195,6 +242,7 @@ impl Standalone {
             events,
             wake,
             retries: HashMap::new(),
+            pass_released: 0,
             binds: JoinSet::new(),
             gate: SyncGate::synced(),
             preemptor,
@@ -234,6 +282,23 @@ impl Standalone {
         in_order(pods, keys)
     }
 
+    /// Room given back so far: holdings the mirror released plus claims the
+    /// DRA view saw give devices back.
+    fn released(&self) -> u64 {
+        let m = self.mirror.lock().released();
+        match &self.dra {
+            Dra::On(view) => m + view.lock().released(),
+            _ => m,
+        }
+    }
+
+    /// Whether `pod` still waits out its backoff at `now`, given `released`.
+    fn backing_off(&self, pod: &Pod, now: Instant, released: u64) -> bool {
+        self.retries
+            .get(convert::pod_uid(pod))
+            .is_some_and(|r| r.waits(pod, now, released))
+    }
+
     fn ours(&self, p: &Pod) -> bool {
         convert::scheduler_name(p) == self.scheduler_name && !convert::is_gated(p)
     }
@@ -252,13 +317,14 @@ impl Standalone {
             .map(|p| convert::pod_uid(p).to_string())
             .collect();
         let queued = m.queue_tree().is_some();
+        let released = self.pass_released;
         let due = |p: &Pod| {
             queued
                 || gang_of(p).is_some()
                 || self
                     .retries
                     .get(convert::pod_uid(p))
-                    .is_none_or(|(_, at, _)| *at <= now)
+                    .is_none_or(|r| !r.waits(p, now, released))
         };
         let pods: Vec<Pod> = m
             .waiting_pods()
@@ -292,10 +358,30 @@ impl Standalone {
     }
 
     fn failed(&mut self, pod: &Pod, message: String, reason: String) {
+        // A failed write (bind, claim) is no PodScheduled=False: the pod was placed.
+        let placed = matches!(reason.as_str(), "bind failed" | "claim write failed");
         let uid = convert::pod_uid(pod).to_string();
-        let failures = self.retries.get(&uid).map_or(0, |(n, _, _)| *n) + 1;
-        self.retries
-            .insert(uid, (failures, Instant::now() + backoff(failures), reason));
+        let failures = self.retries.get(&uid).map_or(0, |r| r.failures) + 1;
+        let now = Instant::now();
+        self.retries.insert(
+            uid,
+            Retry {
+                failures,
+                failed: now,
+                at: now + backoff(failures),
+                reason,
+                version: pod.metadata.resource_version.clone(),
+                released: self.pass_released,
+            },
+        );
+        // PodScheduled=False, as kube-scheduler shows a pod it could not place
+        // (written when what the pod shows would change).
+        if self.leader.is_leader() && !placed {
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            if let Some(patch) = condition::unschedulable_patch(pod, &message, &now) {
+                condition::write(self.binder.client(), &self.mirror, pod, patch);
+            }
+        }
         self.record(pod, EventType::Warning, "FailedScheduling", message);
     }
 
@@ -336,6 +422,8 @@ impl Standalone {
         // Binds with an unknown outcome past their deadline: the server says how they ended.
         self.binder.settle_expired().await;
         let now = Instant::now();
+        // Taken before the pass: a release during it wakes the pods it fails.
+        self.pass_released = self.released();
         // Claims' devices count in their pods' queues before the order is made.
         if let Dra::On(view) = &self.dra {
             let (mut m, mut v) = (self.mirror.lock(), view.lock());
@@ -373,7 +461,7 @@ impl Standalone {
                 break;
             }
             let uid = convert::pod_uid(&pod).to_string();
-            if self.retries.get(&uid).is_some_and(|(_, at, _)| *at > now) {
+            if self.backing_off(&pod, now, self.pass_released) {
                 continue;
             }
             if crate::dra::pod::uses_claims(&pod) && gang_of(&pod).is_none() {
@@ -404,11 +492,11 @@ impl Standalone {
             }
         }
         let mut waiting: BTreeMap<&str, i64> = BTreeMap::new();
-        for (_, _, reason) in self.retries.values() {
-            *waiting.entry(reason.as_str()).or_default() += 1;
+        for r in self.retries.values() {
+            *waiting.entry(r.reason.as_str()).or_default() += 1;
         }
         self.metrics.set_pending(waiting);
-        self.retries.values().map(|(_, at, _)| *at).min()
+        self.retries.values().map(|r| r.due(Instant::now())).min()
     }
 
     /// Waits for every bind in flight and every queued event (tests, shutdown).
@@ -460,5 +548,37 @@ mod tests {
     fn backoff_doubles_to_a_cap() {
         let secs: Vec<u64> = (1..=9).map(|n| backoff(n).as_secs()).collect();
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+
+    /// Issue 41, defect 13 (real 1.36, template-claim pods): a pod in a long
+    /// backoff waited it out after its claim was made or a GPU was freed. It
+    /// is tried again one initial backoff after its failure once the pod
+    /// changed or room was given back, and otherwise at its backoff's end.
+    #[test]
+    fn an_event_wakes_a_pod_from_its_backoff() {
+        let t0 = Instant::now();
+        let mut pod = Pod::default();
+        pod.metadata.resource_version = Some("7".into());
+        let r = Retry {
+            failures: 4,
+            failed: t0,
+            at: t0 + backoff(4),
+            reason: "claims do not fit".into(),
+            version: Some("7".into()),
+            released: 3,
+        };
+        let later = t0 + Duration::from_secs(2);
+        assert!(r.waits(&pod, later, 3), "nothing happened: it waits");
+        assert!(!r.waits(&pod, later, 4), "room given back");
+        assert!(
+            r.waits(&pod, t0 + Duration::from_millis(500), 4),
+            "not before one initial backoff"
+        );
+        let mut changed = pod.clone();
+        changed.metadata.resource_version = Some("8".into());
+        assert!(!r.waits(&changed, later, 3), "the pod changed");
+        assert!(!r.waits(&pod, t0 + backoff(4), 3), "its backoff is over");
+        assert_eq!(r.due(t0), t0 + BACKOFF_START);
+        assert_eq!(r.due(later), t0 + backoff(4));
     }
 }

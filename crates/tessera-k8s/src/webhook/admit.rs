@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tessera_core::allocation::ANNOTATION;
 use tessera_core::request;
 
+use super::claims::ClaimRoute;
 use super::device_access::{self, Breach};
 use super::{AdmissionRequest, AdmissionResponse, WebhookConfig, toleration};
 use crate::convert;
@@ -81,7 +82,7 @@ pub fn claims_tessera(pod: &Pod) -> bool {
     ask.tessera || (ask.stock && (annotated || labelled))
 }
 
-fn uses_default_scheduler(pod: &Pod) -> bool {
+pub(super) fn uses_default_scheduler(pod: &Pod) -> bool {
     matches!(
         pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()),
         None | Some("" | "default-scheduler")
@@ -272,6 +273,18 @@ pub fn mutate(
     req: &AdmissionRequest,
     all_gpu_pods: bool,
 ) -> AdmissionResponse {
+    mutate_routed(config, req, all_gpu_pods, &ClaimRoute::NotAsked)
+}
+
+/// [`mutate`], with what the pod's claims say about who allocates them
+/// ([`super::claims`]): a claim of a Tessera class makes the pod Tessera's, one
+/// that cannot be read denies it.
+pub fn mutate_routed(
+    config: &WebhookConfig,
+    req: &AdmissionRequest,
+    all_gpu_pods: bool,
+    route: &ClaimRoute,
+) -> AdmissionResponse {
     let uid = req.uid.as_str();
     let allow = AdmissionResponse::allow(uid);
     let Some(ours) = config
@@ -288,8 +301,15 @@ pub fn mutate(
         Ok(p) => p,
         Err(deny) => return deny,
     };
+    if let ClaimRoute::Unreadable(why) = route {
+        return AdmissionResponse::deny(
+            uid,
+            format!("Tessera cannot tell who allocates this pod's claims: {why}"),
+        );
+    }
     let ask = gpu_ask(&pod);
-    let ours_to_place = claims_tessera(&pod) || (all_gpu_pods && ask.stock);
+    let ours_to_place =
+        claims_tessera(&pod) || (all_gpu_pods && ask.stock) || *route == ClaimRoute::Tessera(true);
     if !ours_to_place {
         return allow;
     }

@@ -32,6 +32,7 @@
 //! serves it over HTTP and [`serve`] adds TLS.
 
 mod admit;
+pub mod claims;
 pub mod device_access;
 mod tls;
 pub mod toleration;
@@ -49,7 +50,8 @@ use serde_json::{Value, json};
 use tessera_core::model::Catalog;
 
 pub use crate::tls::{TlsError, TlsListener};
-pub use admit::{SCHEDULE_LABEL, claims_tessera, mutate, validate};
+pub use admit::{SCHEDULE_LABEL, claims_tessera, mutate, mutate_routed, validate};
+pub use claims::ClaimRoute;
 pub use tls::{serve, serve_on, tls_config};
 
 /// What the webhook enforces.
@@ -70,6 +72,21 @@ pub struct WebhookConfig {
     /// Taints `/mutate` makes the pods it hands to Tessera tolerate
     /// (`--pod-toleration`; [`toleration`]).
     pub tolerated_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// With Tessera allocating claims (`--dra`): reads the claims, templates and
+    /// classes a default-scheduler pod names, and `/mutate` gives it our
+    /// `schedulerName` when one asks a class Tessera allocates ([`claims`]).
+    /// None: claims are not looked at.
+    pub claims_client: Option<ClaimsClient>,
+}
+
+/// The API client [`claims`] reads through.
+#[derive(Clone)]
+pub struct ClaimsClient(pub kube::Client);
+
+impl std::fmt::Debug for ClaimsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClaimsClient")
+    }
 }
 
 /// `admission.k8s.io/v1` `AdmissionReview`, the parts we read and write.
@@ -92,6 +109,9 @@ pub struct AdmissionRequest {
     pub uid: String,
     #[serde(default)]
     pub operation: String,
+    /// The object's namespace (a pod created by a controller may not carry it).
+    #[serde(default)]
+    pub namespace: String,
     #[serde(default)]
     pub user_info: UserInfo,
     #[serde(default)]
@@ -164,18 +184,71 @@ pub enum ReviewError {
     NoRequest,
 }
 
-/// The reply to one AdmissionReview body.
+/// The reply to one AdmissionReview body, without looking up claims.
 pub fn answer(
     config: &WebhookConfig,
     hook: Hook,
     body: &[u8],
 ) -> Result<AdmissionReview, ReviewError> {
+    answer_routed(config, hook, body, &ClaimRoute::NotAsked)
+}
+
+/// The reply to one AdmissionReview body, the claims of its pod looked up
+/// where that decides who places it ([`claims`]).
+pub async fn answer_async(
+    config: &WebhookConfig,
+    hook: Hook,
+    body: &[u8],
+) -> Result<AdmissionReview, ReviewError> {
+    let route = match hook {
+        Hook::Validate => ClaimRoute::NotAsked,
+        Hook::Mutate | Hook::MutateAllGpuPods => claim_route(config, body).await,
+    };
+    answer_routed(config, hook, body, &route)
+}
+
+/// Whether the pod of a CREATE review for the default scheduler asks one of
+/// Tessera's device classes in its claims.
+async fn claim_route(config: &WebhookConfig, body: &[u8]) -> ClaimRoute {
+    if config.claims_client.is_none() {
+        return ClaimRoute::NotAsked;
+    }
+    let Ok(review) = serde_json::from_slice::<AdmissionReview>(body) else {
+        return ClaimRoute::NotAsked;
+    };
+    let Some(req) = review.request.filter(|r| r.operation == "CREATE") else {
+        return ClaimRoute::NotAsked;
+    };
+    let Some(mut pod) = req
+        .object
+        .and_then(|o| serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(o).ok())
+    else {
+        return ClaimRoute::NotAsked;
+    };
+    if !admit::uses_default_scheduler(&pod) || !config.set_scheduler_name {
+        return ClaimRoute::NotAsked;
+    }
+    if pod.metadata.namespace.as_deref().is_none_or(str::is_empty) {
+        pod.metadata.namespace = Some(req.namespace);
+    }
+    match &config.claims_client {
+        Some(c) => claims::route(&c.0, &pod).await,
+        None => ClaimRoute::NotAsked,
+    }
+}
+
+fn answer_routed(
+    config: &WebhookConfig,
+    hook: Hook,
+    body: &[u8],
+    route: &ClaimRoute,
+) -> Result<AdmissionReview, ReviewError> {
     let review_in: AdmissionReview = serde_json::from_slice(body)?;
     let req = review_in.request.ok_or(ReviewError::NoRequest)?;
     let response = match hook {
         Hook::Validate => validate(config, &req),
-        Hook::Mutate => mutate(config, &req, false),
-        Hook::MutateAllGpuPods => mutate(config, &req, true),
+        Hook::Mutate => mutate_routed(config, &req, false, route),
+        Hook::MutateAllGpuPods => mutate_routed(config, &req, true, route),
     };
     if !response.allowed {
         tracing::info!(uid = %req.uid, message = response.message().unwrap_or(""), "admission denied");
@@ -212,7 +285,7 @@ pub fn router(config: Arc<WebhookConfig>) -> Router {
 }
 
 async fn handle(State(config): State<Arc<WebhookConfig>>, hook: Hook, body: Bytes) -> Response {
-    match answer(&config, hook, &body) {
+    match answer_async(&config, hook, &body).await {
         Ok(review) => axum::Json(review).into_response(),
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     }

@@ -282,7 +282,7 @@ pub fn standalone(
 ) -> tessera_k8s::standalone::Standalone {
     let leader = Leadership::always();
     let recorder = events.then(|| {
-        kube::runtime::events::Recorder::new(
+        tessera_k8s::events::Publisher::new(
             client.clone(),
             kube::runtime::events::Reporter {
                 controller: "tessera".into(),

@@ -27,6 +27,7 @@ use tokio::sync::watch;
 
 use super::DraConfig;
 use super::apiserver::{KubeClaims, SlicePublisher};
+use super::handover;
 use super::mig::MigCreator;
 use super::prepare::{ClaimError, ClaimSource, Preparer, ResourceClaim};
 use super::probe::SliceState;
@@ -41,6 +42,7 @@ use crate::deviceplugin::allocate::{MpsConfig, NoPods};
 use crate::health::{HealthTracker, XidPolicy};
 use crate::metrics::{Collector, ReleasedClaims, XidStats};
 use crate::mps::{MpsDaemonConfig, MpsDaemons};
+use crate::podresources::PodResourcesClient;
 
 /// How long a failed publish waits before the next try.
 const PUBLISH_RETRY: Duration = Duration::from_secs(10);
@@ -69,6 +71,9 @@ pub struct DriverConfig {
     /// daemons in use) is kept across restarts (`None`: memory only, so an agent
     /// restart leaks the instances of claims prepared before it).
     pub state_file: Option<PathBuf>,
+    /// The kubelet's PodResources socket: no slice is published while pods hold
+    /// device-plugin GPUs on the node ([`super::handover`]). `None`: not checked.
+    pub pod_resources_socket: Option<PathBuf>,
 }
 
 impl DriverConfig {
@@ -327,13 +332,35 @@ pub async fn run_driver_with_claims(
         let mut view = view.clone();
         let node = config.node_name.clone();
         let options = config.options;
+        let kubelet = config
+            .pod_resources_socket
+            .clone()
+            .map(|socket| PodResourcesClient { socket });
         tokio::spawn(async move {
-            let mut publisher = SlicePublisher::new(c, node.clone());
+            let mut publisher = SlicePublisher::new(c.clone(), node.clone());
+            // Nothing is published while device-plugin pods hold the node's GPUs.
+            let mut held: Option<String> = None;
             // Generations must grow across restarts of the agent: start from the clock.
             let mut generation = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| i64::try_from(d.as_secs()).unwrap_or(1));
             loop {
+                if let Some(k) = &kubelet {
+                    let verdict = handover::check(k).await;
+                    slice_state.send_modify(|s| s.blocked = verdict.clone().err());
+                    if let Err(why) = verdict {
+                        if held.as_deref() != Some(why.as_str()) {
+                            tracing::warn!(reason = %why, "ResourceSlices held back");
+                            if let Err(e) = handover::report(&c, &node, &why).await {
+                                tracing::warn!(error = %e, "cannot record the event");
+                            }
+                            held = Some(why);
+                        }
+                        tokio::time::sleep(PUBLISH_RETRY).await;
+                        continue;
+                    }
+                    held = None;
+                }
                 let slices = resource_slices(
                     &node,
                     &view.borrow_and_update(),

@@ -22,7 +22,8 @@
 //!   [`plan`] is its pure half. On the way it creates an allocated MIG placement's instance ([`mig`],
 //!   [`placement`]) and starts a share's MPS daemon ([`share`]); [`records`]
 //!   keeps what it set up for which claim across restarts, so unprepare undoes
-//!   exactly that.
+//!   exactly that. [`occupancy`] refuses a claim whose devices another
+//!   prepared claim holds beyond what they allow (two allocators, one device).
 //! - [`sweep`]: releases, as their unprepare would, prepared claims the API
 //!   server says are gone (deleted, recreated, deallocated) on two sweeps a
 //!   period apart: the kubelet's unprepare may never come.
@@ -40,7 +41,9 @@
 
 pub mod apiserver;
 pub mod driver;
+pub mod handover;
 pub mod mig;
+pub mod occupancy;
 pub mod placement;
 pub mod plan;
 pub mod prepare;

@@ -39,6 +39,7 @@ use tokio::sync::watch;
 
 use super::DRIVER_NAME;
 use super::mig::MigCreator;
+use super::occupancy;
 use super::plan::{Want, cdi_spec, resolve, share_gpus};
 use super::records::{self, Disposal, PreparedClaim, Records};
 use super::service::{ClaimPreparer, ClaimRef, PreparedDevice};
@@ -334,6 +335,10 @@ impl Preparer {
         let who = format!("claim {}/{}", claim.namespace, claim.name);
         let mut view = self.view.borrow().clone();
         let wants = resolve(claim, rc, &view, &self.node, self.options)?;
+        // Before anything is set up: no device beyond what it allows.
+        let holds = occupancy::holds(&wants, &view.gpus).map_err(|e| format!("{who}: {e}"))?;
+        occupancy::check(records, &claim.uid, &holds, &view.gpus)
+            .map_err(|e| format!("{who}: {e}"))?;
         for (r, want) in &wants {
             let Want::Create(p) = want else { continue };
             let place = format!(
@@ -398,6 +403,7 @@ impl Preparer {
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
                 devices: devices.iter().map(|(r, _)| r.device.clone()).collect(),
+                holds,
             },
         );
         self.save(records).map_err(|e| format!("{who}: {e}"))?;

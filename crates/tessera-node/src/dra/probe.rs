@@ -27,6 +27,8 @@ pub struct SliceState {
     pub published: Option<usize>,
     /// Why the last publish failed, when it did.
     pub last_error: Option<String>,
+    /// Why nothing is published now (device-plugin pods still on the node).
+    pub blocked: Option<String>,
 }
 
 /// `Ok(what serves)` when the driver is ready, `Err(what is missing)` when not.
@@ -52,6 +54,8 @@ pub fn readiness(
         missing.push(
             "no API server: no ResourceSlice is published and no claim can be read".to_string(),
         );
+    } else if let Some(why) = &slices.blocked {
+        missing.push(why.clone());
     } else if slices.published.is_none() {
         missing.push(match &slices.last_error {
             Some(e) => format!("ResourceSlices not published: {e}"),

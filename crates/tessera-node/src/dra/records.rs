@@ -21,6 +21,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::occupancy::Hold;
 use crate::backend::GpuInfo;
 
 /// The file's contents.
@@ -50,6 +51,10 @@ pub struct PreparedClaim {
     /// The names of the devices of this node's pool it was prepared with.
     #[serde(default)]
     pub devices: Vec<String>,
+    /// What each device holds of its GPU ([`super::occupancy`]); empty in a
+    /// record written before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<Hold>,
 }
 
 /// A MIG instance the driver created, and the claims that use it.
@@ -311,6 +316,7 @@ mod tests {
                 namespace: "ml".into(),
                 name: "train".into(),
                 devices: vec!["gpu-0-mig-1g10gb-0".into()],
+                holds: Vec::new(),
             },
         );
         save(&path, &r).unwrap();

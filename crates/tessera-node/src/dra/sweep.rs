@@ -282,6 +282,7 @@ mod tests {
             namespace: "ml".into(),
             name: "train".into(),
             devices: devices.iter().map(|d| d.to_string()).collect(),
+            holds: Vec::new(),
         }
     }
 

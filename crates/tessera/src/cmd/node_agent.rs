@@ -635,6 +635,9 @@ async fn run_dra(
         mps_binary: args.mps_control_binary.clone(),
         mps_grace: tessera_node::migplan::DEFAULT_GRACE,
         state_file: Some(DriverConfig::default_state_file(&sockets)),
+        // No slice while device-plugin pods still hold the node's GPUs.
+        pod_resources_socket: (args.pod_resources_socket.as_os_str() != "off")
+            .then(|| args.pod_resources_socket.clone()),
     };
     match run_driver(config, backend, procs, client, signalled()).await {
         Ok(()) => Ok(ExitCode::SUCCESS),

@@ -29,6 +29,7 @@ fn request(op: &str, object: Value, old: Option<Value>, user: &str) -> Admission
         },
         object: Some(object),
         old_object: old,
+        ..AdmissionRequest::default()
     }
 }
 
@@ -40,6 +41,7 @@ fn config() -> WebhookConfig {
         allocation_writers: vec![SA.into()],
         catalog: Catalog::default(),
         tolerated_taints: Vec::new(),
+        claims_client: None,
     }
 }
 

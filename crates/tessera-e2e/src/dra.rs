@@ -1,0 +1,269 @@
+//! A DRA node on a real control plane: `tessera node-agent --dra --backend
+//! fake` as the chart's DRA driver service account, registered by a
+//! plugin-watcher stand-in as the kubelet does it (the registration socket's
+//! `GetInfo`, then `NotifyRegistrationStatus`), and the kubelet's
+//! `NodePrepareResources`/`NodeUnprepareResources` calls over the driver's
+//! `dra.sock`. The kubelet stand-in of [`crate::kubelet`] still marks bound
+//! pods Running and completes deletions.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tessera_node::dra::proto::pluginregistration as reg;
+use tessera_node::dra::proto::v1;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::kubelet::Kubelet;
+use crate::plane::{ControlPlane, Identity, free_port};
+use crate::tessera::tessera_bin;
+
+/// One DRA node: its directories, its kubelet stand-in and the driver's sockets.
+pub struct DraNode {
+    pub name: String,
+    pub kubelet: Kubelet,
+    pub registry_dir: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub cdi_dir: PathBuf,
+    /// The `dra.sock` `GetInfo` named.
+    pub endpoint: PathBuf,
+}
+
+async fn dial(path: &Path) -> Result<Channel> {
+    Ok(Endpoint::from_shared(format!("unix://{}", path.display()))?
+        .connect()
+        .await?)
+}
+
+/// Creates Node `name` and its kubelet stand-in, starts the DRA driver with
+/// `gpus_yaml` (fake backend) and `features` (`--dra-features`), registers it
+/// as the plugin watcher would and waits for its ResourceSlices.
+pub async fn start_dra_node(
+    plane: &mut ControlPlane,
+    name: &str,
+    gpus_yaml: &str,
+    features: &str,
+) -> Result<DraNode> {
+    let admin = plane.client(Identity::Admin).await?;
+    crate::kubelet::create_node(&admin, name, &[("tessera.io/dra", "true")]).await?;
+    let dir = plane.dir.path().join(format!("node-{name}"));
+    std::fs::create_dir_all(&dir)?;
+    let kubelet = Kubelet::start(admin.clone(), name, &dir)?;
+    let cfg = dir.join("gpus.yaml");
+    std::fs::write(&cfg, gpus_yaml)?;
+    let (registry_dir, plugin_dir, cdi_dir) = (
+        dir.join("plugins_registry"),
+        dir.join("plugins/gpu.tessera.io"),
+        dir.join("cdi"),
+    );
+    for d in [&registry_dir, &plugin_dir, &cdi_dir] {
+        std::fs::create_dir_all(d)?;
+    }
+    let mut cmd = Command::new(tessera_bin());
+    cmd.env("KUBECONFIG", plane.kubeconfig(Identity::NodeAgentDra))
+        .env(
+            "RUST_LOG",
+            std::env::var("TESSERA_E2E_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .args([
+            "node-agent",
+            "--dra",
+            "--backend",
+            "fake",
+            "--node-name",
+            name,
+        ])
+        .arg("--fake-config")
+        .arg(&cfg)
+        .arg("--dra-registry-dir")
+        .arg(&registry_dir)
+        .arg("--dra-plugin-dir")
+        .arg(&plugin_dir)
+        .arg("--cdi-dir")
+        .arg(&cdi_dir)
+        // The kubelet stand-in's PodResources: no slice while device-plugin pods run.
+        .arg("--pod-resources-socket")
+        .arg(kubelet.pod_resources_socket())
+        .arg(format!("--dra-features={features}"))
+        .arg(format!("--metrics-addr=127.0.0.1:{}", free_port()))
+        .arg("--mps-root")
+        .arg(dir.join("mps"))
+        .arg("--mps-daemons=external");
+    let proc_name = format!("node-agent-dra-{name}");
+    plane.spawn(&proc_name, &mut cmd)?;
+    let start = Instant::now();
+    let socket = registry_dir.join("gpu.tessera.io-reg.sock");
+    while !socket.exists() {
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "node {name}: no registration socket within 60 s; log:\n{}",
+                plane.log(&proc_name)
+            );
+        }
+        plane.check_alive()?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The plugin watcher: GetInfo, then the verdict.
+    let mut r = reg::registration_client::RegistrationClient::new(dial(&socket).await?);
+    let info = r.get_info(reg::InfoRequest {}).await?.into_inner();
+    if info.name != "gpu.tessera.io" || !info.supported_versions.iter().any(|v| v.contains("v1")) {
+        bail!("node {name}: GetInfo answered {info:?}");
+    }
+    r.notify_registration_status(reg::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await?;
+    let endpoint = PathBuf::from(&info.endpoint);
+    // Its slices, accepted by the API server.
+    loop {
+        let out = plane.kubectl(
+            &[
+                "get",
+                "resourceslices",
+                "--field-selector",
+                &format!("spec.nodeName={name}"),
+                "-o",
+                "name",
+            ],
+            None,
+        )?;
+        if !out.trim().is_empty() {
+            println!(
+                "node {name}: DRA driver registered, slices {} after {:.1} s",
+                out.split_whitespace().collect::<Vec<_>>().join(" "),
+                start.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "node {name}: no ResourceSlice within 60 s; log:\n{}",
+                plane.log(&proc_name)
+            );
+        }
+        plane.check_alive()?;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(DraNode {
+        name: name.to_string(),
+        kubelet,
+        registry_dir,
+        plugin_dir,
+        cdi_dir,
+        endpoint,
+    })
+}
+
+/// `(namespace, uid, name)` claims as the kubelet sends them.
+fn wire(claims: &[(String, String, String)]) -> Vec<v1::Claim> {
+    claims
+        .iter()
+        .map(|(namespace, uid, name)| v1::Claim {
+            namespace: namespace.clone(),
+            uid: uid.clone(),
+            name: name.clone(),
+        })
+        .collect()
+}
+
+impl DraNode {
+    /// The kubelet's `NodePrepareResources` for `(namespace, uid, name)` claims.
+    pub async fn prepare(
+        &self,
+        claims: &[(String, String, String)],
+    ) -> Result<v1::NodePrepareResourcesResponse> {
+        let mut c = v1::dra_plugin_client::DraPluginClient::new(
+            dial(&self.endpoint)
+                .await
+                .with_context(|| format!("dialing {}", self.endpoint.display()))?,
+        );
+        Ok(c.node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: wire(claims),
+        })
+        .await?
+        .into_inner())
+    }
+
+    /// The kubelet's `NodeUnprepareResources`.
+    pub async fn unprepare(
+        &self,
+        claims: &[(String, String, String)],
+    ) -> Result<v1::NodeUnprepareResourcesResponse> {
+        let mut c = v1::dra_plugin_client::DraPluginClient::new(dial(&self.endpoint).await?);
+        Ok(
+            c.node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                claims: wire(claims),
+            })
+            .await?
+            .into_inner(),
+        )
+    }
+
+    /// The CDI spec files the driver wrote, with their text.
+    pub fn cdi_specs(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = std::fs::read_dir(&self.cdi_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let text = std::fs::read_to_string(e.path()).ok()?;
+                Some((e.file_name().to_string_lossy().into_owned(), text))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+/// The chart's ClusterRoles for a standalone `--dra` Tessera and the DRA agent,
+/// and its DeviceClasses, applied to `plane`.
+pub fn install_dra_chart(plane: &ControlPlane) -> Result<()> {
+    let values = serde_json::json!({"scheduler": {"mode": "standalone", "dra": true},
+        "nodeAgent": {"dra": {"enabled": true}}});
+    plane.install_chart_rbac(&values)?;
+    for class in plane
+        .render_chart(&values)?
+        .into_iter()
+        .filter(|d| d["kind"] == "DeviceClass")
+    {
+        plane.apply(&class)?;
+    }
+    Ok(())
+}
+
+/// Sets Node `name`'s CPU capacity and allocatable to `cpu` (cores).
+pub async fn set_node_cpu(plane: &ControlPlane, name: &str, cpu: u32) -> Result<()> {
+    use kube::api::{Api, Patch, PatchParams};
+    let admin = plane.client(Identity::Admin).await?;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin);
+    let status = serde_json::json!({"status": {"capacity": {"cpu": cpu.to_string()},
+        "allocatable": {"cpu": cpu.to_string()}}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .with_context(|| format!("CPU of Node {name}"))?;
+    Ok(())
+}
+
+/// `n` DRA nodes `dra-0` … of `gpus` fake A100-80GB each, with `features`
+/// (`--dra-features`) and `cpus` cores, each started as [`start_dra_node`] does.
+pub async fn start_dra_nodes(
+    plane: &mut ControlPlane,
+    n: usize,
+    gpus: usize,
+    features: &str,
+    cpus: Option<u32>,
+) -> Result<Vec<DraNode>> {
+    let mut nodes = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("dra-{i}");
+        let yaml = crate::tessera::fake_gpus_yaml(&crate::tessera::a100s(&name, gpus));
+        nodes.push(start_dra_node(plane, &name, &yaml, features).await?);
+        if let Some(c) = cpus {
+            set_node_cpu(plane, &name, c).await?;
+        }
+    }
+    Ok(nodes)
+}
