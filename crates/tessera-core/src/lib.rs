@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod model;
 pub mod placement;
 pub mod policy;
+pub mod quantity;
 pub mod queue;
 pub mod request;
 pub mod workload;

@@ -256,8 +256,12 @@ pub async fn run(
         r.asked_milli += p.milli();
         let end = loop {
             let now = api.get(&name).await?;
-            if let Some(o) = outcome(&now, created) {
-                break o;
+            match outcome(&now, created) {
+                // Tried before its claim reached the scheduler's watch: it waits
+                // for it, which is not the pod's outcome.
+                Some(Outcome::Unschedulable(why)) if why.contains("does not exist (yet)") => {}
+                Some(o) => break o,
+                None => {}
             }
             if created.elapsed() > each {
                 bail!(
@@ -326,7 +330,7 @@ pub async fn audit_claims(client: &Client, gpu_mib: u64) -> Result<ClaimAudit> {
                         .ok_or_else(|| anyhow!("claim {name}: memory {cc}"))?;
                     let compute: u64 = cc["compute"]
                         .as_str()
-                        .and_then(|q| q.parse().ok())
+                        .and_then(tessera_node::dra::prepare::quantity_count)
                         .ok_or_else(|| anyhow!("claim {name}: compute {cc}"))?;
                     let e = shares.entry(key).or_default();
                     e.0 += mem;

@@ -7,7 +7,8 @@
 //! must leave at least 25 % less, as the simulator's *dra* experiment predicts.
 //! Every run's stored claims are audited: no device beyond what it allows.
 //!
-//! `TESSERA_E2E_FILL_SEEDS` (default `1,2,3`) picks the seeds.
+//! `TESSERA_E2E_FILL_SEEDS` (default `1,…,12`: single seeds differ by one large
+//! pod, so the figure is a sum) picks the seeds.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -121,7 +122,7 @@ async fn tessera_leaves_less_unallocated_than_kube_schedulers_dra_plugin() {
     }
     let _one = SERIAL.lock().await;
     let seeds: Vec<u64> = std::env::var("TESSERA_E2E_FILL_SEEDS")
-        .unwrap_or_else(|_| "1,2,3".into())
+        .unwrap_or_else(|_| "1,2,3,4,5,6,7,8,9,10,11,12".into())
         .split(',')
         .map(|s| s.trim().parse().expect("TESSERA_E2E_FILL_SEEDS: numbers"))
         .collect();

@@ -167,6 +167,14 @@ async fn a_higher_priority_pod_evicts_and_then_runs() {
     assert_eq!(ev.len(), 1, "one eviction, not one per pass: {seen:?}");
     assert_eq!(ev[0].method, "POST");
     assert_eq!(ev[0].path, "/api/v1/namespaces/ml/pods/low/eviction");
+    // Issue 41, defect 8: the room made is nominated for the preemptor, with its UID.
+    let nominated: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.path == "/api/v1/namespaces/ml/pods/high/status" && s.method == "PATCH")
+        .filter(|s| s.body.pointer("/status/nominatedNodeName").is_some())
+        .collect();
+    assert_eq!(nominated.len(), 1, "{seen:?}");
+    assert_eq!(nominated[0].body["metadata"]["uid"], "uid-high");
     // The body as kube-apiserver expects it (fixture 11-eviction-pdb.json), with the UID precondition.
     assert_eq!(ev[0].body["kind"], "Eviction", "{:?}", ev[0].body);
     assert_eq!(ev[0].body["apiVersion"], "policy/v1");
@@ -356,9 +364,14 @@ async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
     let ev = evictions(&seen);
     assert_eq!(ev.len(), 1, "evicted once: {seen:?}");
     assert_eq!(ev[0].path, "/api/v1/namespaces/ml/pods/low/eviction");
+    // The only patch: the room nominated for the preemptor (issue 41, defect 8),
+    // which kube-scheduler's queue honours; no fits-at nudge for a pod that fits nowhere.
+    let patches: Vec<&Seen> = seen.iter().filter(|s| s.method == "PATCH").collect();
+    assert_eq!(patches.len(), 1, "{seen:?}");
+    assert_eq!(patches[0].path, "/api/v1/namespaces/ml/pods/high/status");
     assert!(
-        seen.iter().all(|s| s.method != "PATCH"),
-        "a pod that fits nowhere is not asked to be tried again: {seen:?}"
+        patches[0].body.pointer("/status/nominatedNodeName").is_some(),
+        "{seen:?}"
     );
 }
 

@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use tessera_node::backend::GpuBackend;
 use tessera_node::backend::fake::Fake;
 use tessera_node::deviceplugin::NodeView;
-use tessera_node::dra::prepare::{ClaimError, ClaimSource, Preparer, ResourceClaim, quantity_mib};
+use tessera_node::dra::prepare::{
+    ClaimError, ClaimSource, Preparer, ResourceClaim, quantity_count, quantity_mib,
+};
 use tessera_node::dra::service::{ClaimPreparer, ClaimRef};
 use tessera_node::health::GpuHealth;
 use tokio::sync::watch;
@@ -343,8 +345,40 @@ fn quantities_in_mib() {
     assert_eq!(quantity_mib("512Mi"), Some(512));
     assert_eq!(quantity_mib("1073741824"), Some(1024));
     assert_eq!(quantity_mib("1G"), Some(954), "10^9 bytes, rounded up");
-    assert_eq!(quantity_mib("1.5Gi"), None);
+    // As the API server writes them (canonical forms).
+    assert_eq!(quantity_mib("1.5Gi"), Some(1536));
+    assert_eq!(quantity_mib("80Gi"), Some(81920));
     assert_eq!(quantity_mib("10Xi"), None);
+    assert_eq!(quantity_mib("-1Gi"), None);
+    assert_eq!(quantity_count("300"), Some(300));
+    assert_eq!(
+        quantity_count("1k"),
+        Some(1000),
+        "a whole GPU's 1000, stored as 1k"
+    );
+    assert_eq!(quantity_count("1500m"), Some(2));
+    assert_eq!(quantity_count("lots"), None);
+}
+
+/// Real 1.36 (e2e dra_two_allocators): the API server stores a share's
+/// `compute: 1000` as `1k`, as kube-scheduler's DRA plugin writes a whole GPU
+/// on a shareable device; prepare read only plain integers and refused it.
+#[tokio::test]
+async fn a_share_whose_compute_the_server_wrote_as_1k_is_prepared() {
+    let s = setup();
+    put(
+        &s,
+        claim(
+            UID,
+            json!([{
+                "request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": "gpu-0",
+                "shareID": "7d4c1e2f-0000-4000-8000-000000000002",
+                "consumedCapacity": {"memory": "80Gi", "compute": "1k"}
+            }]),
+        ),
+    );
+    let answer = s.preparer.prepare(&kubelet_claim(UID)).await.unwrap();
+    assert_eq!(answer.len(), 1);
 }
 
 /// A claim named `name` with UID `uid` and these results.

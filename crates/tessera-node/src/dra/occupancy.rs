@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tessera_core::model::spec::Catalog;
 
 use super::plan::Want;
-use super::prepare::{AllocationResult, find_device, quantity_mib};
+use super::prepare::{AllocationResult, find_device, quantity_count, quantity_mib};
 use super::records::{PreparedClaim, Records};
 use crate::backend::GpuInfo;
 
@@ -129,7 +129,7 @@ fn share(r: &AllocationResult, g: Option<&GpuInfo>) -> Result<Footprint, String>
         None => g.map_or(u64::MAX, |g| g.memory_mib),
     };
     let compute = match r.consumed_capacity.get("compute") {
-        Some(q) => q.trim().parse().map_err(|_| bad("compute", q))?,
+        Some(q) => quantity_count(q).ok_or_else(|| bad("compute", q))?,
         None => FULL_COMPUTE,
     };
     Ok(Footprint::Share {

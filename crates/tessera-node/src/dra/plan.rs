@@ -11,7 +11,8 @@ use tessera_core::model::spec::Catalog;
 use super::DRIVER_NAME;
 use super::placement::{Placement, find_placement};
 use super::prepare::{
-    AllocationResult, CDI_CLAIM_KIND, CDI_VERSION, ResourceClaim, Target, find_device, quantity_mib,
+    AllocationResult, CDI_CLAIM_KIND, CDI_VERSION, ResourceClaim, Target, find_device,
+    quantity_count, quantity_mib,
 };
 use super::service::{ClaimRef, PreparedDevice};
 use super::share::{ShareMps, share_edits, thread_percentage};
@@ -127,10 +128,9 @@ pub fn cdi_spec(
                 None => gpu_memory,
             };
             let compute: u32 = match r.consumed_capacity.get("compute") {
-                Some(q) => q
-                    .parse::<u32>()
-                    .ok()
+                Some(q) => quantity_count(q)
                     .filter(|c| (1..=1000).contains(c))
+                    .and_then(|c| u32::try_from(c).ok())
                     .ok_or_else(|| {
                         format!(
                             "{who}: device {}: compute {q:?} is not a per-mille in 1..=1000",

@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
+use tessera_core::quantity::Quantity;
 use tokio::sync::watch;
 
 use super::DRIVER_NAME;
@@ -184,25 +185,19 @@ pub fn find_device(gpus: &[GpuInfo], name: &str) -> Option<Target> {
     None
 }
 
-/// A quantity of bytes (`10Gi`, `512Mi`, `1G`, `1073741824`) in MiB, rounded up.
+/// A quantity of bytes (`10Gi`, `512Mi`, `1G`, `1073741824`) in MiB, rounded up,
+/// as the API server serializes quantities ([`Quantity`]); none if negative or
+/// not a quantity.
 pub fn quantity_mib(q: &str) -> Option<u64> {
-    let q = q.trim();
-    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let n: u128 = num.parse().ok()?;
-    let bytes = n.checked_mul(match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => return None,
-    })?;
-    u64::try_from(bytes.div_ceil(1 << 20)).ok()
+    let bytes = Quantity::parse(q).ok()?.ceil_units();
+    u64::try_from(bytes).ok().map(|b| b.div_ceil(1 << 20))
+}
+
+/// A count (`300`, and `1k` as the API server writes 1000), rounded up; none if
+/// negative or not a quantity. A share's `compute` per-mille comes back from
+/// the server this way: a whole GPU's `1000` is stored as `1k`.
+pub fn quantity_count(q: &str) -> Option<u64> {
+    u64::try_from(Quantity::parse(q).ok()?.ceil_units()).ok()
 }
 
 /// A UID the kubelet sent, safe as part of a file name.
