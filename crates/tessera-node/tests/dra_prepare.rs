@@ -366,19 +366,10 @@ fn quantities_in_mib() {
 #[tokio::test]
 async fn a_share_whose_compute_the_server_wrote_as_1k_is_prepared() {
     let s = setup();
-    put(
-        &s,
-        claim(
-            UID,
-            json!([{
-                "request": "gpu", "driver": "gpu.tessera.io", "pool": NODE, "device": "gpu-0",
-                "shareID": "7d4c1e2f-0000-4000-8000-000000000002",
-                "consumedCapacity": {"memory": "80Gi", "compute": "1k"}
-            }]),
-        ),
-    );
+    put(&s, claim(UID, result("gpu-0", Some(("80Gi", "1k")))));
     let answer = s.preparer.prepare(&kubelet_claim(UID)).await.unwrap();
     assert_eq!(answer.len(), 1);
+    assert!(answer[0].share_id.is_some());
 }
 
 /// A claim named `name` with UID `uid` and these results.
