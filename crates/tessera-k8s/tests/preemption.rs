@@ -370,7 +370,10 @@ async fn extender_mode_preempts_for_pods_kube_scheduler_marked_unschedulable() {
     assert_eq!(patches.len(), 1, "{seen:?}");
     assert_eq!(patches[0].path, "/api/v1/namespaces/ml/pods/high/status");
     assert!(
-        patches[0].body.pointer("/status/nominatedNodeName").is_some(),
+        patches[0]
+            .body
+            .pointer("/status/nominatedNodeName")
+            .is_some(),
         "{seen:?}"
     );
 }
