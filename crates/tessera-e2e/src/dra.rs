@@ -267,3 +267,38 @@ pub async fn start_dra_nodes(
     }
     Ok(nodes)
 }
+
+/// The suite's environment when it runs and its Kubernetes is at least
+/// 1.`minor` (`what` says what needs it), else `None` after saying why not.
+pub fn env_at_least(test: &str, minor: u32, what: &str) -> Option<crate::plane::Env> {
+    let env = crate::plane::env_or_skip(test)?;
+    if env.minor < minor {
+        println!(
+            "e2e {test}: {what} needs Kubernetes 1.{minor}; {} not run",
+            env.version
+        );
+        return None;
+    }
+    Some(env)
+}
+
+/// A control plane for DRA scenarios: kube-controller-manager (the real
+/// resourceclaim controller), kube-scheduler with `kube_scheduler` when given,
+/// the chart's DRA RBAC and DeviceClasses, and a signing key.
+pub async fn dra_plane(
+    env: &crate::plane::Env,
+    kube_scheduler: Option<&str>,
+) -> Result<(ControlPlane, PathBuf)> {
+    let plane = ControlPlane::start(
+        env,
+        crate::plane::Options {
+            kube_scheduler: kube_scheduler.map(|c| (c.to_string(), Identity::KubeScheduler)),
+            controller_manager: true,
+            ..crate::plane::Options::default()
+        },
+    )
+    .await?;
+    install_dra_chart(&plane)?;
+    let key = crate::tessera::write_key(&plane)?;
+    Ok((plane, key))
+}

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tessera_e2e::SERIAL;
-use tessera_e2e::dra::start_dra_node;
-use tessera_e2e::plane::{ControlPlane, Options, env_or_skip};
-use tessera_e2e::tessera::{a100s, fake_gpus_yaml, start_scheduler, write_key};
+use tessera_e2e::dra::{dra_plane, env_at_least, start_dra_node};
+use tessera_e2e::plane::ControlPlane;
+use tessera_e2e::tessera::{a100s, fake_gpus_yaml, start_scheduler};
 
 const DELETE_PROTECTION: &str = "resource.kubernetes.io/delete-protection";
 
@@ -140,46 +140,15 @@ fn audit(all: &[Value]) {
 
 #[tokio::test]
 async fn claims_from_templates_are_allocated_prepared_and_released() {
-    let Some(env) = env_or_skip("dra::claims_from_templates_are_allocated_prepared_and_released")
-    else {
+    let Some(env) = env_at_least(
+        "dra::claims_from_templates_are_allocated_prepared_and_released",
+        34,
+        "resource.k8s.io/v1",
+    ) else {
         return;
     };
-    let minor: u32 = env
-        .version
-        .trim_start_matches('v')
-        .split('.')
-        .nth(1)
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(0);
-    if minor < 34 {
-        println!(
-            "e2e dra: Kubernetes {} has no resource.k8s.io/v1; not run",
-            env.version
-        );
-        return;
-    }
     let _one = SERIAL.lock().await;
-    let mut plane = ControlPlane::start(
-        &env,
-        Options {
-            controller_manager: true,
-            ..Options::default()
-        },
-    )
-    .await
-    .unwrap();
-    let values = json!({"scheduler": {"mode": "standalone", "dra": true},
-        "nodeAgent": {"dra": {"enabled": true}}});
-    plane.install_chart_rbac(&values).unwrap();
-    for class in plane
-        .render_chart(&values)
-        .unwrap()
-        .into_iter()
-        .filter(|d| d["kind"] == "DeviceClass")
-    {
-        plane.apply(&class).unwrap();
-    }
-    let key = write_key(&plane).unwrap();
+    let (mut plane, key) = dra_plane(&env, None).await.unwrap();
     let _scheduler = start_scheduler(
         &mut plane,
         "standalone",

@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use tessera_e2e::SERIAL;
-use tessera_e2e::dra::{install_dra_chart, start_dra_nodes};
+use tessera_e2e::dra::{dra_plane, env_at_least, start_dra_nodes};
 use tessera_e2e::fill::{GPU_MIB, audit_claims};
-use tessera_e2e::plane::{ControlPlane, Identity, Options, env_or_skip};
-use tessera_e2e::tessera::{start_scheduler, write_key};
+use tessera_e2e::plane::{ControlPlane, Identity};
+use tessera_e2e::tessera::start_scheduler;
 
 fn template_pod(name: &str) -> Pod {
     serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
@@ -39,29 +39,15 @@ async fn bound(pods: &Api<Pod>) -> usize {
 
 #[tokio::test]
 async fn tessera_killed_while_claim_pods_arrive_recovers() {
-    let Some(env) = env_or_skip("dra_restart::tessera_killed_while_claim_pods_arrive_recovers")
-    else {
+    let Some(env) = env_at_least(
+        "dra_restart::tessera_killed_while_claim_pods_arrive_recovers",
+        34,
+        "resource.k8s.io/v1",
+    ) else {
         return;
     };
-    if env.minor < 34 {
-        println!(
-            "e2e dra_restart: Kubernetes {} has no resource.k8s.io/v1; not run",
-            env.version
-        );
-        return;
-    }
     let _one = SERIAL.lock().await;
-    let mut plane = ControlPlane::start(
-        &env,
-        Options {
-            controller_manager: true,
-            ..Options::default()
-        },
-    )
-    .await
-    .unwrap();
-    install_dra_chart(&plane).unwrap();
-    let key = write_key(&plane).unwrap();
+    let (mut plane, key) = dra_plane(&env, None).await.unwrap();
     let args = ["--leader-elect=false", "--dra"];
     let first = start_scheduler(&mut plane, "standalone", &key, &args)
         .await

@@ -14,11 +14,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tessera_e2e::SERIAL;
-use tessera_e2e::dra::{install_dra_chart, start_dra_nodes};
+use tessera_e2e::dra::{env_at_least, install_dra_chart, start_dra_nodes};
 use tessera_e2e::fill::{
     DEFAULT_KUBE_SCHEDULER, FillRun, GPU_MIB, TracePod, arrivals, audit_claims, read_trace, run,
 };
-use tessera_e2e::plane::{ControlPlane, Env, Identity, Options, env_or_skip, repo_root};
+use tessera_e2e::plane::{ControlPlane, Env, Identity, Options, repo_root};
 use tessera_e2e::tessera::{start_scheduler, write_key};
 
 const NODES: usize = 8;
@@ -108,18 +108,13 @@ fn median(v: &[Duration]) -> f64 {
 
 #[tokio::test]
 async fn tessera_leaves_less_unallocated_than_kube_schedulers_dra_plugin() {
-    let Some(env) = env_or_skip(
+    let Some(env) = env_at_least(
         "dra_side_by_side::tessera_leaves_less_unallocated_than_kube_schedulers_dra_plugin",
+        36,
+        "consumable capacity (beta, on by default)",
     ) else {
         return;
     };
-    if env.minor < 36 {
-        println!(
-            "e2e dra_side_by_side: consumable capacity needs Kubernetes 1.36 (beta, on by default); {} not run",
-            env.version
-        );
-        return;
-    }
     let _one = SERIAL.lock().await;
     let seeds: Vec<u64> = std::env::var("TESSERA_E2E_FILL_SEEDS")
         .unwrap_or_else(|_| "1,2,3,4,5,6,7,8,9,10,11,12".into())

@@ -20,12 +20,12 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::Value;
 use tessera_e2e::SERIAL;
-use tessera_e2e::dra::{DraNode, install_dra_chart, start_dra_nodes};
+use tessera_e2e::dra::{DraNode, dra_plane, env_at_least, start_dra_nodes};
 use tessera_e2e::fill::{
     DEFAULT_KUBE_SCHEDULER, GPU_MIB, TracePod, audit_claims, claim, next, pod,
 };
-use tessera_e2e::plane::{ControlPlane, Env, Identity, Options, env_or_skip};
-use tessera_e2e::tessera::{start_scheduler, write_key};
+use tessera_e2e::plane::{ControlPlane, Env, Identity};
+use tessera_e2e::tessera::start_scheduler;
 
 const NODES: usize = 2;
 const GPUS_PER_NODE: usize = 4;
@@ -38,18 +38,7 @@ struct Setup {
 }
 
 async fn setup(env: &Env, webhooks: bool) -> Setup {
-    let mut plane = ControlPlane::start(
-        env,
-        Options {
-            kube_scheduler: Some((DEFAULT_KUBE_SCHEDULER.to_string(), Identity::KubeScheduler)),
-            controller_manager: true,
-            ..Options::default()
-        },
-    )
-    .await
-    .unwrap();
-    install_dra_chart(&plane).unwrap();
-    let key = write_key(&plane).unwrap();
+    let (mut plane, key) = dra_plane(env, Some(DEFAULT_KUBE_SCHEDULER)).await.unwrap();
     let mut args = vec!["--leader-elect=false".to_string(), "--dra".to_string()];
     let mut hook = None;
     if webhooks {
@@ -248,27 +237,15 @@ async fn clean(s: &Setup) {
     }
 }
 
-fn only_136(env: &Env, test: &str) -> bool {
-    if env.minor < 36 {
-        println!(
-            "e2e {test}: consumable capacity needs Kubernetes 1.36; {} not run",
-            env.version
-        );
-        return false;
-    }
-    true
-}
-
 #[tokio::test]
 async fn with_the_webhook_one_allocator_holds_each_device() {
-    let Some(env) =
-        env_or_skip("dra_two_allocators::with_the_webhook_one_allocator_holds_each_device")
-    else {
+    let Some(env) = env_at_least(
+        "dra_two_allocators::with_the_webhook_one_allocator_holds_each_device",
+        36,
+        "consumable capacity",
+    ) else {
         return;
     };
-    if !only_136(&env, "dra_two_allocators") {
-        return;
-    }
     let _one = SERIAL.lock().await;
     let s = setup(&env, true).await;
     let seeds: Vec<u64> = (1..=10).collect();
@@ -317,14 +294,13 @@ async fn with_the_webhook_one_allocator_holds_each_device() {
 /// and refuses the others, naming the holder.
 #[tokio::test]
 async fn without_the_webhook_the_driver_refuses_a_device_given_twice() {
-    let Some(env) = env_or_skip(
+    let Some(env) = env_at_least(
         "dra_two_allocators::without_the_webhook_the_driver_refuses_a_device_given_twice",
+        36,
+        "consumable capacity",
     ) else {
         return;
     };
-    if !only_136(&env, "dra_two_allocators") {
-        return;
-    }
     let _one = SERIAL.lock().await;
     let s = setup(&env, false).await;
     let claims = claims_api(&s.admin);
