@@ -136,7 +136,8 @@ pub fn arrivals(trace: &[TracePod], seed: u64, total_gpus: u64, node_gpus: u64) 
     out
 }
 
-fn claims_resource() -> ApiResource {
+/// `resourceclaims` of `resource.k8s.io/v1`.
+pub fn claims_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaim"),
         "resourceclaims",

@@ -17,12 +17,11 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::Value;
 use tessera_e2e::SERIAL;
 use tessera_e2e::dra::{DraNode, dra_plane, env_at_least, start_dra_nodes};
 use tessera_e2e::fill::{
-    DEFAULT_KUBE_SCHEDULER, GPU_MIB, TracePod, audit_claims, claim, next, pod,
+    DEFAULT_KUBE_SCHEDULER, GPU_MIB, TracePod, audit_claims, claim, claims_resource, next, pod,
 };
 use tessera_e2e::plane::{ControlPlane, Env, Identity};
 use tessera_e2e::tessera::start_scheduler;
@@ -114,11 +113,7 @@ fn asks(seed: u64) -> Vec<(TracePod, &'static str)> {
 }
 
 fn claims_api(client: &kube::Client) -> Api<DynamicObject> {
-    let res = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaim"),
-        "resourceclaims",
-    );
-    Api::namespaced_with(client.clone(), "default", &res)
+    Api::namespaced_with(client.clone(), "default", &claims_resource())
 }
 
 struct Round {

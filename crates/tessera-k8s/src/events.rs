@@ -57,7 +57,7 @@ struct Published {
 pub struct Publisher {
     client: kube::Client,
     reporter: Reporter,
-    cache: Arc<tokio::sync::Mutex<HashMap<SeriesKey, Published>>>,
+    cache: Arc<std::sync::Mutex<HashMap<SeriesKey, Published>>>,
 }
 
 impl Publisher {
@@ -96,9 +96,14 @@ impl Publisher {
             .clone()
             .unwrap_or_else(|| "default".into());
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        let mut cache = self.cache.lock().await;
-        cache.retain(|_, p| p.last + SERIES_TTL > now);
-        if let Some(p) = cache.get_mut(&key) {
+        // The cache is locked only to read and to record, never across a request,
+        // so the sink's concurrent publishes stay concurrent.
+        let repeat = {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.retain(|_, p| p.last + SERIES_TTL > now);
+            cache.get(&key).cloned()
+        };
+        if let Some(p) = repeat {
             let patch = serde_json::json!({"series": EventSeries {
                 count: p.count + 1,
                 last_observed_time: MicroTime(now),
@@ -108,8 +113,14 @@ impl Publisher {
                 .await
             {
                 Ok(_) => {
-                    p.count += 1;
-                    p.last = now;
+                    self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                        key,
+                        Published {
+                            name: p.name,
+                            count: p.count + 1,
+                            last: now,
+                        },
+                    );
                     return Ok(());
                 }
                 // Gone (its TTL on the server): a new event below.
@@ -154,7 +165,7 @@ impl Publisher {
             ..K8sEvent::default()
         };
         api.create(&PostParams::default(), &event).await?;
-        cache.insert(
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
             key,
             Published {
                 name,

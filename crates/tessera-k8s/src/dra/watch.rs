@@ -19,7 +19,8 @@ use tokio::task::JoinSet;
 use super::view::{DraView, SharedDraView};
 use crate::gate::{Kind, SyncGate};
 
-fn resource(kind: &str, plural: &str) -> ApiResource {
+/// A kind of `resource.k8s.io/v1`.
+pub(crate) fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource {
         group: super::types::GROUP.into(),
         version: "v1".into(),

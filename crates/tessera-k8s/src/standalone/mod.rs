@@ -31,14 +31,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
-
-use crate::events::Publisher;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::binder::Binder;
 use crate::convert::{self};
-use crate::events::EventSink;
+use crate::events::{EventSink, Publisher};
 use crate::extender::preempt::priority;
 use crate::gate::SyncGate;
 use crate::leader::Leadership;
@@ -318,14 +316,7 @@ impl Standalone {
             .collect();
         let queued = m.queue_tree().is_some();
         let released = self.pass_released;
-        let due = |p: &Pod| {
-            queued
-                || gang_of(p).is_some()
-                || self
-                    .retries
-                    .get(convert::pod_uid(p))
-                    .is_none_or(|r| !r.waits(p, now, released))
-        };
+        let due = |p: &Pod| queued || gang_of(p).is_some() || !self.backing_off(p, now, released);
         let pods: Vec<Pod> = m
             .waiting_pods()
             .filter(|p| self.ours(p) && due(p))
@@ -496,7 +487,8 @@ impl Standalone {
             *waiting.entry(r.reason.as_str()).or_default() += 1;
         }
         self.metrics.set_pending(waiting);
-        self.retries.values().map(|r| r.due(Instant::now())).min()
+        let now = Instant::now();
+        self.retries.values().map(|r| r.due(now)).min()
     }
 
     /// Waits for every bind in flight and every queued event (tests, shutdown).

@@ -17,12 +17,13 @@
 //! [`WebhookConfig::dra_classes`]: super::WebhookConfig::dra_classes
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, DynamicObject};
 use serde::Deserialize;
 
 use crate::dra::pod::{classes_of, is_our_class};
-use crate::dra::types::{ClaimSpec, DeviceClass, GROUP};
-use crate::dra::watch::classes_resource;
+use crate::dra::types::{ClaimSpec, DeviceClass};
+use crate::dra::watch::{classes_resource, resource};
+use crate::dra::write::claims_resource;
 
 /// A claim a pod names: its own ResourceClaim, or one made from a template.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,16 +73,6 @@ struct TemplateSpec {
     spec: ClaimSpec,
 }
 
-fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: GROUP.into(),
-        version: "v1".into(),
-        api_version: format!("{GROUP}/v1"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
 /// The device classes of one claim the pod names, read from the API server.
 pub async fn claim_classes(
     client: &kube::Client,
@@ -89,7 +80,7 @@ pub async fn claim_classes(
     claim: &PodClaim,
 ) -> Result<Vec<String>, String> {
     let (res, name) = match claim {
-        PodClaim::Claim(n) => (resource("ResourceClaim", "resourceclaims"), n),
+        PodClaim::Claim(n) => (claims_resource(), n),
         PodClaim::Template(n) => (
             resource("ResourceClaimTemplate", "resourceclaimtemplates"),
             n,

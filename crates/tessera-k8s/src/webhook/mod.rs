@@ -190,7 +190,14 @@ pub fn answer(
     hook: Hook,
     body: &[u8],
 ) -> Result<AdmissionReview, ReviewError> {
-    answer_routed(config, hook, body, &ClaimRoute::NotAsked)
+    let (api_version, req) = parse(body)?;
+    Ok(reply(
+        config,
+        hook,
+        api_version,
+        &req,
+        &ClaimRoute::NotAsked,
+    ))
 }
 
 /// The reply to one AdmissionReview body, the claims of its pod looked up
@@ -200,69 +207,71 @@ pub async fn answer_async(
     hook: Hook,
     body: &[u8],
 ) -> Result<AdmissionReview, ReviewError> {
+    let (api_version, req) = parse(body)?;
     let route = match hook {
         Hook::Validate => ClaimRoute::NotAsked,
-        Hook::Mutate | Hook::MutateAllGpuPods => claim_route(config, body).await,
+        Hook::Mutate | Hook::MutateAllGpuPods => claim_route(config, &req).await,
     };
-    answer_routed(config, hook, body, &route)
+    Ok(reply(config, hook, api_version, &req, &route))
+}
+
+/// The review's `apiVersion` and its request.
+fn parse(body: &[u8]) -> Result<(String, AdmissionRequest), ReviewError> {
+    let review: AdmissionReview = serde_json::from_slice(body)?;
+    let req = review.request.ok_or(ReviewError::NoRequest)?;
+    Ok((review.api_version, req))
 }
 
 /// Whether the pod of a CREATE review for the default scheduler asks one of
 /// Tessera's device classes in its claims.
-async fn claim_route(config: &WebhookConfig, body: &[u8]) -> ClaimRoute {
-    if config.claims_client.is_none() {
+async fn claim_route(config: &WebhookConfig, req: &AdmissionRequest) -> ClaimRoute {
+    let Some(client) = &config.claims_client else {
+        return ClaimRoute::NotAsked;
+    };
+    if req.operation != "CREATE" || !config.set_scheduler_name {
         return ClaimRoute::NotAsked;
     }
-    let Ok(review) = serde_json::from_slice::<AdmissionReview>(body) else {
-        return ClaimRoute::NotAsked;
-    };
-    let Some(req) = review.request.filter(|r| r.operation == "CREATE") else {
-        return ClaimRoute::NotAsked;
-    };
     let Some(mut pod) = req
         .object
-        .and_then(|o| serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(o).ok())
+        .as_ref()
+        .and_then(|o| serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(o.clone()).ok())
     else {
         return ClaimRoute::NotAsked;
     };
-    if !admit::uses_default_scheduler(&pod) || !config.set_scheduler_name {
+    if !admit::uses_default_scheduler(&pod) {
         return ClaimRoute::NotAsked;
     }
     if pod.metadata.namespace.as_deref().is_none_or(str::is_empty) {
-        pod.metadata.namespace = Some(req.namespace);
+        pod.metadata.namespace = Some(req.namespace.clone());
     }
-    match &config.claims_client {
-        Some(c) => claims::route(&c.0, &pod).await,
-        None => ClaimRoute::NotAsked,
-    }
+    claims::route(&client.0, &pod).await
 }
 
-fn answer_routed(
+fn reply(
     config: &WebhookConfig,
     hook: Hook,
-    body: &[u8],
+    api_version: String,
+    req: &AdmissionRequest,
     route: &ClaimRoute,
-) -> Result<AdmissionReview, ReviewError> {
-    let review_in: AdmissionReview = serde_json::from_slice(body)?;
-    let req = review_in.request.ok_or(ReviewError::NoRequest)?;
+) -> AdmissionReview {
     let response = match hook {
-        Hook::Validate => validate(config, &req),
-        Hook::Mutate => mutate_routed(config, &req, false, route),
-        Hook::MutateAllGpuPods => mutate_routed(config, &req, true, route),
+        Hook::Validate => validate(config, req),
+        Hook::Mutate => mutate_routed(config, req, false, route),
+        Hook::MutateAllGpuPods => mutate_routed(config, req, true, route),
     };
     if !response.allowed {
         tracing::info!(uid = %req.uid, message = response.message().unwrap_or(""), "admission denied");
     }
-    Ok(AdmissionReview {
-        api_version: if review_in.api_version.is_empty() {
+    AdmissionReview {
+        api_version: if api_version.is_empty() {
             "admission.k8s.io/v1".into()
         } else {
-            review_in.api_version
+            api_version
         },
         kind: "AdmissionReview".into(),
         request: None,
         response: Some(response),
-    })
+    }
 }
 
 /// The webhook's routes: `POST /validate`, `POST /mutate`, `POST /mutate/all-gpu-pods`, `GET /healthz`.

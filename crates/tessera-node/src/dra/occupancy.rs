@@ -24,6 +24,7 @@ use super::plan::Want;
 use super::prepare::{AllocationResult, find_device, quantity_count, quantity_mib};
 use super::records::{PreparedClaim, Records};
 use crate::backend::GpuInfo;
+use crate::deviceplugin::NodeView;
 
 /// Per-mille of a GPU's compute: the whole GPU.
 pub const FULL_COMPUTE: u64 = 1000;
@@ -53,10 +54,6 @@ pub struct Hold {
     pub footprint: Footprint,
 }
 
-fn gpu<'a>(gpus: &'a [GpuInfo], uuid: &str) -> Option<&'a GpuInfo> {
-    gpus.iter().find(|g| g.uuid == uuid)
-}
-
 /// The memory slices of `profile` at `start` on `gpu`, if the catalog knows them.
 fn slices(gpu: &GpuInfo, profile: &str, start: u8, catalog: &Catalog) -> Option<u8> {
     let id = catalog.find(gpu.model.as_deref()?)?;
@@ -82,13 +79,14 @@ fn instance(gpu: Option<&GpuInfo>, mig_uuid: &str, catalog: &Catalog) -> Footpri
 /// What each of a claim's resolved results holds. A share's consumed capacity
 /// defaults to the device's (as the API server's request policy does); one that
 /// does not read is an error, never a share of nothing.
-pub fn holds(wants: &[(&AllocationResult, Want)], gpus: &[GpuInfo]) -> Result<Vec<Hold>, String> {
+pub fn holds(wants: &[(&AllocationResult, Want)], view: &NodeView) -> Result<Vec<Hold>, String> {
     let catalog = Catalog::default();
     let mut out = Vec::with_capacity(wants.len());
     for (r, want) in wants {
         let (uuid, footprint) = match want {
             Want::Create(p) => {
-                let mask = gpu(gpus, &p.gpu_uuid)
+                let mask = view
+                    .gpu(&p.gpu_uuid)
                     .and_then(|g| slices(g, &p.profile, p.start, &catalog))
                     .ok_or_else(|| {
                         format!(
@@ -99,7 +97,7 @@ pub fn holds(wants: &[(&AllocationResult, Want)], gpus: &[GpuInfo]) -> Result<Ve
                 (p.gpu_uuid.clone(), Footprint::Slices { mask })
             }
             Want::Ready(t) => {
-                let g = gpu(gpus, &t.gpu_uuid);
+                let g = view.gpu(&t.gpu_uuid);
                 let footprint = match (&t.mig_uuid, &r.share_id) {
                     (Some(m), _) => instance(g, m, &catalog),
                     (None, Some(_)) => share(r, g)?,
@@ -142,7 +140,7 @@ fn share(r: &AllocationResult, g: Option<&GpuInfo>) -> Result<Footprint, String>
 /// names devices only: each is taken as the GPU or MIG instance the name means
 /// now, a whole GPU held whole (so it may refuse a share beside an old share
 /// until that claim is unprepared, never admit one over a whole GPU).
-pub fn recorded(claim: &PreparedClaim, gpus: &[GpuInfo]) -> Vec<Hold> {
+pub fn recorded(claim: &PreparedClaim, view: &NodeView) -> Vec<Hold> {
     if !claim.holds.is_empty() {
         return claim.holds.clone();
     }
@@ -151,9 +149,9 @@ pub fn recorded(claim: &PreparedClaim, gpus: &[GpuInfo]) -> Vec<Hold> {
         .devices
         .iter()
         .filter_map(|d| {
-            let t = find_device(gpus, d)?;
+            let t = find_device(&view.gpus, d)?;
             let footprint = match &t.mig_uuid {
-                Some(m) => instance(gpu(gpus, &t.gpu_uuid), m, &catalog),
+                Some(m) => instance(view.gpu(&t.gpu_uuid), m, &catalog),
                 None => Footprint::Whole,
             };
             Some(Hold {
@@ -181,12 +179,12 @@ fn exclusive(a: &Footprint, b: &Footprint) -> bool {
 
 /// Refuses `new` (the holdings of claim `uid`) where another prepared claim
 /// holds the same GPU beyond what it allows, naming the holder.
-pub fn check(records: &Records, uid: &str, new: &[Hold], gpus: &[GpuInfo]) -> Result<(), String> {
+pub fn check(records: &Records, uid: &str, new: &[Hold], view: &NodeView) -> Result<(), String> {
     let others: Vec<(&str, &PreparedClaim, Vec<Hold>)> = records
         .claims
         .iter()
         .filter(|(u, _)| u.as_str() != uid)
-        .map(|(u, c)| (u.as_str(), c, recorded(c, gpus)))
+        .map(|(u, c)| (u.as_str(), c, recorded(c, view)))
         .collect();
     let holder = |u: &str, c: &PreparedClaim| {
         if c.name.is_empty() {
@@ -233,7 +231,7 @@ pub fn check(records: &Records, uid: &str, new: &[Hold], gpus: &[GpuInfo]) -> Re
                 compute = compute.saturating_add(c);
             }
         }
-        let total = gpu(gpus, g).map_or(0, |g| g.memory_mib);
+        let total = view.gpu(g).map_or(0, |g| g.memory_mib);
         if memory > total || compute > FULL_COMPUTE {
             return Err(format!(
                 "the shares prepared on GPU {g} would hold {memory} MiB of {total} and {compute} of {FULL_COMPUTE} per-mille of compute with this claim: more than the GPU has"

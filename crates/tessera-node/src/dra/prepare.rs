@@ -331,9 +331,8 @@ impl Preparer {
         let mut view = self.view.borrow().clone();
         let wants = resolve(claim, rc, &view, &self.node, self.options)?;
         // Before anything is set up: no device beyond what it allows.
-        let holds = occupancy::holds(&wants, &view.gpus).map_err(|e| format!("{who}: {e}"))?;
-        occupancy::check(records, &claim.uid, &holds, &view.gpus)
-            .map_err(|e| format!("{who}: {e}"))?;
+        let holds = occupancy::holds(&wants, &view).map_err(|e| format!("{who}: {e}"))?;
+        occupancy::check(records, &claim.uid, &holds, &view).map_err(|e| format!("{who}: {e}"))?;
         for (r, want) in &wants {
             let Want::Create(p) = want else { continue };
             let place = format!(
