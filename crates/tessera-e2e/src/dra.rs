@@ -28,6 +28,10 @@ pub struct DraNode {
     pub cdi_dir: PathBuf,
     /// The `dra.sock` `GetInfo` named.
     pub endpoint: PathBuf,
+    /// The node's directory (fake GPUs, MPS root).
+    dir: PathBuf,
+    /// `--dra-features`.
+    features: String,
 }
 
 async fn dial(path: &Path) -> Result<Channel> {
@@ -50,8 +54,7 @@ pub async fn start_dra_node(
     let dir = plane.dir.path().join(format!("node-{name}"));
     std::fs::create_dir_all(&dir)?;
     let kubelet = Kubelet::start(admin.clone(), name, &dir)?;
-    let cfg = dir.join("gpus.yaml");
-    std::fs::write(&cfg, gpus_yaml)?;
+    std::fs::write(dir.join("gpus.yaml"), gpus_yaml)?;
     let (registry_dir, plugin_dir, cdi_dir) = (
         dir.join("plugins_registry"),
         dir.join("plugins/gpu.tessera.io"),
@@ -60,62 +63,19 @@ pub async fn start_dra_node(
     for d in [&registry_dir, &plugin_dir, &cdi_dir] {
         std::fs::create_dir_all(d)?;
     }
-    let mut cmd = Command::new(tessera_bin());
-    cmd.env("KUBECONFIG", plane.kubeconfig(Identity::NodeAgentDra))
-        .env(
-            "RUST_LOG",
-            std::env::var("TESSERA_E2E_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .args([
-            "node-agent",
-            "--dra",
-            "--backend",
-            "fake",
-            "--node-name",
-            name,
-        ])
-        .arg("--fake-config")
-        .arg(&cfg)
-        .arg("--dra-registry-dir")
-        .arg(&registry_dir)
-        .arg("--dra-plugin-dir")
-        .arg(&plugin_dir)
-        .arg("--cdi-dir")
-        .arg(&cdi_dir)
-        // The kubelet stand-in's PodResources: no slice while device-plugin pods run.
-        .arg("--pod-resources-socket")
-        .arg(kubelet.pod_resources_socket())
-        .arg(format!("--dra-features={features}"))
-        .arg(format!("--metrics-addr=127.0.0.1:{}", free_port()))
-        .arg("--mps-root")
-        .arg(dir.join("mps"))
-        .arg("--mps-daemons=external");
-    let proc_name = format!("node-agent-dra-{name}");
-    plane.spawn(&proc_name, &mut cmd)?;
+    let mut node = DraNode {
+        name: name.to_string(),
+        kubelet,
+        registry_dir,
+        plugin_dir,
+        cdi_dir,
+        endpoint: PathBuf::new(),
+        dir,
+        features: features.to_string(),
+    };
     let start = Instant::now();
-    let socket = registry_dir.join("gpu.tessera.io-reg.sock");
-    while !socket.exists() {
-        if start.elapsed() > Duration::from_secs(60) {
-            bail!(
-                "node {name}: no registration socket within 60 s; log:\n{}",
-                plane.log(&proc_name)
-            );
-        }
-        plane.check_alive()?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The plugin watcher: GetInfo, then the verdict.
-    let mut r = reg::registration_client::RegistrationClient::new(dial(&socket).await?);
-    let info = r.get_info(reg::InfoRequest {}).await?.into_inner();
-    if info.name != "gpu.tessera.io" || !info.supported_versions.iter().any(|v| v.contains("v1")) {
-        bail!("node {name}: GetInfo answered {info:?}");
-    }
-    r.notify_registration_status(reg::RegistrationStatus {
-        plugin_registered: true,
-        error: String::new(),
-    })
-    .await?;
-    let endpoint = PathBuf::from(&info.endpoint);
+    node.spawn_driver(plane)?;
+    node.register(plane, start).await?;
     // Its slices, accepted by the API server.
     loop {
         let out = plane.kubectl(
@@ -140,20 +100,13 @@ pub async fn start_dra_node(
         if start.elapsed() > Duration::from_secs(60) {
             bail!(
                 "node {name}: no ResourceSlice within 60 s; log:\n{}",
-                plane.log(&proc_name)
+                plane.log(&node.proc_name())
             );
         }
         plane.check_alive()?;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Ok(DraNode {
-        name: name.to_string(),
-        kubelet,
-        registry_dir,
-        plugin_dir,
-        cdi_dir,
-        endpoint,
-    })
+    Ok(node)
 }
 
 /// `(namespace, uid, name)` claims as the kubelet sends them.
@@ -169,6 +122,100 @@ fn wire(claims: &[(String, String, String)]) -> Vec<v1::Claim> {
 }
 
 impl DraNode {
+    /// The driver's process name in the plane.
+    pub fn proc_name(&self) -> String {
+        format!("node-agent-dra-{}", self.name)
+    }
+
+    /// Starts `tessera node-agent --dra` for this node (the state it keeps
+    /// across restarts lives beside `dra.sock`, in `plugin_dir`).
+    fn spawn_driver(&self, plane: &mut ControlPlane) -> Result<()> {
+        let mut cmd = Command::new(tessera_bin());
+        cmd.env("KUBECONFIG", plane.kubeconfig(Identity::NodeAgentDra))
+            .env(
+                "RUST_LOG",
+                std::env::var("TESSERA_E2E_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .args([
+                "node-agent",
+                "--dra",
+                "--backend",
+                "fake",
+                "--node-name",
+                &self.name,
+            ])
+            .arg("--fake-config")
+            .arg(self.dir.join("gpus.yaml"))
+            .arg("--dra-registry-dir")
+            .arg(&self.registry_dir)
+            .arg("--dra-plugin-dir")
+            .arg(&self.plugin_dir)
+            .arg("--cdi-dir")
+            .arg(&self.cdi_dir)
+            // The kubelet stand-in's PodResources: no slice while device-plugin pods run.
+            .arg("--pod-resources-socket")
+            .arg(self.kubelet.pod_resources_socket())
+            .arg(format!("--dra-features={}", self.features))
+            .arg(format!("--metrics-addr=127.0.0.1:{}", free_port()))
+            .arg("--mps-root")
+            .arg(self.dir.join("mps"))
+            .arg("--mps-daemons=external");
+        plane.spawn(&self.proc_name(), &mut cmd)?;
+        Ok(())
+    }
+
+    /// The plugin watcher: once the registration socket answers, `GetInfo`,
+    /// then the verdict; keeps the `dra.sock` it names.
+    async fn register(&mut self, plane: &ControlPlane, start: Instant) -> Result<()> {
+        let socket = self.registry_dir.join("gpu.tessera.io-reg.sock");
+        let channel = loop {
+            // A socket left by a killed driver exists but refuses connections.
+            if socket.exists()
+                && let Ok(c) = dial(&socket).await
+            {
+                break c;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!(
+                    "node {}: no registration socket answering within 60 s; log:\n{}",
+                    self.name,
+                    plane.log(&self.proc_name())
+                );
+            }
+            plane.check_alive()?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut r = reg::registration_client::RegistrationClient::new(channel);
+        let info = r.get_info(reg::InfoRequest {}).await?.into_inner();
+        if info.name != "gpu.tessera.io"
+            || !info.supported_versions.iter().any(|v| v.contains("v1"))
+        {
+            bail!("node {}: GetInfo answered {info:?}", self.name);
+        }
+        r.notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await?;
+        self.endpoint = PathBuf::from(&info.endpoint);
+        Ok(())
+    }
+
+    /// `kill -9` of the node's DRA driver; `true` if it was running.
+    pub fn kill_driver(&self, plane: &mut ControlPlane) -> bool {
+        plane.kill(&self.proc_name()) > 0
+    }
+
+    /// Starts the driver again with the same flags, directories and state,
+    /// and registers it as the plugin watcher does when a socket reappears;
+    /// returns how long that took.
+    pub async fn restart_driver(&mut self, plane: &mut ControlPlane) -> Result<Duration> {
+        let start = Instant::now();
+        self.spawn_driver(plane)?;
+        self.register(plane, start).await?;
+        Ok(start.elapsed())
+    }
+
     /// The kubelet's `NodePrepareResources` for `(namespace, uid, name)` claims.
     pub async fn prepare(
         &self,

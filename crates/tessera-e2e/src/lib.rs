@@ -4,6 +4,7 @@
 //! run as the chart's service accounts. Without the variable every scenario
 //! prints that it did not run. docs/kubernetes.md, "End-to-end suite".
 
+pub mod claims;
 pub mod cluster;
 pub mod dra;
 pub mod fill;

@@ -17,113 +17,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tessera_e2e::SERIAL;
+use tessera_e2e::claims::{claim_of, claim_pod, claims, devices, force_delete, pod, until};
 use tessera_e2e::dra::{dra_plane, env_at_least, start_dra_node};
 use tessera_e2e::plane::ControlPlane;
 use tessera_e2e::tessera::{a100s, fake_gpus_yaml, start_scheduler};
 
 const DELETE_PROTECTION: &str = "resource.kubernetes.io/delete-protection";
-
-fn claim_pod(name: &str, source: Value) -> Value {
-    let mut claim = json!({"name": "gpu"});
-    claim
-        .as_object_mut()
-        .unwrap()
-        .extend(source.as_object().unwrap().clone());
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-        "spec": {"schedulerName": "tessera", "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [claim],
-            "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                "resources": {"requests": {"cpu": "100m"}, "claims": [{"name": "gpu"}]}}]}})
-}
-
-fn claims(plane: &ControlPlane) -> Vec<Value> {
-    let out = plane
-        .kubectl(
-            &["get", "resourceclaims", "-n", "default", "-o", "json"],
-            None,
-        )
-        .unwrap();
-    serde_json::from_str::<Value>(&out).unwrap()["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-fn pod(plane: &ControlPlane, name: &str) -> Option<Value> {
-    let out = plane
-        .kubectl(
-            &[
-                "get",
-                "pod",
-                "-n",
-                "default",
-                name,
-                "-o",
-                "json",
-                "--ignore-not-found",
-            ],
-            None,
-        )
-        .ok()?;
-    serde_json::from_str(&out).ok()
-}
-
-fn devices(claim: &Value) -> Vec<String> {
-    claim
-        .pointer("/status/allocation/devices/results")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|r| {
-            format!(
-                "{}/{}/{}",
-                r["driver"].as_str().unwrap_or(""),
-                r["pool"].as_str().unwrap_or(""),
-                r["device"].as_str().unwrap_or("")
-            )
-        })
-        .collect()
-}
-
-/// The claim of pod `p` (by its `status.resourceClaimStatuses`, or the user's claim it names).
-fn claim_of<'a>(all: &'a [Value], p: &Value) -> Option<&'a Value> {
-    let name = p
-        .pointer("/status/resourceClaimStatuses/0/resourceClaimName")
-        .or_else(|| p.pointer("/spec/resourceClaims/0/resourceClaimName"))?
-        .as_str()?;
-    all.iter().find(|c| c["metadata"]["name"] == name)
-}
-
-/// `kubectl delete pod --grace-period=0 --force` (no kubelet to wait for).
-fn force_delete(plane: &ControlPlane, pod: &str) {
-    plane
-        .kubectl(
-            &[
-                "delete",
-                "pod",
-                "-n",
-                "default",
-                pod,
-                "--grace-period=0",
-                "--force",
-            ],
-            None,
-        )
-        .unwrap();
-}
-
-async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < limit,
-            "not within {} s: {what}",
-            limit.as_secs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    t.elapsed()
-}
 
 /// No device in two allocated claims (whole GPUs here).
 fn audit(all: &[Value]) {

@@ -65,13 +65,54 @@ pub const NUDGE_EVERY: Duration = Duration::from_secs(30);
 /// The reason a candidate is skipped when it fits now.
 const FITS_NOW: &str = "it fits a node now; kube-scheduler's next attempt places it";
 
+/// A preemption carried out: whom it evicted, on which node, for a pod of
+/// which priority, and until when the pod is waited for.
+#[derive(Debug, Clone)]
+struct Preempting {
+    victims: Vec<String>,
+    until: Instant,
+    node: String,
+    priority: i32,
+    key: String,
+}
+
+/// Nodes held for pods that preempted there, while they wait for the room
+/// they made (kube-scheduler's nominated pods): a pod of no higher priority
+/// may not take it meanwhile. On a real 1.36 control plane, an older pod of
+/// the same priority that waited took the GPUs a preemption had freed, and
+/// the preemptor waited on.
+#[derive(Debug, Clone, Default)]
+pub struct Nominated {
+    /// Node → (UID, `namespace/name`, priority) of each pod nominated there.
+    by_node: HashMap<String, Vec<(String, String, i32)>>,
+}
+
+impl Nominated {
+    /// `Err` with the reason when `node` is held for another pod of `pod`'s
+    /// priority or higher.
+    pub fn check(&self, pod: &Pod, node: &str) -> Result<(), String> {
+        let uid = convert::pod_uid(pod);
+        let mine = priority(pod);
+        match self
+            .by_node
+            .get(node)
+            .and_then(|v| v.iter().find(|(u, _, p)| u != uid && *p >= mine))
+        {
+            Some((_, key, _)) => Err(format!(
+                "held for pod {key}, which preempted pods there and waits for the room"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Plans and carries out preemptions; remembers whom each preemptor evicted.
 pub struct Preemptor {
     mirror: SharedMirror,
     client: kube::Client,
     events: Option<EventSink>,
-    /// Preemptors whose victims are leaving: their UIDs and how long to wait.
-    preempting: HashMap<String, (Vec<String>, Instant)>,
+    /// Preemptors whose victims are leaving, and the room they made.
+    preempting: HashMap<String, Preempting>,
     /// Pods younger than this are never evicted for others.
     pub min_runtime: Duration,
     /// Where evictions are counted, per victim's queue.
@@ -168,6 +209,21 @@ impl Preemptor {
     /// `uid` was placed: its preemption is over.
     pub fn placed(&mut self, uid: &str) {
         self.preempting.remove(uid);
+    }
+
+    /// The nodes held for preemptors that still wait for the room they made
+    /// (until placed, gone, or [`PREEMPTION_WAIT`] after the evictions).
+    pub fn nominated(&self) -> Nominated {
+        let now = Instant::now();
+        let mut n = Nominated::default();
+        for (uid, p) in self.preempting.iter().filter(|(_, p)| now < p.until) {
+            n.by_node.entry(p.node.clone()).or_default().push((
+                uid.clone(),
+                p.key.clone(),
+                p.priority,
+            ));
+        }
+        n
     }
 
     fn record(&self, pod: &Pod, reason: &str, note: String) {
@@ -315,10 +371,13 @@ impl Preemptor {
         }
         self.preempting.insert(
             uid,
-            (
-                evicted.iter().map(|v| v.uid.clone()).collect(),
-                Instant::now() + PREEMPTION_WAIT,
-            ),
+            Preempting {
+                victims: evicted.iter().map(|v| v.uid.clone()).collect(),
+                until: Instant::now() + PREEMPTION_WAIT,
+                node: plan.node.clone(),
+                priority: priority(pod),
+                key: convert::pod_key(pod),
+            },
         );
         let mut sentence = format!(
             "{kind} on node {}: evicted {}",
@@ -361,13 +420,13 @@ async fn nominate(client: &kube::Client, pod: &Pod, node: &str) {
 /// [`Preemptor::waiting_for_victims`] on the map itself (read while another
 /// field of the preemptor is borrowed).
 fn still_leaving(
-    preempting: &HashMap<String, (Vec<String>, Instant)>,
+    preempting: &HashMap<String, Preempting>,
     m: &Mirror,
     uid: &str,
 ) -> Option<String> {
-    let (victims, until) = preempting.get(uid)?;
-    let left = victims.iter().filter(|v| m.pod(v).is_some()).count();
-    (left > 0 && Instant::now() < *until)
+    let p = preempting.get(uid)?;
+    let left = p.victims.iter().filter(|v| m.pod(v).is_some()).count();
+    (left > 0 && Instant::now() < p.until)
         .then(|| format!("waiting for {left} preempted pod(s) to leave"))
 }
 

@@ -1451,3 +1451,38 @@ async fn a_confirmed_write_outlives_the_deadline_while_the_watch_stalls() {
     assert_eq!(l.view.lock().assumed(), 0, "the watch caught up");
     drop(l.mirror);
 }
+
+/// A DRA pod's GPUs are in its claims, not its resources: the learning
+/// `tessera` policy learns the pod once, at its first decision, with the GPU
+/// its claim asks (before, claim pods were never learned: the workload the
+/// policy measures fragmentation against held none of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_pod_is_learned_once_with_the_gpus_its_claim_asks() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2)]);
+    for i in 1..=3 {
+        one_gpu_pod(&server, NS, &format!("p{i}"), &format!("c{i}"), |_| {});
+    }
+    let nodes: Vec<Node> = server.objects(Resource::Nodes);
+    let pods: Vec<Pod> = server.objects(Resource::Pods);
+    let policy = policy::by_name("tessera", &PolicyArgs::default()).unwrap();
+    let mirror = Mirror::from_objects(policy, KEY.to_vec(), nodes, vec![], pods);
+    let (client, _session) = server.client();
+    let mut l = loop_with(server, mirror, client);
+    let before = l.mirror.lock().learned().0;
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let bound = ["p1", "p2", "p3"]
+        .iter()
+        .filter(|p| bound_to(&l.server, p).is_some())
+        .count();
+    assert_eq!(bound, 2, "two GPUs, three pods");
+    assert_eq!(l.mirror.lock().learned().0, before + 3, "each pod learned");
+    // The pod that waits is decided again: not learned twice.
+    for _ in 0..2 {
+        refresh(&l.server, &l.view);
+        l.standalone.pass().await;
+        l.standalone.flush().await;
+    }
+    assert_eq!(l.mirror.lock().learned().0, before + 3, "each pod once");
+}

@@ -1079,3 +1079,28 @@ fn only_a_placement_change_to_a_gpunode_is_worth_a_pass() {
     bigger.spec.gpus.pop();
     assert!(m.upsert_inventory(bigger), "a GPU gone");
 }
+
+/// Real 1.36, standalone: a pod waiting for two GPUs slept out its 60 s
+/// backoff after the pod holding them was deleted, because the GPUs were
+/// freed only by the node agent's next PodResources report, later than the
+/// deletion, and only a released holding woke waiting pods. A report that
+/// drops a container holding GPUs counts as room freed ([`Mirror::released`]);
+/// a heartbeat or a report that only adds a holder does not.
+#[test]
+fn a_report_that_frees_gpus_counts_as_room_given_back() {
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 4);
+    let held = [("ml", "old", "nvidia.com/gpu", &["GPU-n-2"][..])];
+    let live = mirror("bestfit", nodes, vec![reported(inv.clone(), &held)], vec![]);
+    let before = live.lock().released();
+    // The same report again (a heartbeat) and one more holder: nothing freed.
+    live.lock().upsert_inventory(reported(inv.clone(), &held));
+    let more = [held[0], ("ml", "new", "nvidia.com/gpu", &["GPU-n-0"][..])];
+    live.lock().upsert_inventory(reported(inv.clone(), &more));
+    assert_eq!(live.lock().released(), before, "nothing was freed");
+    // The old pod's container is no longer listed: room given back.
+    live.lock()
+        .upsert_inventory(reported(inv.clone(), &[more[1]]));
+    assert_eq!(live.lock().released(), before + 1, "GPU-n-2 freed");
+    assert_eq!(whole_gpus(&live, "n"), vec!["GPU-n-0".to_string()]);
+}

@@ -575,3 +575,37 @@ async fn a_pod_that_never_preempts_evicts_nobody() {
     let seen = finish(w).await;
     assert!(evictions(&seen).is_empty(), "{seen:?}");
 }
+
+/// Issue 41, defect 8 (real 1.36, standalone): the room a preemption made
+/// went to an older pending pod of the same priority (one that never
+/// preempts), and the preemptor waited on. While a preemptor waits for the
+/// room it made, its node is held for it: pods of no higher priority are
+/// not placed there.
+#[tokio::test]
+async fn the_room_a_preemption_made_goes_to_the_preemptor() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let at = |s: &str| Some(Time(s.parse().unwrap()));
+    let mut older = gpu_pod("ml", "older", 1000);
+    older.spec.as_mut().unwrap().preemption_policy = Some("Never".into());
+    older.metadata.creation_timestamp = at("2026-12-07T01:00:00Z");
+    let mut high = gpu_pod("ml", "high", 1000);
+    high.metadata.creation_timestamp = at("2026-12-07T01:00:05Z");
+    let mut w = world(gpu_pod("ml", "low", 0), high, Some(vec![]));
+    w.m.lock().upsert_pod(older);
+    w.s.pass().await;
+    w.s.flush().await;
+    // The victim is gone; both pending pods are tried again.
+    w.m.lock().remove_pod("uid-low");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    w.s.pass().await;
+    w.s.flush().await;
+    assert!(
+        w.m.lock().held("uid-high").is_some(),
+        "the preemptor placed"
+    );
+    assert!(w.m.lock().held("uid-older").is_none(), "not the older pod");
+    let seen = finish(w).await;
+    assert_eq!(evictions(&seen).len(), 1, "{seen:?}");
+    assert!(seen.iter().any(|s| s.path.ends_with("/pods/high/binding")));
+    assert!(!seen.iter().any(|s| s.path.ends_with("/pods/older/binding")));
+}

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use tessera_core::policy::Policy;
 
 use super::cel::{AttrValue, Env};
-use super::choose::{UseOf, choose};
+use super::choose::{Host, UseOf, choose};
 use super::claim::{Alternative, ClaimAsk, ClaimError, ConstraintKind, MAX_RESULTS, Mode};
 use super::inventory::{DeviceKey, DeviceUse, NodeInventory, Usage};
 use super::quantity::Quantity;
@@ -211,13 +211,15 @@ fn available(state: &State<'_>, i: usize, alt: &Alternative) -> Option<BTreeMap<
 }
 
 /// Decides whether `inv`'s node can satisfy `ask`, given what `usage` says other
-/// claims hold, choosing devices with `policy`.
+/// claims hold, choosing devices with `policy` (which sees the node's `host`
+/// resources and the pod's ask of them with the claim's first request).
 pub fn allocate(
     ask: &ClaimAsk,
     inv: &NodeInventory,
     usage: &Usage,
     policy: &dyn Policy,
     env: &Env,
+    host: Host,
 ) -> Result<Result<NodeAllocation, Unfit>, ClaimError> {
     // Selectors are evaluated once per (alternative, device); an error is the claim's.
     let mut matches: Vec<Vec<Vec<bool>>> = Vec::new();
@@ -257,6 +259,7 @@ pub fn allocate(
         ask,
         matches: &matches,
         policy,
+        host,
         first_unfit: None,
     };
     Ok(match search.request(0, &mut state) {
@@ -273,6 +276,7 @@ struct Search<'a> {
     ask: &'a ClaimAsk,
     matches: &'a [Vec<Vec<bool>>],
     policy: &'a dyn Policy,
+    host: Host,
     first_unfit: Option<Unfit>,
 }
 
@@ -478,8 +482,13 @@ impl Search<'_> {
                 continue;
             }
             let consumed = consumed_of(members[0]);
+            let host = if r == 0 {
+                self.host
+            } else {
+                self.host.after_ask()
+            };
             if let Some((pick, score)) =
-                choose(self.policy, state.inv, &*state, members, n, &consumed)
+                choose(self.policy, state.inv, &*state, members, n, &consumed, host)
             {
                 options.push((score, pick));
             }

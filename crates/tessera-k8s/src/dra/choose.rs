@@ -39,8 +39,48 @@ use super::inventory::{DeviceUse, NodeDevice, NodeInventory};
 use super::quantity::Quantity;
 
 const MIB_NANO: i128 = (1 << 20) * 1_000_000_000;
-/// Host resources are not DRA's: the core node gets plenty, the request none.
+/// Host resources of a node nobody told us about: plenty, asked none.
 const HOST_PLENTY: u64 = 1 << 40;
+
+/// The node's CPU and memory (capacity, and what is left before the pod) and
+/// what the pod asks of them, for the policy's view of the node: the
+/// fragmentation Tessera's policy measures counts the GPUs a node's CPU or
+/// memory strands, as FGD's does, so a node's score depends on them. The
+/// allocator does not check them (the host fit did).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Host {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub free_cpu_milli: u64,
+    pub free_memory_mib: u64,
+    /// What the pod asks (its first claim to allocate carries it; later ones
+    /// see it taken).
+    pub ask_cpu_milli: u64,
+    pub ask_memory_mib: u64,
+}
+
+impl Host {
+    /// Nothing known of the node's host resources: plenty, and the pod asks none.
+    pub const PLENTY: Host = Host {
+        cpu_milli: HOST_PLENTY,
+        memory_mib: HOST_PLENTY,
+        free_cpu_milli: HOST_PLENTY,
+        free_memory_mib: HOST_PLENTY,
+        ask_cpu_milli: 0,
+        ask_memory_mib: 0,
+    };
+
+    /// The same node once the pod's ask is taken (for its later claims).
+    pub fn after_ask(self) -> Host {
+        Host {
+            free_cpu_milli: self.free_cpu_milli.saturating_sub(self.ask_cpu_milli),
+            free_memory_mib: self.free_memory_mib.saturating_sub(self.ask_memory_mib),
+            ask_cpu_milli: 0,
+            ask_memory_mib: 0,
+            ..self
+        }
+    }
+}
 
 /// What the chooser needs to know of the allocator's state.
 pub trait UseOf {
@@ -86,7 +126,11 @@ fn cores_milli(d: &NodeDevice, consumed: &BTreeMap<String, Quantity>) -> u32 {
 
 /// The core's model of the node's whole GPUs: the node, its use, and the
 /// device index of each GPU position.
-fn core_node(inv: &NodeInventory, state: &dyn UseOf) -> (Catalog, Node, NodeUse, Vec<usize>) {
+fn core_node(
+    inv: &NodeInventory,
+    state: &dyn UseOf,
+    host: Host,
+) -> (Catalog, Node, NodeUse, Vec<usize>) {
     let mut catalog = Catalog::default();
     let mut whole: Vec<usize> = (0..inv.devices.len())
         .filter(|&i| is_whole_gpu(&inv.devices[i]))
@@ -98,7 +142,13 @@ fn core_node(inv: &NodeInventory, state: &dyn UseOf) -> (Catalog, Node, NodeUse,
         )
     });
     let fallback = ModelId(0);
-    let mut node = Node::uniform(inv.node.clone(), HOST_PLENTY, HOST_PLENTY, fallback, 0);
+    let mut node = Node::uniform(
+        inv.node.clone(),
+        host.cpu_milli,
+        host.memory_mib,
+        fallback,
+        0,
+    );
     let template = Node::uniform("", 0, 0, fallback, 1).gpus;
     let mut gpus = SmallVec::new();
     let mut allocations = 0u32;
@@ -186,8 +236,8 @@ fn core_node(inv: &NodeInventory, state: &dyn UseOf) -> (Catalog, Node, NodeUse,
             .unwrap_or(0),
     };
     let used = NodeUse {
-        free_cpu_milli: HOST_PLENTY,
-        free_memory_mib: HOST_PLENTY,
+        free_cpu_milli: host.free_cpu_milli,
+        free_memory_mib: host.free_memory_mib,
         gpus,
         classes: SmallVec::new(),
         allocations,
@@ -197,7 +247,8 @@ fn core_node(inv: &NodeInventory, state: &dyn UseOf) -> (Catalog, Node, NodeUse,
 }
 
 /// Picks `need` of `candidates` (device indices, all feasible) and scores the
-/// pick; `consumed` is what one device would consume (empty: taken whole).
+/// pick; `consumed` is what one device would consume (empty: taken whole),
+/// `host` the node's CPU and memory and the pod's ask of them.
 /// `None` when the policy declines the node.
 pub fn choose(
     policy: &dyn Policy,
@@ -206,6 +257,7 @@ pub fn choose(
     candidates: &[usize],
     need: u32,
     consumed: &BTreeMap<String, Quantity>,
+    host: Host,
 ) -> Option<(Vec<usize>, f64)> {
     let need_n = need as usize;
     if candidates.len() < need_n {
@@ -220,7 +272,7 @@ pub fn choose(
             });
         return (picked.len() == need_n).then_some((picked, score));
     }
-    let (catalog, node, used, whole) = core_node(inv, state);
+    let (catalog, node, used, whole) = core_node(inv, state, host);
     let pos = |i: usize| whole.iter().position(|&w| w == i);
     let usable: GpuSet = candidates
         .iter()
@@ -246,6 +298,8 @@ pub fn choose(
     };
     let req = Request {
         gpu,
+        cpu_milli: host.ask_cpu_milli,
+        memory_mib: host.ask_memory_mib,
         ..Request::default()
     };
     let view = NodeView {

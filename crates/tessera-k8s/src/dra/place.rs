@@ -5,7 +5,10 @@
 //! A claim already allocated pins the pod to its allocation's node selector.
 //! Every claim still to allocate must be allocated on the same node; the
 //! claims are allocated in the pod's order, each seeing the devices the
-//! earlier ones took. The node with the highest summed allocator score wins;
+//! earlier ones took. The policy sees each node's CPU and memory as they are
+//! (`hosts`; the first claim to allocate carries the pod's ask of them), so
+//! the fragmentation it scores counts GPUs a node's CPU strands, as FGD's
+//! measure does. The node with the highest summed allocator score wins;
 //! ties go to the node whose name sorts first, so equal inputs give equal
 //! plans.
 
@@ -16,6 +19,7 @@ use tessera_core::policy::Policy;
 
 use super::allocate::{NodeAllocation, allocate};
 use super::cel::Env;
+use super::choose::Host;
 use super::inventory::{DeviceKey, NodeInventory, Usage};
 use super::pod::{PodClaim, Step};
 use crate::convert::NodeFacts;
@@ -77,7 +81,9 @@ fn hold(usage: &mut Usage, alloc: &NodeAllocation) {
 /// Whether a node selector (an allocation's) admits `node`.
 pub type SelectorCheck<'a> = &'a dyn Fn(&NodeSelector, &NodeFacts) -> bool;
 
-/// Plans `claims` on the best of `nodes`.
+/// Plans `claims` on the best of `nodes`; `hosts` has each node's CPU and
+/// memory and the pod's ask of them ([`Host::PLENTY`] for a node it lacks).
+#[allow(clippy::too_many_arguments)]
 pub fn place(
     claims: &[PodClaim],
     nodes: &[NodeFacts],
@@ -86,6 +92,7 @@ pub fn place(
     policy: &dyn Policy,
     env: &Env,
     selects: SelectorCheck<'_>,
+    hosts: &BTreeMap<String, Host>,
 ) -> Result<Plan, NoPlan> {
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut best: Option<Plan> = None;
@@ -134,11 +141,14 @@ pub fn place(
         let mut used = usage.clone();
         let mut score = 0.0;
         let mut allocations = Vec::new();
+        let mut host = hosts.get(&facts.name).copied().unwrap_or(Host::PLENTY);
         for (i, c) in claims.iter().enumerate() {
             let Step::Allocate(ask) = &c.step else {
                 continue;
             };
-            match allocate(ask, inv, &used, policy, env) {
+            let result = allocate(ask, inv, &used, policy, env, host);
+            host = host.after_ask();
+            match result {
                 Err(e) => return Err(NoPlan::Claim(format!("ResourceClaim {}: {e}", c.key))),
                 Ok(Err(unfit)) => {
                     *reasons

@@ -10,8 +10,9 @@
 //! devices would hand out what that driver's scheduler also hands out.
 
 use k8s_openapi::api::core::v1::Pod;
+use tessera_core::request::{GpuAsk, GpuMemory};
 
-use super::claim::{ClaimAsk, ClaimError};
+use super::claim::{ClaimAsk, ClaimError, Mode};
 use super::types::{ClaimSpec, DeviceClass, ResourceClaim};
 use super::{CLASS_GPU, CLASS_MIG, DRIVER};
 
@@ -226,6 +227,59 @@ pub fn pod_claims<'a>(
         });
     }
     Ok(out)
+}
+
+/// What the claims Tessera is to allocate ask of GPUs, as a core [`GpuAsk`],
+/// for the workload the policy learns (a DRA pod's GPUs are in its claims, not
+/// in its resources): whole GPUs of [`CLASS_GPU`] (counts summed), or one
+/// share of one (memory and per-mille compute asked as consumable capacity).
+/// `GpuAsk::None` for anything else (MIG profiles, `All`, other classes,
+/// shares mixed with more): such a pod is learned by its CPU and memory only.
+pub fn learned_ask(claims: &[PodClaim]) -> GpuAsk {
+    const MIB_NANO: i128 = (1 << 20) * 1_000_000_000;
+    let mut whole = 0u32;
+    let mut shares = Vec::new();
+    for c in claims {
+        let Step::Allocate(ask) = &c.step else {
+            continue;
+        };
+        for r in &ask.requests {
+            let Some(alt) = r.alternatives.first() else {
+                continue;
+            };
+            let Mode::Count(n) = alt.mode else {
+                return GpuAsk::None;
+            };
+            if alt.class != CLASS_GPU {
+                return GpuAsk::None;
+            }
+            if alt.capacity.is_empty() {
+                whole = whole.saturating_add(n);
+                continue;
+            }
+            let memory = alt.capacity.get("memory").map(|q| q.nano() / MIB_NANO);
+            let compute = alt
+                .capacity
+                .get("compute")
+                .map(|q| q.nano() / 1_000_000_000);
+            match (memory, compute) {
+                (Some(m), Some(c)) if n == 1 && (1..1000).contains(&c) => {
+                    shares.push((u64::try_from(m).unwrap_or(0), c as u32));
+                }
+                _ => return GpuAsk::None,
+            }
+        }
+    }
+    match (whole, shares.as_slice()) {
+        (0, []) => GpuAsk::None,
+        (n, []) => GpuAsk::Whole { count: n },
+        (0, [(memory, cores)]) => GpuAsk::Shared {
+            count: 1,
+            memory: GpuMemory::Mib(*memory),
+            cores_milli: *cores,
+        },
+        _ => GpuAsk::None,
+    }
 }
 
 #[cfg(test)]

@@ -226,6 +226,8 @@ fn placement(s: &Situation<'_>, node: &NodeFacts, victims: &[&Candidate]) -> Opt
         s.policy,
         s.env,
         s.selects,
+        // Feasibility only: the host fit was judged, the score is not used.
+        &BTreeMap::new(),
     )
     .ok()
 }

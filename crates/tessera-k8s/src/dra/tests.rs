@@ -10,6 +10,7 @@ use tessera_core::policy::{self, Policy, PolicyArgs};
 
 use super::allocate::{NodeAllocation, Unfit, allocate};
 use super::cel::Env;
+use super::choose::Host;
 use super::claim::{ClaimAsk, ClaimError};
 use super::inventory::{Usage, node_inventory};
 use super::quantity::Quantity;
@@ -107,7 +108,14 @@ fn run(
     let node = s.spec.node_name.clone().unwrap();
     let inv = node_inventory(&node, std::slice::from_ref(s));
     assert!(inv.skipped.is_empty(), "{:?}", inv.skipped);
-    allocate(&ask, &inv, &Usage::of_claims(held, None), p, &Env::new())
+    allocate(
+        &ask,
+        &inv,
+        &Usage::of_claims(held, None),
+        p,
+        &Env::new(),
+        Host::PLENTY,
+    )
 }
 
 /// `c` with `alloc` recorded, as the API server would then serve it.
@@ -645,4 +653,98 @@ fn a_whole_or_unreadable_holding_of_a_shareable_gpu_blocks_shares() {
         .unwrap()
         .is_ok()
     );
+}
+
+/// The policy sees each node's CPU: with the same two free GPUs on `a` and
+/// `b`, a one-GPU pod asking 8 CPUs goes to `b`, because on `a` (8 CPUs
+/// left) it would leave the second GPU without CPU for any pod; told nothing
+/// of host resources, the nodes tie and the name decides (`a`).
+#[test]
+fn the_node_whose_cpu_would_strand_a_gpu_loses() {
+    use super::choose::Host;
+    use super::place::place;
+    use super::pod::{PodClaim, Step};
+    use crate::convert::NodeFacts;
+    let c = claim("c", gpus(1), json!([]));
+    let pod_claim = PodClaim {
+        key: "ml/c".into(),
+        step: Step::Allocate(ClaimAsk::resolve(&c, &classes()).unwrap()),
+        claim: c,
+    };
+    let mut inventories = std::collections::BTreeMap::new();
+    let mut nodes = Vec::new();
+    for n in ["a", "b"] {
+        let s = slice(n, &[gpu("A100-80GB", false), gpu("A100-80GB", false)]);
+        inventories.insert(n.to_string(), node_inventory(n, std::slice::from_ref(&s)));
+        nodes.push(NodeFacts {
+            name: n.into(),
+            ready: true,
+            ..NodeFacts::default()
+        });
+    }
+    let host = |free_cpu_milli| Host {
+        cpu_milli: 96_000,
+        memory_mib: 1 << 20,
+        free_cpu_milli,
+        free_memory_mib: 1 << 19,
+        ask_cpu_milli: 8_000,
+        ask_memory_mib: 1024,
+    };
+    let policy = tessera();
+    let plan = |hosts| {
+        place(
+            std::slice::from_ref(&pod_claim),
+            &nodes,
+            &inventories,
+            &Usage::default(),
+            &*policy,
+            &Env::new(),
+            &|_, _| true,
+            hosts,
+        )
+        .unwrap()
+        .node
+    };
+    let hosts = [
+        ("a".to_string(), host(8_000)),
+        ("b".to_string(), host(64_000)),
+    ]
+    .into();
+    assert_eq!(plan(&hosts), "b");
+    assert_eq!(plan(&Default::default()), "a");
+}
+
+/// What a pod's claims ask, as the core's GPU ask the policy learns.
+#[test]
+fn claims_are_learned_as_whole_gpus_or_one_share() {
+    use super::pod::{PodClaim, Step, learned_ask};
+    use tessera_core::request::{GpuAsk, GpuMemory};
+    let to_allocate = |requests: Value| {
+        let c = claim("c", requests, json!([]));
+        PodClaim {
+            key: "ml/c".into(),
+            step: Step::Allocate(ClaimAsk::resolve(&c, &classes()).unwrap()),
+            claim: c,
+        }
+    };
+    assert_eq!(
+        learned_ask(&[to_allocate(gpus(2)), to_allocate(gpus(1))]),
+        GpuAsk::Whole { count: 3 }
+    );
+    assert_eq!(
+        learned_ask(&[to_allocate(share("20Gi", "300"))]),
+        GpuAsk::Shared {
+            count: 1,
+            memory: GpuMemory::Mib(20 * 1024),
+            cores_milli: 300
+        }
+    );
+    // A share beside more GPUs, or a MIG profile: not modelled, not learned.
+    assert_eq!(
+        learned_ask(&[to_allocate(share("20Gi", "300")), to_allocate(gpus(1))]),
+        GpuAsk::None
+    );
+    let mig = json!([{"name": "m", "exactly": {"deviceClassName": "mig.tessera.io"}}]);
+    assert_eq!(learned_ask(&[to_allocate(mig)]), GpuAsk::None);
+    assert_eq!(learned_ask(&[]), GpuAsk::None);
 }

@@ -21,6 +21,28 @@ fn same_node_for_placement(a: &KubeNode, b: &KubeNode) -> bool {
 
 /// Whether two versions of a GpuNode place pods alike (see [`Mirror::upsert_inventory`]):
 /// the same GPUs, health and devices the kubelet reports held (when it read them aside).
+/// Whether going from GpuNode `old` to `new` may free room: the GPUs or their
+/// health changed, or a container the kubelet listed holding GPUs is no
+/// longer listed (the agent's PodResources report lags a pod's deletion: the
+/// deletion alone left its GPUs held, and the pod that waited for them slept
+/// out its backoff, up to 60 s, on a real 1.36 control plane).
+fn may_free_room(old: &GpuNode, new: &GpuNode) -> bool {
+    let held = |g: &GpuNode| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.pod_resources.as_ref())
+            .map(|r| r.containers.clone())
+            .unwrap_or_default()
+    };
+    let now = held(new);
+    old.spec != new.spec
+        || held(old).iter().any(|c| !now.contains(c))
+        || old.spec.gpus.iter().any(|g| {
+            old.spec.health_of(g.index, old.status.as_ref())
+                != new.spec.health_of(g.index, new.status.as_ref())
+        })
+}
+
 fn same_inventory_for_placement(a: &GpuNode, b: &GpuNode) -> bool {
     let held = |g: &GpuNode| {
         g.status
@@ -51,6 +73,11 @@ impl Mirror {
             .is_some_and(|old| same_node_for_placement(old, &node));
         self.kube_nodes.insert(name, node);
         self.dirty |= !same;
+        // Labels, taints, cordon, readiness or allocatable changed: it may
+        // fit pods it did not (kube-scheduler requeues on such updates too).
+        if !same {
+            self.released += 1;
+        }
         !same
     }
 
@@ -85,6 +112,9 @@ impl Mirror {
             .is_some_and(|old| same_inventory_for_placement(old, &gn));
         // A heartbeat is status churn, but one that ends a staleness block wakes a pass.
         let revived = self.saw_inventory(&name, old.as_ref(), &gn);
+        if old.as_ref().is_none_or(|o| may_free_room(o, &gn)) || revived {
+            self.released += 1;
+        }
         self.inventory.insert(name, gn);
         self.dirty |= !same;
         if old.is_none() {
@@ -110,6 +140,7 @@ impl Mirror {
         );
         self.saw_inventory_list(&old);
         self.dirty = true;
+        self.released += 1;
         self.learn_waiting();
     }
 
@@ -396,7 +427,9 @@ impl Mirror {
         self.verdicts.forget(id);
     }
 
-    /// How many holdings were released so far: a change of it is room freed.
+    /// How many times room may have been freed so far (a holding released, a
+    /// GpuNode or Node change that may fit more): a change of it wakes pods
+    /// that wait out a backoff.
     pub fn released(&self) -> u64 {
         self.released
     }

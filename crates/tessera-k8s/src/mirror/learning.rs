@@ -106,6 +106,28 @@ impl Mirror {
         }
     }
 
+    /// Learns a pod whose GPUs come from DRA claims, once by UID, at its first
+    /// decision (its arrival, as for other GPU pods): its CPU and memory with
+    /// `gpu`, what its claims ask ([`crate::dra::pod::learned_ask`]). A pod
+    /// whose claims ask nothing the core models (`GpuAsk::None`) is not learned.
+    pub fn learn_claim_pod(&mut self, pod: &Pod, gpu: GpuAsk) {
+        if !self.policy.learns_workload() || gpu == GpuAsk::None {
+            return;
+        }
+        let uid = convert::pod_uid(pod);
+        if self.learning.seen.contains(uid) {
+            return;
+        }
+        self.learning.seen.insert(uid.to_string());
+        let Ok(mut req) = convert::pod_request(pod, &self.cluster.catalog) else {
+            return;
+        };
+        req.gpu = gpu;
+        if self.learning.inputs.learn(&req) {
+            self.rebuild_policy();
+        }
+    }
+
     /// Learns the pods that were waiting for their node's GPU inventory: not
     /// learned yet, bound to a node that has one now.
     pub(super) fn learn_waiting(&mut self) {

@@ -104,9 +104,11 @@ pub struct Mirror {
     /// No unconfirmed reservation expires before this (a scan of the holds is
     /// skipped until then: they are tens of thousands on a large cluster).
     next_expiry: Option<Instant>,
-    /// How many holdings were released so far (pods gone or done, binds
-    /// refused, reservations expired): a pod that failed before the last
-    /// release may fit now ([`Mirror::released`]).
+    /// How many times room may have been freed so far: holdings released
+    /// (pods gone or done, binds refused, reservations expired), GpuNodes
+    /// whose GPUs, health or held containers changed so that more may fit,
+    /// Nodes changed for placement. A pod that failed before the last such
+    /// change may fit now ([`Mirror::released`]).
     released: u64,
     /// Nodes whose bound pods' grants do not fit their GPUs (two schedulers
     /// raced, an annotation names a GPU that is gone): nothing more is placed

@@ -140,8 +140,19 @@ impl Judging<'_> {
     }
 }
 
-/// The nodes a DRA pod's host resources fit, and the policy to choose its devices by.
-pub type HostFitting<'a> = (Vec<(NodeId, NodeFacts)>, &'a dyn Policy);
+/// A node's CPU and memory: what it has and what is free now (the mirror's
+/// holds counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRoom {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub free_cpu_milli: u64,
+    pub free_memory_mib: u64,
+}
+
+/// The nodes a DRA pod's host resources fit (with their host room), and the
+/// policy to choose its devices by.
+pub type HostFitting<'a> = (Vec<(NodeId, NodeFacts, HostRoom)>, &'a dyn Policy);
 
 impl Mirror {
     /// The verdict cache apart from what judging reads, so both can be borrowed at once.
@@ -293,7 +304,17 @@ impl Mirror {
         }
         let fit = fit
             .into_iter()
-            .map(|(id, _)| (id, self.facts[id.0 as usize].clone()))
+            .map(|(id, _)| {
+                let node = &self.cluster.nodes()[id.0 as usize];
+                let used = self.ledger.node(id);
+                let room = HostRoom {
+                    cpu_milli: node.cpu_milli,
+                    memory_mib: node.memory_mib,
+                    free_cpu_milli: used.free_cpu_milli,
+                    free_memory_mib: used.free_memory_mib,
+                };
+                (id, self.facts[id.0 as usize].clone(), room)
+            })
             .collect();
         Ok((fit, self.policy.as_ref()))
     }

@@ -64,10 +64,11 @@ use super::{Standalone, node_allows, selector_matches, unsupported};
 use crate::binder::{BindError, Binder};
 use crate::convert;
 use crate::dra::cel::Env;
+use crate::dra::choose::Host;
 use crate::dra::inventory::NodeInventory;
 use crate::dra::place::Plan;
 use crate::dra::place::place;
-use crate::dra::pod::{NotReady, PodClaim, Step, pod_claims};
+use crate::dra::pod::{NotReady, PodClaim, Step, learned_ask, pod_claims};
 use crate::dra::quota::{Devices, devices_milli, pod_holdings};
 use crate::dra::types::{AllocationResult, ConsumerReference, ResourceClaim};
 use crate::dra::view::{DraView, SharedDraView};
@@ -76,6 +77,7 @@ use crate::dra::write::{
 };
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, QuotaCheck, Reservation};
+use crate::preemptor::Nominated;
 
 /// Whether and how this scheduler allocates claims.
 #[derive(Clone, Default)]
@@ -222,9 +224,10 @@ impl Standalone {
     /// in the mirror and assumes its allocations in the view, in one critical
     /// section. `Err` carries the event sentence and the metrics reason.
     fn decide_dra(&self, view: &SharedDraView, pod: &Pod) -> Result<DraDecided, (String, String)> {
+        let nominated = self.preemptor.nominated();
         let mut m = self.mirror.lock();
         let mut v = view.lock();
-        decide_dra_locked(&mut m, &mut v, &self.metrics, pod)
+        decide_dra_locked(&mut m, &mut v, &self.metrics, pod, &nominated)
     }
 }
 
@@ -236,6 +239,7 @@ pub(super) fn decide_dra_locked(
     v: &mut DraView,
     metrics: &Metrics,
     pod: &Pod,
+    nominated: &Nominated,
 ) -> Result<DraDecided, (String, String)> {
     let started = std::time::Instant::now();
     let key = convert::pod_key(pod);
@@ -260,12 +264,29 @@ pub(super) fn decide_dra_locked(
         NotReady::Wait(m) => (m, "waiting for claims".to_string()),
         NotReady::Refuse(m) => (m, "claims refused".to_string()),
     })?;
+    m.learn_claim_pod(pod, learned_ask(&claims));
     let usage = v.usage();
     let inventories = v.inventories().clone();
     let (nodes, policy) = m
-        .host_fitting(&req, &host, |facts| node_allows(pod, facts))
+        .host_fitting(&req, &host, |facts| {
+            node_allows(pod, facts).and_then(|()| nominated.check(pod, &facts.name))
+        })
         .map_err(|e| (e.to_string(), e.top_reason()))?;
-    let facts: Vec<_> = nodes.iter().map(|(_, f)| f.clone()).collect();
+    let facts: Vec<_> = nodes.iter().map(|(_, f, _)| f.clone()).collect();
+    let hosts: BTreeMap<String, Host> = nodes
+        .iter()
+        .map(|(_, f, room)| {
+            let host = Host {
+                cpu_milli: room.cpu_milli,
+                memory_mib: room.memory_mib,
+                free_cpu_milli: room.free_cpu_milli,
+                free_memory_mib: room.free_memory_mib,
+                ask_cpu_milli: req.cpu_milli,
+                ask_memory_mib: req.memory_mib,
+            };
+            (f.name.clone(), host)
+        })
+        .collect();
     let plan = place(
         &claims,
         &facts,
@@ -274,6 +295,7 @@ pub(super) fn decide_dra_locked(
         policy,
         &Env::new(),
         &selector_matches,
+        &hosts,
     )
     .map_err(|e| (e.sentence(), "claims do not fit".to_string()))?;
     metrics.observe_decision("standalone", started.elapsed());
@@ -290,8 +312,8 @@ pub(super) fn decide_dra_locked(
     }
     let Some(id) = nodes
         .iter()
-        .find(|(_, f)| f.name == plan.node)
-        .map(|(id, _)| *id)
+        .find(|(_, f, _)| f.name == plan.node)
+        .map(|(id, _, _)| *id)
     else {
         return Err((
             format!("node {} left the candidates", plan.node),

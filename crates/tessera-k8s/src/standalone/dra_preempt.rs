@@ -231,7 +231,7 @@ fn plan_for(
     let (nodes, _) = m
         .host_fitting(&req, &host, |facts| node_allows(pod, facts))
         .ok()?;
-    let nodes: Vec<NodeFacts> = nodes.into_iter().map(|(_, f)| f).collect();
+    let nodes: Vec<NodeFacts> = nodes.into_iter().map(|(_, f, _)| f).collect();
     // A policy of its own, so the mirror stays free for reclaim's quota
     // question during the plan (as the device-plugin path's planner has).
     let policy = m.policy_copy();

@@ -78,14 +78,15 @@ impl Standalone {
         let mut v = None;
         let mut placed: Vec<(Pod, Member)> = Vec::new();
         let mut refused: Vec<(Pod, String, String)> = Vec::new();
+        let nominated = self.preemptor.nominated();
         for p in members {
             let decided = if !uses_claims(&p) {
-                decide_locked(&mut m, &self.metrics, &p).map(Member::Plugin)
+                decide_locked(&mut m, &self.metrics, &p, &nominated).map(Member::Plugin)
             } else {
                 // `--dra` off or not served: the sentence a single pod gets.
                 self.dra.view(&p).and_then(|view| {
                     let v = v.get_or_insert_with(|| view.lock());
-                    decide_dra_locked(&mut m, v, &self.metrics, &p)
+                    decide_dra_locked(&mut m, v, &self.metrics, &p, &nominated)
                         .map(|d| Member::Dra(view.clone(), d))
                 })
             };

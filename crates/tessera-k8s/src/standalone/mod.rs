@@ -43,7 +43,7 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, Reservation, SharedMirror, gang_of};
 pub use crate::preemptor::DEFAULT_MIN_RUNTIME;
-use crate::preemptor::Preemptor;
+use crate::preemptor::{Nominated, Preemptor};
 
 pub mod claims;
 pub mod condition;
@@ -126,11 +126,13 @@ struct Decided {
 type Finished = (Pod, String, Result<(), PlaceError>);
 
 /// [`Standalone::decide`] on a mirror the caller has locked (a gang decides
-/// all its members under one lock).
+/// all its members under one lock); nodes held for preemptors (`nominated`)
+/// are not for pods of no higher priority.
 fn decide_locked(
     m: &mut Mirror,
     metrics: &Metrics,
     pod: &Pod,
+    nominated: &Nominated,
 ) -> Result<Decided, (String, String)> {
     let started = Instant::now();
     let catalog = m.cluster().catalog.clone();
@@ -156,7 +158,9 @@ fn decide_locked(
     if let crate::mirror::QuotaCheck::Refused(why) = m.quota(pod, &req) {
         return Err((why, "queue quota".to_string()));
     }
-    let decided = m.decide(&req, &host, |facts| node_allows(pod, facts));
+    let decided = m.decide(&req, &host, |facts| {
+        node_allows(pod, facts).and_then(|()| nominated.check(pod, &facts.name))
+    });
     metrics.observe_decision("standalone", started.elapsed());
     let (placement, _) = decided.map_err(|e| (e.to_string(), e.top_reason()))?;
     let node = m.cluster().node(placement.node).name.clone();
@@ -331,7 +335,8 @@ impl Standalone {
     /// critical section (the ledger is the one truth: the next decision sees
     /// this one). `Err` carries the event sentence and the metrics reason.
     fn decide(&self, pod: &Pod) -> Result<Decided, (String, String)> {
-        decide_locked(&mut self.mirror.lock(), &self.metrics, pod)
+        let nominated = self.preemptor.nominated();
+        decide_locked(&mut self.mirror.lock(), &self.metrics, pod, &nominated)
     }
 
     fn spawn_bind(&mut self, pod: Pod, d: Decided) {

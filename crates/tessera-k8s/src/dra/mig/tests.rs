@@ -139,6 +139,7 @@ fn plan_all(asks: &[PodClaim], slices: &[ResourceSlice], held: &[ResourceClaim])
         &*policy,
         &Env::new(),
         &|_, _| true,
+        &BTreeMap::new(),
     )
     .unwrap()
 }

@@ -1,0 +1,116 @@
+//! Reading and making DRA objects in scenarios, through `kubectl` as the
+//! admin: pods with one claim, the stored claims and their devices.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::plane::ControlPlane;
+
+/// A pod of `tessera` with one claim entry `gpu`, from `source`
+/// (`{"resourceClaimName": …}` or `{"resourceClaimTemplateName": …}`).
+pub fn claim_pod(name: &str, source: Value) -> Value {
+    let mut claim = json!({"name": "gpu"});
+    claim
+        .as_object_mut()
+        .unwrap()
+        .extend(source.as_object().unwrap().clone());
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"schedulerName": "tessera", "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [claim],
+            "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                "resources": {"requests": {"cpu": "100m"}, "claims": [{"name": "gpu"}]}}]}})
+}
+
+/// The stored claims of namespace `default`.
+pub fn claims(plane: &ControlPlane) -> Vec<Value> {
+    let out = plane
+        .kubectl(
+            &["get", "resourceclaims", "-n", "default", "-o", "json"],
+            None,
+        )
+        .unwrap();
+    serde_json::from_str::<Value>(&out).unwrap()["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Pod `name` of `default` as stored, `None` once gone.
+pub fn pod(plane: &ControlPlane, name: &str) -> Option<Value> {
+    let out = plane
+        .kubectl(
+            &[
+                "get",
+                "pod",
+                "-n",
+                "default",
+                name,
+                "-o",
+                "json",
+                "--ignore-not-found",
+            ],
+            None,
+        )
+        .ok()?;
+    serde_json::from_str(&out).ok()
+}
+
+/// `driver/pool/device` of each result of the claim's allocation.
+pub fn devices(claim: &Value) -> Vec<String> {
+    claim
+        .pointer("/status/allocation/devices/results")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            format!(
+                "{}/{}/{}",
+                r["driver"].as_str().unwrap_or(""),
+                r["pool"].as_str().unwrap_or(""),
+                r["device"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+/// The claim of pod `p` (by its `status.resourceClaimStatuses`, or the user's claim it names).
+pub fn claim_of<'a>(all: &'a [Value], p: &Value) -> Option<&'a Value> {
+    let name = p
+        .pointer("/status/resourceClaimStatuses/0/resourceClaimName")
+        .or_else(|| p.pointer("/spec/resourceClaims/0/resourceClaimName"))?
+        .as_str()?;
+    all.iter().find(|c| c["metadata"]["name"] == name)
+}
+
+/// `kubectl delete pod --grace-period=0 --force` (no kubelet to wait for).
+pub fn force_delete(plane: &ControlPlane, pod: &str) {
+    plane
+        .kubectl(
+            &[
+                "delete",
+                "pod",
+                "-n",
+                "default",
+                pod,
+                "--grace-period=0",
+                "--force",
+            ],
+            None,
+        )
+        .unwrap();
+}
+
+/// Waits until `f` holds, polling every 0.2 s; panics naming `what` after `limit`.
+pub async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < limit,
+            "not within {} s: {what}",
+            limit.as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    t.elapsed()
+}
