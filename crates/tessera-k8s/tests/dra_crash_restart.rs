@@ -76,7 +76,7 @@ use std::time::{Duration, Instant};
 use apiserver::cluster::{bound, node_of, ready_node};
 use apiserver::crash::{Look, Plan, env, fail_on, latency, over_seeds, restarts};
 use apiserver::dra::{
-    claim, classes, mig_claim, mig_slice, pod_with_claims, share_claim, shared_slice, slice,
+    claim, classes, mig_claim, mig_slices, pod_with_claims, share_claim, shared_slice, slice,
     standalone_config,
 };
 use apiserver::dra_check::{DraAudit, audit, fitting, pod_claim_names, reserved_uids};
@@ -160,7 +160,7 @@ enum NodeKind {
     Dedicated,
     /// Shareable GPUs, consumable memory and compute ([`shared_slice`]).
     Shared,
-    /// GPUs in MIG mode, a device per placement ([`mig_slice`]).
+    /// GPUs in MIG mode, a device per placement ([`mig_slices`]).
     Mig,
 }
 
@@ -377,6 +377,11 @@ enum Chore {
     },
     /// Delete a free claim nobody will use again.
     Collect { claim: String },
+    /// Remove `resource.kubernetes.io/delete-protection` from a claim being
+    /// deleted that holds no allocation, at resourceVersion `rv`, as the real
+    /// controller's `syncClaim` does ("remove the finalizer to unblock
+    /// removal"): the API server holds a deleted claim while a finalizer is on it.
+    Unprotect { claim: String, rv: String },
 }
 
 /// What there is to do now. Claims are read before pods: a pod in a claim's
@@ -454,6 +459,24 @@ fn chores(
         let allocated = c
             .pointer("/status/allocation")
             .is_some_and(|a| !a.is_null());
+        if c.pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null())
+        {
+            let protected = c
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|f| f.iter().any(|x| x == DELETE_PROTECTION));
+            if protected && !allocated {
+                out.push(Chore::Unprotect {
+                    claim: name,
+                    rv: c["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                });
+            }
+            continue;
+        }
         let owners: Vec<&str> = c
             .pointer("/metadata/ownerReferences")
             .and_then(Value::as_array)
@@ -594,6 +617,27 @@ async fn perform(server: &ApiServer, client: &kube::Client, chore: Chore) {
         Chore::Collect { claim } => {
             let _ = claims.delete(&claim, &DeleteParams::default()).await;
         }
+        Chore::Unprotect { claim, rv } => {
+            let Ok(c) = claims.get(&claim).await else {
+                return;
+            };
+            let c = serde_json::to_value(c).unwrap_or_default();
+            let rest: Vec<Value> = c
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|f| *f != DELETE_PROTECTION)
+                .cloned()
+                .collect();
+            let _ = claims
+                .patch(
+                    &claim,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"resourceVersion": rv, "finalizers": rest}})),
+                )
+                .await;
+        }
     }
 }
 
@@ -732,11 +776,13 @@ async fn run_seed(seed: u64, nodes: usize, gpus: u32, key_file: &std::path::Path
             .create(Resource::Nodes, &ready_node(&name))
             .expect("node");
         let published = match kind {
-            NodeKind::Dedicated => slice(&name, gpus),
-            NodeKind::Shared => shared_slice(&name, gpus),
-            NodeKind::Mig => mig_slice(&name, gpus),
+            NodeKind::Dedicated => vec![slice(&name, gpus)],
+            NodeKind::Shared => vec![shared_slice(&name, gpus)],
+            NodeKind::Mig => mig_slices(&name, gpus),
         };
-        server.create(Resource::Slices, &published).expect("slice");
+        for s in &published {
+            server.create(Resource::Slices, s).expect("slice");
+        }
     }
     for c in classes() {
         server.create(Resource::DeviceClasses, &c).expect("class");
@@ -1047,15 +1093,17 @@ fn hold(
 async fn the_audit_names_each_broken_rule() {
     let server = ApiServer::new(Config::default());
     for (n, s) in [
-        ("a", slice("a", 2)),
-        ("b", slice("b", 2)),
-        ("s", shared_slice("s", 2)),
-        ("m", mig_slice("m", 1)),
+        ("a", vec![slice("a", 2)]),
+        ("b", vec![slice("b", 2)]),
+        ("s", vec![shared_slice("s", 2)]),
+        ("m", mig_slices("m", 1)),
     ] {
         server
             .create(Resource::Nodes, &ready_node(n))
             .expect("node");
-        server.create(Resource::Slices, &s).expect("slice");
+        for s in &s {
+            server.create(Resource::Slices, s).expect("slice");
+        }
     }
     let share = |memory: &str, compute: &str| Some(json!({"memory": memory, "compute": compute}));
     // Sound: p1 on a with c1 = a/gpu-0, reserved for it; two shares filling
@@ -1161,11 +1209,13 @@ async fn the_audit_names_each_broken_rule() {
 #[tokio::test]
 async fn fitting_judges_shares_and_placements() {
     let server = ApiServer::new(Config::default());
-    for (n, s) in [("s", shared_slice("s", 1)), ("m", mig_slice("m", 1))] {
+    for (n, s) in [("s", vec![shared_slice("s", 1)]), ("m", mig_slices("m", 1))] {
         server
             .create(Resource::Nodes, &ready_node(n))
             .expect("node");
-        server.create(Resource::Slices, &s).expect("slice");
+        for s in &s {
+            server.create(Resource::Slices, s).expect("slice");
+        }
     }
     // s/gpu-0: 60Gi and 500 taken. m/gpu-0: a 3g.40gb at memory slice 4.
     let c = share_claim(NAMESPACE, "held-share", "60Gi", 500);

@@ -10,8 +10,10 @@
 //! the status subresource changes only `status` (and metadata), the main
 //! resource never changes `status` and `spec` is immutable; an allocation,
 //! once set, cannot be changed (only removed); `reservedFor` needs an
-//! allocation, has at most 256 entries, unique by `uid`. The resourceVersion
-//! precondition (409 with the recorded Conflict Status) is the generic one of
+//! allocation, has at most 256 entries, unique by `uid`; the rest of the
+//! status validation (results, request names, `shareID`, no new consumer of a
+//! claim being deleted) and the ResourceSlice validation are in
+//! [`super::validation`]. The resourceVersion precondition (409 with the recorded Conflict Status) is the generic one of
 //! [`super::update`].
 
 use serde_json::{Value, json};
@@ -20,7 +22,7 @@ use super::status::{self, ApiError, Cause};
 use super::store::{Resource, key_of};
 
 fn invalid(name: &str, field: &str, reason: &'static str, message: String) -> ApiError {
-    status::invalid(
+    status::invalid_kind(
         Resource::Claims,
         name,
         vec![Cause {
@@ -103,6 +105,11 @@ pub fn prepare_claim_update(
             "Duplicate value: a uid may appear only once".into(),
         ));
     }
+    if sub == Some("status") {
+        // The rest of `ValidateResourceClaimStatusUpdate`: results, request
+        // names, shareIDs, and no new consumer of a claim being deleted.
+        super::validation::claim_status(old, new)?;
+    }
     Ok(())
 }
 
@@ -162,8 +169,12 @@ pub fn shared_slice(node: &str, gpus: u32) -> Value {
 /// GPU a counter set `gpu-<i>-counter-set` (`compute-slices`, and
 /// `memory-slice-<k>` of 1 each) and a device `gpu-<i>-mig-<profile>-<start>`
 /// per placement the model's table allows, consuming the profile's compute
-/// slices and the memory slices it covers. No instance exists yet.
-pub fn mig_slice(node: &str, gpus: u32) -> Value {
+/// slices and the memory slices it covers. No instance exists yet. One pool
+/// of several slices, as the v1.35+ API server wants them (and as
+/// `tessera-node`'s `dra::slice` writes them): counter sets in slices of
+/// their own, at most 8 to a slice, and the devices, which consume counters,
+/// at most 64 to a slice ([`super::validation`]).
+pub fn mig_slices(node: &str, gpus: u32) -> Vec<Value> {
     let catalog = tessera_core::model::Catalog::default();
     let a100 = catalog.find("A100-80GB").expect("A100-80GB in the catalog");
     let geo = catalog.spec(a100).mig.clone().expect("A100-80GB has MIG");
@@ -198,10 +209,24 @@ pub fn mig_slice(node: &str, gpus: u32) -> Value {
             }
         }
     }
-    json!({"metadata": {"name": format!("{node}-gpu.tessera.io")},
-        "spec": {"driver": "gpu.tessera.io", "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "sharedCounters": sets, "devices": devices}})
+    let mut specs: Vec<(&str, Vec<Value>)> = Vec::new();
+    for c in sets.chunks(super::validation::SLICE_MAX_COUNTER_SETS) {
+        specs.push(("sharedCounters", c.to_vec()));
+    }
+    for c in devices.chunks(super::validation::SLICE_MAX_DEVICES_ADVANCED) {
+        specs.push(("devices", c.to_vec()));
+    }
+    let count = specs.len();
+    specs
+        .into_iter()
+        .enumerate()
+        .map(|(k, (field, items))| {
+            let mut spec = json!({"driver": "gpu.tessera.io", "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": count}});
+            spec[field] = Value::Array(items);
+            json!({"metadata": {"name": format!("{node}-gpu.tessera.io-{k}")}, "spec": spec})
+        })
+        .collect()
 }
 
 /// A claim asking a share of one GPU: `memory` (a quantity) and `compute`

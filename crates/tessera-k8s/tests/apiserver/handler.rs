@@ -447,6 +447,8 @@ pub fn create(st: &mut State, resource: Resource, obj: &Value) -> Result<Arc<Val
         }
         Resource::Leases => leases::check_times(&obj)?,
         Resource::Events => events::validate(&obj)?,
+        Resource::Slices => super::validation::slice(&obj, None)?,
+        Resource::PodDisruptionBudgets => pods::pdb_defaults(&mut obj),
         _ => {}
     }
     let k = key_of(&obj);
@@ -479,6 +481,10 @@ fn create_at(st: &mut State, req: &Req<'_>) -> Result<(u16, Value), ApiError> {
                 obj["metadata"]["namespace"] = json!(ns);
             }
         }
+    }
+    if req.resource == Resource::Pods && obj.is_object() {
+        // Admission runs on the API path only (see `pods::admit_priority`).
+        pods::admit_priority(st, &mut obj)?;
     }
     create(st, req.resource, &obj).map(|o| (201, (*o).clone()))
 }

@@ -30,8 +30,12 @@
 //!   sets `nodeName` and `PodScheduled=True`, as `BindingREST` does. [`pods`]
 //! - DELETE: unbound pods go at once, bound pods stay terminating with
 //!   `deletionTimestamp` until `gracePeriodSeconds=0`; finalizers hold them;
-//!   DeleteOptions preconditions (file 16). Eviction as file 11 shows it
-//!   without a PodDisruptionBudget (the double keeps none). [`pods`]
+//!   DeleteOptions preconditions (file 16). Eviction as file 11 shows it,
+//!   PodDisruptionBudgets included: 429 `TooManyRequests` for a budget not
+//!   yet processed (`Retry-After: 10`) or with no disruption left, one taken
+//!   from an allowed one; Pending and terminating pods skip them. Pod creates
+//!   over the API pass the Priority admission plugin (`priorityClassName`
+//!   resolved into `spec.priority`, an unknown class 403). [`pods`]
 //! - Leases: 409 AlreadyExists, PUT with a stale resourceVersion → 409,
 //!   without one → 422, MicroTime without six fractional digits → 400
 //!   (file 10); server-side apply with per-field managers and 409 on a field
@@ -43,7 +47,11 @@
 //! - `resource.k8s.io/v1` ResourceClaims (with `status`), ResourceSlices and
 //!   DeviceClasses: create, get, list, watch, patch, delete with the generic
 //!   rules above. Not recorded (the fixtures are v1.28): the claim rules of
-//!   the v1.34+ API server's strategy and validation are modelled in [`dra`].
+//!   the v1.34+ API server's strategy and validation are modelled in [`dra`]
+//!   and [`validation`] (ResourceSlices on create and update; a claim's
+//!   status: results, request names, `shareID`, no new consumer once being
+//!   deleted). Objects other than pods that finalizers hold stay, with a
+//!   `deletionTimestamp`, until the last one is removed (the generic store).
 //!
 //! Beyond the real server: per-request latency (seeded, uniform in a range,
 //! half before and half after the write, plus a per-item cost for LISTs so a
@@ -56,8 +64,8 @@
 //! test then drops the process's runtime ([`process`]).
 //!
 //! Not modelled: authentication and RBAC, admission webhooks, namespaces as
-//! a precondition, PodDisruptionBudgets in evictions (they are stored and
-//! listed, no more), the watch cache lagging the server's
+//! a precondition, the disruption controller (a budget's status is what a
+//! test writes), admission plugins other than Priority, the watch cache lagging the server's
 //! counter on `resourceVersion=0` lists, and one storage for core/v1 and
 //! events.k8s.io events. [`check`], [`dra_check`], [`cluster`] and [`crash`]
 //! are for scheduler tests: the invariants judged from stored objects (grants;
@@ -82,6 +90,7 @@ pub mod status;
 pub mod store;
 pub mod tcp;
 mod update;
+pub mod validation;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap};
@@ -315,7 +324,10 @@ impl ApiServer {
         (kube::Client::new(service, "default"), session)
     }
 
-    /// Creates an object as a POST would (defaults, uid, resourceVersion).
+    /// Creates an object as a POST would (defaults, validation, uid,
+    /// resourceVersion), but without the admission plugins (Priority): a
+    /// seeded object is stored as if admitted long ago, its `spec.priority`
+    /// as given. Requests over the service go through admission.
     pub fn create<K: Serialize>(&self, resource: Resource, obj: &K) -> Result<Value, ApiError> {
         let value = serde_json::to_value(obj).map_err(|e| status::bad_request(e.to_string()))?;
         let mut st = self.0.lock();

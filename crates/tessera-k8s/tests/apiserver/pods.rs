@@ -417,10 +417,221 @@ pub fn delete(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value),
     Ok((200, (*marked).clone()))
 }
 
-/// `POST pods/NAME/eviction` with no PodDisruptionBudget in the way (the
-/// double keeps none): the pod gets `DisruptionTarget=True`, then is deleted
-/// as a DELETE would (file 11: a pending pod is gone at once, a bound one
-/// terminates gracefully; a terminating pod is evicted again with 201).
+/// A new PodDisruptionBudget as the policy strategy's `PrepareForCreate`
+/// leaves it (file 11, step 0): generation 1, status reset to zeros until the
+/// disruption controller (which the double does not run) computes it.
+pub fn pdb_defaults(pdb: &mut Value) {
+    pdb["metadata"]["generation"] = json!(1);
+    pdb["status"] = json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0});
+}
+
+/// The PodDisruptionBudget strategies on update: the status subresource
+/// changes only `status`; the main resource keeps `status` and raises
+/// `generation` when `spec` changes (`pkg/registry/policy/poddisruptionbudget/strategy.go`).
+pub fn prepare_pdb_update(old: &Value, new: &mut Value, sub: Option<&str>) {
+    if sub == Some("status") {
+        let status = new.get("status").cloned().unwrap_or(Value::Null);
+        let meta = new.get("metadata").cloned();
+        *new = old.clone();
+        new["status"] = status;
+        if let Some(m) = meta {
+            new["metadata"] = m;
+        }
+        new["metadata"]["generation"] = old
+            .pointer("/metadata/generation")
+            .cloned()
+            .unwrap_or(json!(1));
+        return;
+    }
+    new["status"] = old.get("status").cloned().unwrap_or(Value::Null);
+    let generation = old
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let bumped = if new.get("spec") != old.get("spec") {
+        generation + 1
+    } else {
+        generation
+    };
+    new["metadata"]["generation"] = json!(bumped);
+}
+
+/// `metav1.LabelSelector` as `metav1.LabelSelectorAsSelector` reads it: an
+/// empty selector (`{}`) matches every pod, a missing one none (policy/v1).
+fn selects(selector: Option<&Value>, labels: &Map<String, Value>) -> bool {
+    let Some(sel) = selector.filter(|s| s.is_object()) else {
+        return false;
+    };
+    let label = |k: &str| labels.get(k).and_then(Value::as_str);
+    let matched = sel
+        .get("matchLabels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| label(k) == v.as_str());
+    let expressions = sel
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .all(|e| {
+            let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
+            let values: Vec<&str> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            match e
+                .get("operator")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+            {
+                "In" => label(key).is_some_and(|v| values.contains(&v)),
+                "NotIn" => label(key).is_none_or(|v| !values.contains(&v)),
+                "Exists" => label(key).is_some(),
+                "DoesNotExist" => label(key).is_none(),
+                _ => false,
+            }
+        });
+    matched && expressions
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.get("type").and_then(Value::as_str) == Some("Ready")
+                && c.get("status").and_then(Value::as_str) == Some("True")
+        })
+}
+
+fn int_at(v: &Value, pointer: &str) -> i64 {
+    v.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
+}
+
+/// `EvictionREST.Create`'s PodDisruptionBudget check
+/// (`pkg/registry/core/pod/storage/eviction.go`, v1.28–v1.36), for a pod it
+/// does not skip: the budgets of the pod's namespace selecting it (more than
+/// one: 500); a pod that is not Ready passes under `AlwaysAllow`, or under the
+/// default `IfHealthyBudget` while `currentHealthy >= desiredHealthy > 0`;
+/// otherwise `checkAndDecrement`: an unprocessed budget
+/// (`observedGeneration < generation`) is 429 with `Retry-After: 10`, a
+/// negative `disruptionsAllowed` 403, none left 429 (file 11), and an allowed
+/// eviction takes one, records the pod in `disruptedPods` and flips the
+/// `DisruptionAllowed` condition at zero, in one write of the budget.
+fn check_budgets(st: &mut State, pod: &Value, name: &str) -> Result<(), ApiError> {
+    let ns = key_of(pod).0;
+    let labels = pod
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let budgets: Vec<Value> = st
+        .store
+        .all(Resource::PodDisruptionBudgets)
+        .filter(|b| key_of(b).0 == ns && selects(b.pointer("/spec/selector"), &labels))
+        .map(|b| (**b).clone())
+        .collect();
+    let pdb = match budgets.as_slice() {
+        [] => return Ok(()),
+        [one] => one.clone(),
+        _ => {
+            // errors.NewInternalError(...): a 500 `InternalError`.
+            return Err(status::injected(
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ));
+        }
+    };
+    let pdb_name = key_of(&pdb).1;
+    if !pod_ready(pod) {
+        let policy = pdb
+            .pointer("/spec/unhealthyPodEvictionPolicy")
+            .and_then(Value::as_str);
+        let current = int_at(&pdb, "/status/currentHealthy");
+        let desired = int_at(&pdb, "/status/desiredHealthy");
+        if policy == Some("AlwaysAllow") || (current >= desired && desired > 0) {
+            return Ok(());
+        }
+    }
+    if int_at(&pdb, "/status/observedGeneration") < int_at(&pdb, "/metadata/generation") {
+        return Err(status::disruption_budget(
+            format!("The disruption budget {pdb_name} is still being processed by the server."),
+            Some(10),
+        ));
+    }
+    let allowed = int_at(&pdb, "/status/disruptionsAllowed");
+    if allowed < 0 {
+        return Err(status::forbidden(
+            Resource::PodDisruptionBudgets,
+            &pdb_name,
+            "pdb disruptions allowed is negative",
+        ));
+    }
+    let disrupted = pdb
+        .pointer("/status/disruptedPods")
+        .and_then(Value::as_object)
+        .map_or(0, Map::len);
+    if disrupted > 2000 {
+        return Err(status::forbidden(
+            Resource::PodDisruptionBudgets,
+            &pdb_name,
+            "DisruptedPods map too big - too many evictions not confirmed by PDB controller",
+        ));
+    }
+    if allowed == 0 {
+        return Err(status::disruption_budget(
+            format!(
+                "The disruption budget {pdb_name} needs {} healthy pods and has {} currently",
+                int_at(&pdb, "/status/desiredHealthy"),
+                int_at(&pdb, "/status/currentHealthy")
+            ),
+            None,
+        ));
+    }
+    let mut pdb = pdb;
+    pdb["status"]["disruptionsAllowed"] = json!(allowed - 1);
+    if !pdb["status"]
+        .get("disruptedPods")
+        .is_some_and(Value::is_object)
+    {
+        pdb["status"]["disruptedPods"] = json!({});
+    }
+    pdb["status"]["disruptedPods"][name] = json!(now());
+    if allowed - 1 == 0 {
+        // pdbhelper.UpdateDisruptionAllowedCondition.
+        let generation = int_at(&pdb, "/metadata/generation");
+        let condition = json!({"type": "DisruptionAllowed", "status": "False",
+            "observedGeneration": generation, "lastTransitionTime": now(),
+            "reason": "InsufficientPods", "message": ""});
+        let conditions = pdb["status"]
+            .as_object_mut()
+            .map(|s| s.entry("conditions").or_insert_with(|| json!([])));
+        if let Some(Value::Array(cs)) = conditions {
+            match cs
+                .iter()
+                .position(|c| c.get("type").and_then(Value::as_str) == Some("DisruptionAllowed"))
+            {
+                Some(i) if cs[i].get("status").and_then(Value::as_str) == Some("False") => {
+                    cs[i]["reason"] = json!("InsufficientPods");
+                }
+                Some(i) => cs[i] = condition,
+                None => cs.push(condition),
+            }
+        }
+    }
+    st.store.update(Resource::PodDisruptionBudgets, pdb);
+    Ok(())
+}
+
+/// `POST pods/NAME/eviction`: the pod gets `DisruptionTarget=True`, then is
+/// deleted as a DELETE would (file 11: a pending pod is gone at once, a bound
+/// one terminates gracefully; a terminating pod is evicted again with 201).
+/// A pod that is Succeeded, Failed, Pending or terminating skips the budgets
+/// (`canIgnorePDB`); any other goes through [`check_budgets`].
 pub fn evict(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiError> {
     let k = key(req, name);
     let Some(old) = st.store.get(Resource::Pods, &k).cloned() else {
@@ -431,6 +642,13 @@ pub fn evict(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiErro
         .is_some_and(|v| !v.is_null())
     {
         return Ok(status::success_201());
+    }
+    let phase = old
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !matches!(phase, "Succeeded" | "Failed" | "Pending") {
+        check_budgets(st, &old, name)?;
     }
     let mut pod = (*old).clone();
     let target = json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
@@ -455,4 +673,111 @@ pub fn evict(st: &mut State, req: &Req<'_>, name: &str) -> Result<Value, ApiErro
     };
     delete(st, &no_body, name)?;
     Ok(status::success_201())
+}
+
+/// The PriorityClasses kube-apiserver creates at start (`scheduling.SystemPriorityClasses`),
+/// which the double does not store: name, value.
+const SYSTEM_PRIORITY_CLASSES: &[(&str, i64)] = &[
+    ("system-node-critical", 2_000_001_000),
+    ("system-cluster-critical", 2_000_000_000),
+];
+
+/// The Priority admission plugin on a pod create
+/// (`plugin/pkg/admission/priority/admission.go`, `admitPod`), on the API
+/// path only (objects a test seeds with [`super::ApiServer::create`] are
+/// stored as if admitted long ago): a named `priorityClassName` is resolved,
+/// and one that names no class is refused with 403 `pods "x" is forbidden:
+/// no PriorityClass with name y was found`; without a name the
+/// `globalDefault` class (the lowest such) applies, else priority 0. The
+/// class's value becomes `spec.priority` and its `preemptionPolicy` the
+/// pod's; a pod that sends a different `spec.priority` or `preemptionPolicy`
+/// is refused (403) as the plugin does.
+pub fn admit_priority(st: &State, pod: &mut Value) -> Result<(), ApiError> {
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            pod.pointer("/metadata/generateName")
+                .and_then(Value::as_str)
+        })
+        .unwrap_or("Unknown")
+        .to_string();
+    if !pod.get("spec").is_some_and(Value::is_object) {
+        pod["spec"] = json!({});
+    }
+    let class_name = pod
+        .pointer("/spec/priorityClassName")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let class_of = |c: &Value| {
+        (
+            key_of(c).1,
+            c.get("value").and_then(Value::as_i64).unwrap_or(0),
+            c.get("preemptionPolicy")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                // The PriorityClass defaulting fills PreemptLowerPriority.
+                .or_else(|| Some("PreemptLowerPriority".to_string())),
+        )
+    };
+    let (class, priority, policy) = if class_name.is_empty() {
+        // getDefaultPriority: the global default with the lowest value.
+        let default = st
+            .store
+            .all(Resource::PriorityClasses)
+            .filter(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true))
+            .map(|c| class_of(c))
+            .min_by_key(|(_, v, _)| *v);
+        default.unwrap_or_default()
+    } else if let Some(c) = st.store.get(
+        Resource::PriorityClasses,
+        &(String::new(), class_name.clone()),
+    ) {
+        class_of(c)
+    } else if let Some((n, v)) = SYSTEM_PRIORITY_CLASSES
+        .iter()
+        .find(|(n, _)| *n == class_name)
+    {
+        (n.to_string(), *v, Some("PreemptLowerPriority".to_string()))
+    } else {
+        return Err(status::forbidden(
+            Resource::Pods,
+            &name,
+            &format!("no PriorityClass with name {class_name} was found"),
+        ));
+    };
+    if let Some(given) = pod.pointer("/spec/priority").and_then(Value::as_i64)
+        && given != priority
+    {
+        return Err(status::forbidden(
+            Resource::Pods,
+            &name,
+            &format!(
+                "the integer value of priority ({given}) must not be provided in pod spec; priority admission controller computed {priority} from the given PriorityClass name"
+            ),
+        ));
+    }
+    if !class.is_empty() {
+        pod["spec"]["priorityClassName"] = json!(class);
+    }
+    pod["spec"]["priority"] = json!(priority);
+    if let Some(policy) = policy {
+        if let Some(given) = pod
+            .pointer("/spec/preemptionPolicy")
+            .and_then(Value::as_str)
+            && given != policy
+        {
+            return Err(status::forbidden(
+                Resource::Pods,
+                &name,
+                &format!(
+                    "the string value of PreemptionPolicy ({given}) must not be provided in pod spec; priority admission controller computed {policy} from the given PriorityClass name"
+                ),
+            ));
+        }
+        pod["spec"]["preemptionPolicy"] = json!(policy);
+    }
+    Ok(())
 }

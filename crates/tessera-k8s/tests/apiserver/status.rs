@@ -189,6 +189,81 @@ pub fn invalid(resource: Resource, name: &str, causes: Vec<Cause>) -> ApiError {
     )
 }
 
+/// A 422 of a registry strategy's validation (`rest.BeforeCreate` /
+/// `BeforeUpdate`: `errors.NewInvalid(kind.GroupKind(), name, errs)`): the
+/// subject is `Kind.group` (`ResourceSlice.resource.k8s.io "x" is invalid: …`)
+/// and `details` carry `group` and the Kind, as file 06 shows for core `Pod`.
+pub fn invalid_kind(resource: Resource, name: &str, causes: Vec<Cause>) -> ApiError {
+    let parts: Vec<String> = causes
+        .iter()
+        .map(|c| format!("{}: {}", c.field, c.message))
+        .collect();
+    let joined = if parts.len() == 1 {
+        parts[0].clone()
+    } else {
+        format!("[{}]", parts.join(", "))
+    };
+    let subject = if resource.group().is_empty() {
+        resource.kind().to_string()
+    } else {
+        format!("{}.{}", resource.kind(), resource.group())
+    };
+    let mut d = details(resource, name, resource.kind());
+    if let Value::Object(m) = &mut d {
+        m.insert(
+            "causes".into(),
+            Value::Array(
+                causes
+                    .iter()
+                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .collect(),
+            ),
+        );
+    }
+    failure(
+        422,
+        format!("{subject} \"{name}\" is invalid: {joined}"),
+        Some("Invalid"),
+        Some(d),
+    )
+}
+
+/// `pods "x" is forbidden: …`: an admission plugin's refusal
+/// (`admission.NewForbidden` → `apierrors.NewForbidden(resource, name, err)`),
+/// `details` naming the resource as file 17's RBAC 403 does.
+pub fn forbidden(resource: Resource, name: &str, why: &str) -> ApiError {
+    failure(
+        403,
+        format!("{} \"{name}\" is forbidden: {why}", resource.qualified()),
+        Some("Forbidden"),
+        Some(details(resource, name, resource.plural())),
+    )
+}
+
+/// The eviction subresource's refusal for a PodDisruptionBudget (file 11):
+/// 429 `TooManyRequests`, one `DisruptionBudget` cause, and, when the budget
+/// is not yet processed, `Retry-After` with `details.retryAfterSeconds`
+/// (`pkg/registry/core/pod/storage/eviction.go`, `createTooManyRequestsError`
+/// and `checkAndDecrement`).
+pub fn disruption_budget(cause: String, retry_after: Option<u32>) -> ApiError {
+    let mut d = Map::new();
+    d.insert(
+        "causes".into(),
+        json!([{"reason": "DisruptionBudget", "message": cause}]),
+    );
+    if let Some(s) = retry_after {
+        d.insert("retryAfterSeconds".into(), json!(s));
+    }
+    let mut e = failure(
+        429,
+        "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+        Some("TooManyRequests"),
+        Some(Value::Object(d)),
+    );
+    e.retry_after = retry_after;
+    e
+}
+
 /// The generic 422 of a failed JSON-patch operation (file 05): no hint of which op.
 pub fn json_patch_failed() -> ApiError {
     failure(

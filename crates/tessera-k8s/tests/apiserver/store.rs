@@ -23,8 +23,8 @@ pub enum Resource {
     Nodes,
     GpuNodes,
     Leases,
-    /// policy/v1 PodDisruptionBudgets: stored and listed only (the eviction
-    /// handler does not consult them).
+    /// policy/v1 PodDisruptionBudgets: stored, listed, and consulted by the
+    /// eviction subresource as the API server does ([`super::pods::evict`]).
     PodDisruptionBudgets,
     /// core/v1 events.
     CoreEvents,
@@ -41,6 +41,9 @@ pub enum Resource {
     Claims,
     Slices,
     DeviceClasses,
+    /// scheduling.k8s.io/v1 PriorityClasses (cluster-scoped), which the
+    /// Priority admission plugin resolves on pod create ([`super::pods::admit_priority`]).
+    PriorityClasses,
 }
 
 impl Resource {
@@ -57,6 +60,7 @@ impl Resource {
             ("resource.k8s.io", "v1", "resourceclaims") => Resource::Claims,
             ("resource.k8s.io", "v1", "resourceslices") => Resource::Slices,
             ("resource.k8s.io", "v1", "deviceclasses") => Resource::DeviceClasses,
+            ("scheduling.k8s.io", "v1", "priorityclasses") => Resource::PriorityClasses,
             _ => return None,
         })
     }
@@ -73,6 +77,7 @@ impl Resource {
             Resource::Claims => "resourceclaims",
             Resource::Slices => "resourceslices",
             Resource::DeviceClasses => "deviceclasses",
+            Resource::PriorityClasses => "priorityclasses",
         }
     }
 
@@ -83,6 +88,7 @@ impl Resource {
             Resource::PodDisruptionBudgets => "policy",
             Resource::Events => "events.k8s.io",
             Resource::Claims | Resource::Slices | Resource::DeviceClasses => "resource.k8s.io",
+            Resource::PriorityClasses => "scheduling.k8s.io",
             _ => "",
         }
     }
@@ -99,6 +105,7 @@ impl Resource {
             Resource::Claims => "ResourceClaim",
             Resource::Slices => "ResourceSlice",
             Resource::DeviceClasses => "DeviceClass",
+            Resource::PriorityClasses => "PriorityClass",
         }
     }
 
@@ -109,6 +116,7 @@ impl Resource {
             Resource::PodDisruptionBudgets => "policy/v1",
             Resource::Events => "events.k8s.io/v1",
             Resource::Claims | Resource::Slices | Resource::DeviceClasses => "resource.k8s.io/v1",
+            Resource::PriorityClasses => "scheduling.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -121,6 +129,7 @@ impl Resource {
                 | Resource::GpuNodes
                 | Resource::Slices
                 | Resource::DeviceClasses
+                | Resource::PriorityClasses
         )
     }
 

@@ -96,11 +96,21 @@ pub fn update_object(
         Resource::Pods => pods::prepare_update(old, &mut new, req.sub.as_deref())?,
         Resource::Leases => leases::check_times(&new)?,
         Resource::Claims => super::dra::prepare_claim_update(old, &mut new, req.sub.as_deref())?,
+        Resource::Slices => super::validation::slice(&new, Some(old))?,
+        Resource::PodDisruptionBudgets => {
+            pods::prepare_pdb_update(old, &mut new, req.sub.as_deref())
+        }
         _ => {}
     }
     set_rv(&mut new, stored_rv.parse().unwrap_or(0));
     if new == **old {
         return Ok((200, (**old).clone()));
+    }
+    if r != Resource::Pods && held_deletion_ends(&new) {
+        // The generic store's `shouldDeleteDuringUpdate`: the update that
+        // removes the last finalizer of an object being deleted deletes it.
+        st.store.delete(r, &key_of(old));
+        return Ok((200, new));
     }
     if r == Resource::Pods && pods::may_go(&new) {
         // The update that removes the last finalizer of a deleted pod is the
@@ -188,9 +198,40 @@ pub fn delete(st: &mut State, req: &Req<'_>, name: &str) -> Result<(u16, Value),
         return pods::delete(st, req, name);
     }
     let k = key(req, name);
-    if st.store.get(req.resource, &k).is_none() {
+    let Some(old) = st.store.get(req.resource, &k).cloned() else {
         return Err(status::not_found(req.resource, name));
+    };
+    // The generic store's graceful deletion (`BeforeDelete`,
+    // `deletionFinalizersForGarbageCollection`): an object that finalizers
+    // hold stays, marked with `deletionTimestamp` and grace 0, until the last
+    // finalizer is removed; a repeated DELETE leaves it as it is. (A
+    // ResourceClaim with `resource.kubernetes.io/delete-protection` is held so.)
+    if finalizers(&old) {
+        if old
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null())
+        {
+            return Ok((200, (*old).clone()));
+        }
+        let mut marked = (*old).clone();
+        marked["metadata"]["deletionTimestamp"] = json!(super::handler::now());
+        marked["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        let stored = st.store.update(req.resource, marked);
+        return Ok((200, (*stored).clone()));
     }
     let gone = st.store.delete(req.resource, &k);
     Ok((200, gone.map(|g| (*g).clone()).unwrap_or_default()))
+}
+
+fn finalizers(obj: &Value) -> bool {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+}
+
+/// Whether `obj` is being deleted and no finalizer holds it any more.
+fn held_deletion_ends(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+        && !finalizers(obj)
 }
