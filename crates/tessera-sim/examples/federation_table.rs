@@ -2,14 +2,15 @@
 //! `tessera simulate --experiment federation`), for release-mode runs that need only
 //! the core and the simulator built.
 //!
-//! `cargo run --release -p tessera-sim --example federation_table -- [--dir DIR] [--workloads a,b|synthetic] [--seeds N] [--limit L] [--batch B] [--json FILE]`
+//! `cargo run --release -p tessera-sim --example federation_table -- [--dir DIR] [--workloads a,b|synthetic|variant-N] [--seeds N] [--limit L] [--batch B] [--json FILE]`
 //! `--dir` defaults to `../shared/data/openb` from the workspace root (or `OPENB_DIR`).
 
 use std::path::PathBuf;
 
 use tessera_sim::experiment::federation::{FederationConfig, render_table, run_federation_seeds};
 use tessera_sim::experiment::fill::seeds;
-use tessera_sim::trace::openb::{load_nodes, load_pods};
+use tessera_sim::trace::openb::{load_nodes, load_pods, read_pods};
+use tessera_sim::variant::{Base, VariantMix};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut n_seeds = 10;
@@ -43,6 +44,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (cluster, pods) = if w == "synthetic" {
             let s = tessera_sim::workload::generate(42);
             (s.cluster, s.pods)
+        } else if let Some(seed) = w.strip_prefix("variant-") {
+            // A generated variant, as `tessera trace variant --seed N` writes it.
+            let seed: u64 = seed.parse()?;
+            let cluster = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
+            let default = dir.join("openb_pod_list_default.csv");
+            let base = Base::read(
+                std::io::BufReader::new(std::fs::File::open(&default)?),
+                "default",
+            )?;
+            let mut csv = Vec::new();
+            base.write_variant(&VariantMix::for_seed(seed), seed, &mut csv)?;
+            let pods = read_pods(&csv[..], w, &cluster.catalog)?;
+            (cluster, pods)
         } else {
             let cluster = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
             let pods = load_pods(
