@@ -20,7 +20,8 @@ use rand::RngCore;
 
 use crate::Scheduler;
 use crate::ledger::{Ledger, LedgerError};
-use crate::model::Cluster;
+use crate::model::{Cluster, NodeId};
+use crate::placement::Placement;
 use crate::request::Request;
 
 /// What [`max_replicas`] counted.
@@ -55,11 +56,41 @@ pub fn max_replicas(
     limit: u32,
     rng: &mut dyn RngCore,
 ) -> Result<Estimate, LedgerError> {
+    count(cluster, ledger, limit, |ledger| {
+        scheduler.place(cluster, ledger, req, rng)
+    })
+}
+
+/// [`max_replicas`] on `nodes` only (the nodes a pod's node selector, affinity and
+/// tolerations admit, as an adapter computes them): each replica is placed with
+/// [`Scheduler::place_within`], the same judge without the score cache.
+pub fn max_replicas_within(
+    scheduler: &Scheduler,
+    cluster: &Cluster,
+    ledger: &mut Ledger,
+    req: &Request,
+    nodes: &[NodeId],
+    limit: u32,
+    rng: &mut dyn RngCore,
+) -> Result<Estimate, LedgerError> {
+    count(cluster, ledger, limit, |ledger| {
+        scheduler.place_within(cluster, ledger, req, nodes, rng)
+    })
+}
+
+/// Places with `place` and applies, inside a checkpoint, until a placement fails or
+/// `limit` are counted; then rolls back.
+fn count(
+    cluster: &Cluster,
+    ledger: &mut Ledger,
+    limit: u32,
+    mut place: impl FnMut(&Ledger) -> Option<Placement>,
+) -> Result<Estimate, LedgerError> {
     let cp = ledger.checkpoint();
     let mut replicas = 0u32;
     let mut failure = None;
     while replicas < limit {
-        let Some(p) = scheduler.place(cluster, ledger, req, rng) else {
+        let Some(p) = place(ledger) else {
             break;
         };
         if let Err(e) = ledger.apply(cluster, &p) {
@@ -241,6 +272,41 @@ mod tests {
             if let Some(p) = a {
                 ledger.apply(&cluster, &p).unwrap();
             }
+        }
+    }
+
+    /// On a subset of the nodes (a node selector's), the count equals the pods then
+    /// placed one by one on those nodes, and never exceeds the count on all nodes.
+    #[test]
+    fn within_nodes_equals_placed_one_by_one_there() {
+        let mut s = scheduler("tessera");
+        let (cluster, mut ledger) = fragmented(&mut s);
+        let nodes: Vec<NodeId> = ["dgx-a100-2", "l4-1", "l4-2", "v100-1"]
+            .iter()
+            .map(|n| cluster.node_id(n).unwrap())
+            .collect();
+        for req in [
+            Request::whole(1, 4000, 16384),
+            Request::share_milli(250, 1000, 2048),
+            mig("1g.10gb"),
+        ] {
+            let mut rng = SmallRng::seed_from_u64(2);
+            let before = held(&ledger);
+            let within =
+                max_replicas_within(&s, &cluster, &mut ledger, &req, &nodes, u32::MAX, &mut rng)
+                    .unwrap();
+            assert_eq!(held(&ledger), before);
+            let all =
+                max_replicas(&mut s, &cluster, &mut ledger, &req, u32::MAX, &mut rng).unwrap();
+            assert!(within.replicas <= all.replicas);
+            let mut placed = 0;
+            let mut l = ledger.clone();
+            while let Some(p) = s.place_within(&cluster, &l, &req, &nodes, &mut rng) {
+                assert!(nodes.contains(&p.node));
+                l.apply(&cluster, &p).unwrap();
+                placed += 1;
+            }
+            assert_eq!(within.replicas, placed, "{req:?}");
         }
     }
 
