@@ -4,12 +4,14 @@
 //! use, the shared fit filter, the placement policies (one file each), the
 //! one node judge and its per-shape verdict cache, the scheduler that ranks nodes with them, fragmentation as FGD defines it,
 //! explanations, and the allocation annotation that the scheduler and the node
-//! agent share, and the chargeback meter. No async, no I/O, no clock: state and request in, values out.
+//! agent share, the chargeback meter, and the replica estimate a federation engine asks for
+//! (counted by placing, not by a second fit). No async, no I/O, no clock: state and request in, values out.
 //! A test (`tests/purity.rs`) keeps it that way.
 
 pub mod allocation;
 pub mod chargeback;
 pub mod containers;
+pub mod estimate;
 pub mod explain;
 pub mod fit;
 pub mod frag;

@@ -21,6 +21,7 @@ use tessera_sim::workload as synthetic;
 use crate::cmd::progress::Progress;
 
 mod dra;
+mod federation;
 mod isolation;
 mod preempt;
 
@@ -44,7 +45,8 @@ pub struct SimulateArgs {
     /// preemption against a kube-scheduler-like baseline), gang (distributed jobs:
     /// gangs vs member by member), defrag (moves per whole 8-GPU node freed) or
     /// isolation (hard and soft shares: static MIG, MPS only, dynamic MIG) or dra
-    /// (kube-scheduler's first-fit DRA device allocation against Tessera's choice).
+    /// (kube-scheduler's first-fit DRA device allocation against Tessera's choice) or
+    /// federation (member clusters chosen by Karmada's integer estimate or Tessera's).
     /// Default: fill with --trace, both without.
     #[arg(long)]
     pub experiment: Option<String>,
@@ -91,6 +93,8 @@ pub struct SimulateArgs {
     pub synthetic_seed: u64,
     #[command(flatten)]
     pub preempt: preempt::PreemptArgs,
+    #[command(flatten)]
+    pub federation: federation::FederationArgs,
     /// Isolation: per cent of one-GPU shares that ask for hard isolation (the rest soft).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub hard_pct: u32,
@@ -235,9 +239,10 @@ fn run_inner(args: SimulateArgs) -> Result<ExitCode, Fail> {
         "preempt" => return preempt::run(&args),
         "gang" | "defrag" => return Ok(super::simulate_gang::run(&experiment, &args)),
         "dra" => return dra::run(&args),
+        "federation" => return federation::run(&args),
         other => {
             return Err(Fail::Usage(format!(
-                "--experiment: {other:?} is not fill, replay, both, tenants, preempt, gang, defrag, isolation or dra"
+                "--experiment: {other:?} is not fill, replay, both, tenants, preempt, gang, defrag, isolation, dra or federation"
             )));
         }
     };
