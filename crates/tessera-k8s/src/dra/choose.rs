@@ -99,7 +99,8 @@ fn is_whole_gpu(d: &NodeDevice) -> bool {
         && d.capacity.contains_key("memory")
 }
 
-fn mib(q: Quantity) -> u64 {
+/// A quantity in whole MiB (rounded down; 0 when negative or too large).
+pub(super) fn mib(q: Quantity) -> u64 {
     u64::try_from(q.nano() / MIB_NANO).unwrap_or(0)
 }
 

@@ -12,6 +12,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use tessera_core::request::{GpuAsk, GpuMemory};
 
+use super::choose::mib;
 use super::claim::{ClaimAsk, ClaimError, Mode};
 use super::types::{ClaimSpec, DeviceClass, ResourceClaim};
 use super::{CLASS_GPU, CLASS_MIG, DRIVER};
@@ -236,7 +237,6 @@ pub fn pod_claims<'a>(
 /// `GpuAsk::None` for anything else (MIG profiles, `All`, other classes,
 /// shares mixed with more): such a pod is learned by its CPU and memory only.
 pub fn learned_ask(claims: &[PodClaim]) -> GpuAsk {
-    const MIB_NANO: i128 = (1 << 20) * 1_000_000_000;
     let mut whole = 0u32;
     let mut shares = Vec::new();
     for c in claims {
@@ -257,14 +257,14 @@ pub fn learned_ask(claims: &[PodClaim]) -> GpuAsk {
                 whole = whole.saturating_add(n);
                 continue;
             }
-            let memory = alt.capacity.get("memory").map(|q| q.nano() / MIB_NANO);
+            let memory = alt.capacity.get("memory").map(|q| mib(*q));
             let compute = alt
                 .capacity
                 .get("compute")
                 .map(|q| q.nano() / 1_000_000_000);
             match (memory, compute) {
                 (Some(m), Some(c)) if n == 1 && (1..1000).contains(&c) => {
-                    shares.push((u64::try_from(m).unwrap_or(0), c as u32));
+                    shares.push((m, c as u32));
                 }
                 _ => return GpuAsk::None,
             }

@@ -7,6 +7,7 @@ use crate::hostfit::{self, HostAsk};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use std::collections::HashMap;
 use tessera_api::GpuNode;
+use tessera_api::gpunode::ContainerDevices;
 use tessera_core::allocation::{ANNOTATION, Allocation};
 use tessera_core::placement::Placement;
 use tessera_core::request::{GpuAsk, Request};
@@ -19,43 +20,41 @@ fn same_node_for_placement(a: &KubeNode, b: &KubeNode) -> bool {
     convert::node_facts(a) == convert::node_facts(b) && allocatable(a) == allocatable(b)
 }
 
-/// Whether two versions of a GpuNode place pods alike (see [`Mirror::upsert_inventory`]):
-/// the same GPUs, health and devices the kubelet reports held (when it read them aside).
+/// The containers the kubelet reported holding GPUs (the agent's PodResources
+/// report); `None` while the agent has not reported them (not the same as none).
+fn held_containers(g: &GpuNode) -> Option<&[ContainerDevices]> {
+    g.status
+        .as_ref()
+        .and_then(|s| s.pod_resources.as_ref())
+        .map(|r| r.containers.as_slice())
+}
+
+/// Whether any of `a`'s GPUs has another health in `b`.
+fn health_changed(a: &GpuNode, b: &GpuNode) -> bool {
+    a.spec.gpus.iter().any(|g| {
+        a.spec.health_of(g.index, a.status.as_ref()) != b.spec.health_of(g.index, b.status.as_ref())
+    })
+}
+
 /// Whether going from GpuNode `old` to `new` may free room: the GPUs or their
 /// health changed, or a container the kubelet listed holding GPUs is no
 /// longer listed (the agent's PodResources report lags a pod's deletion: the
 /// deletion alone left its GPUs held, and the pod that waited for them slept
 /// out its backoff, up to 60 s, on a real 1.36 control plane).
 fn may_free_room(old: &GpuNode, new: &GpuNode) -> bool {
-    let held = |g: &GpuNode| {
-        g.status
-            .as_ref()
-            .and_then(|s| s.pod_resources.as_ref())
-            .map(|r| r.containers.clone())
-            .unwrap_or_default()
-    };
-    let now = held(new);
+    let now = held_containers(new).unwrap_or_default();
     old.spec != new.spec
-        || held(old).iter().any(|c| !now.contains(c))
-        || old.spec.gpus.iter().any(|g| {
-            old.spec.health_of(g.index, old.status.as_ref())
-                != new.spec.health_of(g.index, new.status.as_ref())
-        })
+        || held_containers(old)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| !now.contains(c))
+        || health_changed(old, new)
 }
 
+/// Whether two versions of a GpuNode place pods alike (see [`Mirror::upsert_inventory`]):
+/// the same GPUs, health and devices the kubelet reports held (when it read them aside).
 fn same_inventory_for_placement(a: &GpuNode, b: &GpuNode) -> bool {
-    let held = |g: &GpuNode| {
-        g.status
-            .as_ref()
-            .and_then(|s| s.pod_resources.as_ref())
-            .map(|r| r.containers.clone())
-    };
-    a.spec == b.spec
-        && held(a) == held(b)
-        && a.spec.gpus.iter().all(|g| {
-            a.spec.health_of(g.index, a.status.as_ref())
-                == b.spec.health_of(g.index, b.status.as_ref())
-        })
+    a.spec == b.spec && held_containers(a) == held_containers(b) && !health_changed(a, b)
 }
 
 impl Mirror {
