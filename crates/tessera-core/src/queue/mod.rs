@@ -15,6 +15,8 @@
 //!   optional time-decayed usage.
 //! - [`admit`]: may this queue take this much more now (within its guarantee,
 //!   by borrowing, or not at all), as a typed verdict.
+//! - [`victims`]: the one rule for who goes and which node's plan wins
+//!   (kube-scheduler's order), for every preemption path, whatever holds the room.
 //! - [`preempt`]: victims chosen per GPU so that what they free makes the pod fit.
 //! - [`reclaim`]: a queue within its guarantee takes back what others borrowed.
 //! - [`gang`]: all-or-nothing placement of a group on the ledger's checkpoints.
@@ -28,6 +30,7 @@ pub mod gang;
 pub mod preempt;
 pub mod reclaim;
 pub mod tree;
+pub mod victims;
 
 use std::ops::{Add, AddAssign, Sub};
 

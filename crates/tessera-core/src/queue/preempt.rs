@@ -6,7 +6,8 @@
 //! freeing 600 milli-GPU spread over four GPUs does not make room for a
 //! 500-milli share, which needs it on one GPU. So the planner works per GPU:
 //!
-//! 1. **Who may go.** A running pod is a candidate when its priority is strictly
+//! 1. **Who may go** ([`victims::may_go`], the rule every preemption path
+//!    shares). A running pod is a candidate when its priority is strictly
 //!    lower than the preemptor's, it is preemptible (priority and preemptibility
 //!    are separate), it has run at least `min_runtime_s`, its disruption budget
 //!    allows at least one disruption, and the caller's `may_evict` agrees.
@@ -21,13 +22,16 @@
 //!    the union of their victims (a multi-GPU victim counts once), then more
 //!    candidates only if CPU or memory is still short.
 //! 4. **Objective**: fewest victims, then least GPU time lost (milli-GPU held ×
-//!    seconds run), then the lowest highest-victim priority, then node and victim
-//!    ids, so the same input always gives the same plan.
+//!    seconds run), then kube-scheduler's node order ([`victims::Rank`]: the
+//!    lowest highest-victim priority, the lowest priority sum, the latest
+//!    start), then node and victim ids, so the same input always gives the
+//!    same plan. (Fewest first is deliberate: see [`Cost`].)
 //! 5. **Verified, not estimated.** Candidates are tried best first on a copy of the
 //!    ledger: release the victims at a checkpoint, run the shared fit filter, build
 //!    the placement on the chosen GPUs and have the ledger accept it, then roll back.
-//!    The first candidate that passes is trimmed (a victim the placement does not
-//!    need is dropped) and returned, so every eviction in a plan lets the preemptor
+//!    The first candidate that passes is trimmed by [`victims::reprieve`] (a
+//!    victim the placement does not need is spared, the most important first)
+//!    and returned, so every eviction in a plan lets the preemptor
 //!    run, and no budget is overdrawn across the set.
 //!
 //! The caller places the pod normally first and asks for a plan only when that
@@ -39,6 +43,7 @@ use rand::rngs::SmallRng;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
+use super::victims::{self, Rank, Standing};
 use super::{BudgetId, Budgets, PodMeta, Running};
 use crate::Scheduler;
 use crate::fit::{self, Fit, GpuSet, NodeView};
@@ -86,7 +91,7 @@ const MAX_VERIFIED: usize = 512;
 #[derive(Debug, Clone)]
 struct Eligible {
     alloc: AllocId,
-    priority: i32,
+    standing: Standing,
     budget: Option<BudgetId>,
     /// milli-GPU held × seconds run.
     cost: u64,
@@ -95,13 +100,16 @@ struct Eligible {
     grants: SmallVec<[GpuGrant; 8]>,
 }
 
-/// The order of victim sets: fewest, then least GPU time, then lowest priority.
+/// The order of victim sets: the fewest victims, then the least GPU time
+/// lost, then kube-scheduler's node order ([`victims::Rank`]: lowest highest
+/// priority, lowest priority sum, latest start). Fewest first on purpose: with
+/// kube-scheduler's priority-first order the simulator's preempt experiment
+/// evicted 0.72× the baseline's victims instead of 0.39× (built-in cluster).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Cost {
     victims: usize,
     gpu_milli_seconds: u64,
-    /// The highest priority among the victims (`i32::MIN` for none).
-    max_priority: i32,
+    rank: Rank,
 }
 
 /// Victims as sorted indices into a node's eligible list.
@@ -110,15 +118,11 @@ type Set = SmallVec<[u32; 8]>;
 fn cost_of(set: &[u32], elig: &[Eligible]) -> Cost {
     Cost {
         victims: set.len(),
+        rank: Rank::of(set.iter().map(|&i| elig[i as usize].standing)),
         gpu_milli_seconds: set
             .iter()
             .map(|&i| elig[i as usize].cost)
             .fold(0u64, u64::saturating_add),
-        max_priority: set
-            .iter()
-            .map(|&i| elig[i as usize].priority)
-            .max()
-            .unwrap_or(i32::MIN),
     }
 }
 
@@ -178,13 +182,28 @@ pub fn plan(
         else {
             continue;
         };
-        let costs: FxHashMap<AllocId, u64> = by_node
+        let on_node: FxHashMap<AllocId, (u64, Standing)> = by_node
             .iter()
             .find(|(n, _)| *n == cand.node)
-            .map(|(_, e)| e.iter().map(|v| (v.alloc, v.cost)).collect())
+            .map(|(_, e)| e.iter().map(|v| (v.alloc, (v.cost, v.standing))).collect())
             .unwrap_or_default();
-        let cost = |v: &AllocId| costs.get(v).copied().unwrap_or(0);
-        let victims = trim(ctx.cluster, &mut ledger, &placement, &cand.victims, &cost);
+        let cost = |v: &AllocId| on_node.get(v).map_or(0, |c| c.0);
+        let standing = |v: &AllocId| {
+            on_node.get(v).map_or(
+                Standing {
+                    priority: i32::MIN,
+                    started_s: 0,
+                },
+                |c| c.1,
+            )
+        };
+        let victims = trim(
+            ctx.cluster,
+            &mut ledger,
+            &placement,
+            &cand.victims,
+            &standing,
+        );
         let lost = victims.iter().map(cost).fold(0u64, u64::saturating_add);
         return Some(Plan {
             node: cand.node,
@@ -206,10 +225,17 @@ fn eligible_by_node(
     for r in ctx.running.values() {
         let m = &r.meta;
         let ran_s = ctx.now_s.saturating_sub(r.started_s);
-        if m.priority >= preemptor.priority
-            || !m.preemptible
-            || ran_s < ctx.min_runtime_s
-            || !ctx.budgets.may_disrupt(m.budget)
+        let standing = Standing {
+            priority: m.priority,
+            started_s: r.started_s,
+        };
+        if !victims::may_go(
+            standing,
+            m.preemptible,
+            preemptor.priority,
+            ctx.now_s,
+            ctx.min_runtime_s,
+        ) || !ctx.budgets.may_disrupt(m.budget)
             || !may_evict(r)
         {
             continue;
@@ -220,7 +246,7 @@ fn eligible_by_node(
         let held_milli: u64 = p.grants.iter().map(|g| u64::from(g.cores_milli)).sum();
         by_node.entry(p.node).or_default().push(Eligible {
             alloc: r.alloc,
-            priority: m.priority,
+            standing,
             budget: m.budget,
             cost: held_milli.saturating_mul(ran_s),
             cpu_milli: p.cpu_milli,
@@ -751,25 +777,30 @@ fn fits_without(
     ok
 }
 
-/// Drops victims the placement does not need, costliest first, so that every
-/// eviction in the plan is one without which the preemptor would not run.
+/// Drops victims the placement does not need ([`victims::reprieve`]), the most
+/// important first, so that every eviction in the plan is one without which
+/// the preemptor would not run.
 fn trim(
     cluster: &Cluster,
     ledger: &mut Ledger,
     placement: &Placement,
     victims: &[AllocId],
-    cost: &dyn Fn(&AllocId) -> u64,
+    standing: &dyn Fn(&AllocId) -> Standing,
 ) -> Vec<AllocId> {
-    let mut kept: Vec<AllocId> = victims.to_vec();
-    let mut order = kept.clone();
-    order.sort_by_key(|v| (std::cmp::Reverse(cost(v)), *v));
-    for v in &order {
-        let without: Vec<AllocId> = kept.iter().copied().filter(|k| k != v).collect();
-        if fits_without(cluster, ledger, placement, &without) {
-            kept = without;
-        }
-    }
-    kept
+    let mut order: Vec<usize> = (0..victims.len()).collect();
+    order.sort_by(|&a, &b| {
+        victims::more_important(standing(&victims[a]), standing(&victims[b]))
+            .then(victims[a].cmp(&victims[b]))
+    });
+    let all: Vec<usize> = (0..victims.len()).collect();
+    let mut fits = |set: &[usize]| {
+        let ids: Vec<AllocId> = set.iter().map(|&i| victims[i]).collect();
+        fits_without(cluster, ledger, placement, &ids)
+    };
+    victims::reprieve(&all, &order, &mut fits)
+        .into_iter()
+        .map(|i| victims[i])
+        .collect()
 }
 
 #[cfg(test)]

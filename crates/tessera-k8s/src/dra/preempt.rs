@@ -3,30 +3,24 @@
 //! candidate nodes, the inventories, what claims hold now and, per node, the
 //! pods that may be evicted in; the node and its victims out, or `None`.
 //!
-//! Shaped as kube-scheduler's DefaultPreemption (`SelectVictimsOnNode`), with
-//! [`place`] as the fit check, so "fits" means exactly what the normal pass
-//! will find once the victims are gone:
-//! 1. on each node, every candidate of strictly lower priority is taken out
-//!    and the pod is checked to fit; if it does not, the node is out;
-//! 2. the victims are then reprieved one by one, each kept out of the plan if
-//!    the pod still fits without evicting it: first those whose
-//!    PodDisruptionBudget the plan would overdraw, then the others, each group
-//!    from the most important down (higher priority, then earlier start);
-//! 3. a plan that still evicts more pods of a budget than it allows is
-//!    dropped (kube-scheduler only prefers fewer violations; Tessera's
-//!    device-plugin path never violates one, and neither does this).
+//! The victims are chosen by the core's one rule,
+//! [`tessera_core::queue::victims`] (kube-scheduler's DefaultPreemption:
+//! every candidate out, then reprieved one by one, budget violators first,
+//! the most important first; a plan that overdraws a budget is dropped), the
+//! same rule the device-plugin path's planner uses. This adapter supplies only
+//! what is particular to claims: the fit check, [`place`] on the node's
+//! inventories with what the candidates' claims free, so "fits" means exactly
+//! what the normal pass will find once the victims are gone.
 //!
 //! What a victim frees is what its claims hold, counted only for a claim
 //! whose every consumer (`reservedFor`, pods or not) is a victim: a claim
 //! shared with a pod that stays, or reserved for something that is not a pod,
 //! stays allocated. A claim the preemptor itself uses is never counted freed.
 //!
-//! Among nodes with a plan (kube-scheduler's `pickOneNodeForPreemption`
-//! order, its budget-violation step being always 0 here): the lowest highest
-//! victim priority; then the fewest victims; then the lowest sum of victim
-//! priorities; then the latest earliest start among the victims (the least
-//! run time lost); then the node whose name sorts first. Equal inputs give
-//! equal plans.
+//! Among nodes with a plan, the core's [`victims::Rank`]
+//! (kube-scheduler's `pickOneNodeForPreemption`: the lowest highest victim
+//! priority, the lowest sum, the fewest victims, the latest start), then the
+//! node whose name sorts first. Equal inputs give equal plans.
 //!
 //! Two kinds ([`Mode`]), as on the device-plugin path
 //! ([`crate::mirror::Mirror::preemption`]):
@@ -55,6 +49,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_core::policy::Policy;
+use tessera_core::queue::victims::{self, OnNode, Rank, Standing};
 
 use super::cel::Env;
 use super::inventory::{NodeInventory, Usage};
@@ -237,19 +232,19 @@ fn fits(s: &Situation<'_>, node: &NodeFacts, victims: &[&Candidate]) -> bool {
     placement(s, node, victims).is_some()
 }
 
-/// kube-scheduler's `MoreImportantPod`: higher priority, then earlier start.
-fn more_important(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
-    b.priority
-        .cmp(&a.priority)
-        .then(a.started_s.cmp(&b.started_s))
-        .then(a.id.cmp(&b.id))
+/// How `c` ranks as a victim ([`victims::Standing`]).
+fn standing(c: &Candidate) -> Standing {
+    Standing {
+        priority: c.priority,
+        started_s: c.started_s,
+    }
 }
 
 /// The node and victims that make room for the pod, if any set of
 /// candidates does; `None` also when the pod fits somewhere already (a normal
 /// pass places it).
 pub fn plan(s: &Situation<'_>) -> Option<Victims> {
-    let mut best: Option<(Key, Victims)> = None;
+    let mut best: Option<((Rank, &str), Victims)> = None;
     let mut nodes: Vec<&NodeFacts> = s.nodes.iter().collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     for node in nodes {
@@ -259,7 +254,10 @@ pub fn plan(s: &Situation<'_>) -> Option<Victims> {
         if victims.is_empty() {
             return None;
         }
-        let key = Key::of(&victims);
+        let key = (
+            Rank::of(victims.iter().map(|v| standing(v))),
+            node.name.as_str(),
+        );
         if best.as_ref().is_none_or(|(k, _)| key < *k) {
             best = Some((
                 key,
@@ -273,78 +271,34 @@ pub fn plan(s: &Situation<'_>) -> Option<Victims> {
     best.map(|(_, v)| v)
 }
 
-/// How a node's plan ranks: lower is better (see the module docs).
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Key {
-    highest: i32,
-    count: usize,
-    sum: i64,
-    /// The earliest start among the victims, reversed: later is better.
-    earliest_start: std::cmp::Reverse<u64>,
-}
-
-impl Key {
-    fn of(victims: &[&Candidate]) -> Key {
-        Key {
-            highest: victims.iter().map(|v| v.priority).max().unwrap_or(i32::MIN),
-            count: victims.len(),
-            sum: victims.iter().map(|v| i64::from(v.priority)).sum(),
-            earliest_start: std::cmp::Reverse(
-                victims.iter().map(|v| v.started_s).min().unwrap_or(0),
-            ),
-        }
-    }
-}
-
-/// The victims on `node` (steps 1–3 of the module docs), the most important
-/// first; `Some(empty)` when the pod fits there without evicting anyone.
+/// The victims on `node`, the most important first, chosen by the core's
+/// [`victims::select_on_node`] with [`fits`] as its fit check; then the
+/// reclaim rule. `Some(empty)` when the pod fits there without evicting
+/// anyone.
 fn select<'a>(s: &'a Situation<'_>, node: &NodeFacts) -> Option<Vec<&'a Candidate>> {
-    if fits(s, node, &[]) {
-        return Some(Vec::new());
-    }
-    let mut lower: Vec<&Candidate> = s
+    let lower: Vec<&Candidate> = s
         .candidates
         .get(&node.name)
         .into_iter()
         .flatten()
         .filter(|c| s.mode.may_evict(c, s.priority))
         .collect();
-    if lower.is_empty() || !fits(s, node, &lower) {
-        return None;
-    }
-    lower.sort_by(|a, b| more_important(a, b));
-    // kube-scheduler's `filterPodsWithPDBViolation`: in order of importance,
-    // each budget's allowance is used up; the pods past it would violate it.
-    let mut left = s.budgets.clone();
-    let (violating, rest): (Vec<&Candidate>, Vec<&Candidate>) =
-        lower.iter().copied().partition(|c| match &c.budget {
-            None => false,
-            Some(b) => match left.get_mut(b) {
-                Some(n) if *n > 0 => {
-                    *n -= 1;
-                    false
-                }
-                _ => true,
-            },
-        });
-    let mut victims = lower.clone();
-    for c in violating.iter().chain(&rest) {
-        let without: Vec<&Candidate> = victims.iter().copied().filter(|v| v.id != c.id).collect();
-        if fits(s, node, &without) {
-            victims = without;
-        }
-    }
-    let mut per_budget: BTreeMap<&str, u32> = BTreeMap::new();
-    for b in victims.iter().filter_map(|v| v.budget.as_deref()) {
-        *per_budget.entry(b).or_default() += 1;
-    }
-    let within = per_budget
+    let on_node: Vec<OnNode<&str>> = lower
         .iter()
-        .all(|(b, n)| s.budgets.get(*b).is_some_and(|allowed| n <= allowed));
-    if !within {
-        return None;
-    }
-    if let Mode::Reclaim(q) = &s.mode {
+        .map(|c| OnNode {
+            standing: standing(c),
+            budget: c.budget.as_deref(),
+        })
+        .collect();
+    // A budget missing from the list allows none.
+    let allowed = |b: &&str| s.budgets.get(*b).copied().unwrap_or(0);
+    let pick = |set: &[usize]| -> Vec<&Candidate> { set.iter().map(|&i| lower[i]).collect() };
+    let mut fits_with = |set: &[usize]| fits(s, node, &pick(set));
+    let chosen = victims::select_on_node(&on_node, &allowed, &mut fits_with)?;
+    let victims = pick(&chosen);
+    if let Mode::Reclaim(q) = &s.mode
+        && !victims.is_empty()
+    {
         // Only what is borrowed, and only for a queue within its guarantee.
         if !q.keep_all(&victims) {
             return None;

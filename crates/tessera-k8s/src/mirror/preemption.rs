@@ -26,6 +26,7 @@ use tessera_core::Scheduler;
 use tessera_core::ledger::AllocId;
 use tessera_core::queue::preempt::{Context, plan};
 use tessera_core::queue::reclaim::{Quotas, reclaim};
+use tessera_core::queue::victims::{self, Standing};
 use tessera_core::queue::{BudgetId, Budgets, PodMeta, QueueId, Resources, Running};
 use tessera_core::request::Request;
 
@@ -262,7 +263,18 @@ impl Mirror {
         // Nobody the planner could choose: skip it (it copies the ledger, and a
         // standalone pass asks for every pod that fits nowhere).
         let any_lower = running.values().any(|r| {
-            r.meta.queue == mine && r.meta.preemptible && r.meta.priority < preemptor.priority
+            let standing = Standing {
+                priority: r.meta.priority,
+                started_s: r.started_s,
+            };
+            r.meta.queue == mine
+                && victims::may_go(
+                    standing,
+                    r.meta.preemptible,
+                    preemptor.priority,
+                    now_s,
+                    min_runtime_s,
+                )
         });
         if !any_lower && !reclaim_ok {
             return None;

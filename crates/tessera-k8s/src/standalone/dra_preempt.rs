@@ -51,6 +51,7 @@ use crate::dra::preempt::{Candidate, HeldClaim, Mode, Quota, Quotas, Situation, 
 use crate::dra::view::{DraView, SharedDraView};
 use crate::extender::preempt::{preemptible, priority, started_s};
 use crate::mirror::{Mirror, PreemptionPlan, QuotaCheck, Victim};
+use tessera_core::queue::victims::{self, Standing};
 
 /// The reason a DRA decision gives when no node takes the pod's claims: the
 /// one failure evicting others can cure.
@@ -184,18 +185,23 @@ fn plan_for(
         };
         // Unknown start: taken as just started (spared by the minimum run time).
         let started = started_s(p).unwrap_or(now_s);
-        let eligible = uid != me
-            && !convert::is_terminal(p)
-            && p.metadata.deletion_timestamp.is_none()
-            && preemptible(p)
-            && now_s.saturating_sub(started) >= min_runtime_s;
+        let alive =
+            uid != me && !convert::is_terminal(p) && p.metadata.deletion_timestamp.is_none();
+        let standing = Standing {
+            priority: priority(p),
+            started_s: started,
+        };
+        // Who may go: the core's one rule. Reclaim outranks every borrower
+        // whatever the priorities, as the core's `reclaim` does.
+        let may_go =
+            |over: i32| victims::may_go(standing, preemptible(p), over, now_s, min_runtime_s);
         let queue = m.preemption_queue(p);
         let into = if queue == my_queue {
-            (priority(p) < my_priority).then_some(&mut own)
+            may_go(my_priority).then_some(&mut own)
         } else {
-            may_reclaim.then_some(&mut others)
+            (may_reclaim && may_go(i32::MAX)).then_some(&mut others)
         };
-        let (true, Some(into)) = (eligible, into) else {
+        let (true, Some(into)) = (alive, into) else {
             continue;
         };
         let budget = m.disruption_budget(p).map(|(name, allowed)| {

@@ -27,8 +27,9 @@
 //!   priority, then earlier start) while the totals still cover it; the rest are
 //!   victims. Nodes whose totals already cover the request are not candidates (the
 //!   totals say it fits there: nothing to preempt). The node is chosen as
-//!   `pickOneNodeForPreemption` does: lowest highest-victim priority, then lowest
-//!   priority sum, then fewest victims, then node order. After the evictions the pod
+//!   `pickOneNodeForPreemption` does (`tessera_core::queue::victims::Rank`, the
+//!   rule Tessera's own paths rank by): lowest highest-victim priority, then
+//!   lowest priority sum, then fewest victims, then latest start, then node order. After the evictions the pod
 //!   is tried on that node, then anywhere; if it still fits nowhere, kube-scheduler
 //!   preempts again in its next cycle: up to `kube_rounds` rounds per arrival.
 //!
@@ -55,6 +56,7 @@ use tessera_core::model::{Cluster, Health, NodeId};
 use tessera_core::placement::Placement;
 use tessera_core::policy::{Policy, UnknownPolicy};
 use tessera_core::queue::preempt::{self, Context};
+use tessera_core::queue::victims::{self, Rank, Standing};
 use tessera_core::queue::{Budgets, PodMeta, Running};
 use tessera_core::request::{GpuAsk, Request};
 
@@ -530,19 +532,11 @@ impl Totals {
         self.cpu_milli += p.cpu_milli;
         self.memory_mib += p.memory_mib;
     }
-    fn sub(&mut self, p: &Placement) {
-        let mut t = Totals::default();
-        t.add(p);
-        self.gpu_milli -= t.gpu_milli;
-        self.gpu_memory_mib -= t.gpu_memory_mib;
-        self.cpu_milli -= t.cpu_milli;
-        self.memory_mib -= t.memory_mib;
-    }
 }
 
-/// `pickOneNodeForPreemption`'s order: highest victim priority, priority sum,
-/// victims, node — smallest wins.
-type NodeKey = (i32, i64, usize, NodeId);
+/// `pickOneNodeForPreemption`'s order ([`victims::Rank`]), then the node:
+/// smallest wins.
+type NodeKey = (Rank, NodeId);
 
 /// kube-scheduler's preemption over totals (see the module docs): the node and its
 /// victims, or `None` when no node's totals can be made to cover the request.
@@ -555,10 +549,13 @@ fn kube_like_victims(
 ) -> Option<(NodeId, Vec<AllocId>)> {
     let mut by_node: FxHashMap<NodeId, Vec<(&Running, &Placement)>> = FxHashMap::default();
     for r in state.running.values() {
-        if r.meta.priority >= PREEMPTOR_PRIORITY
-            || !r.meta.preemptible
-            || now_s.saturating_sub(r.started_s) < min_runtime_s
-        {
+        if !victims::may_go(
+            standing(r),
+            r.meta.preemptible,
+            PREEMPTOR_PRIORITY,
+            now_s,
+            min_runtime_s,
+        ) {
             continue;
         }
         if let Some(p) = state.ledger.allocation(r.alloc) {
@@ -603,38 +600,36 @@ fn kube_like_victims(
         if !all_gone.covers(&need) {
             continue;
         }
-        // Reprieve the most important first: higher priority, then earlier start.
-        pods.sort_by_key(|(r, _)| (std::cmp::Reverse(r.meta.priority), r.started_s, r.alloc));
-        let mut victims: Vec<&Running> = Vec::new();
-        let mut left = all_gone;
-        for (r, p) in &pods {
-            left.sub(p);
-            if left.covers(&need) {
-                continue;
+        // Reprieve the most important first (the core's one rule), each victim
+        // spared while the totals still cover the request without it.
+        pods.sort_by(|(a, _), (b, _)| {
+            victims::more_important(standing(a), standing(b)).then(a.alloc.cmp(&b.alloc))
+        });
+        let all: Vec<usize> = (0..pods.len()).collect();
+        let mut covers = |set: &[usize]| {
+            let mut left = free;
+            for &i in set {
+                left.add(pods[i].1);
             }
-            left.add(p);
-            victims.push(r);
-        }
-        let key = (
-            victims
-                .iter()
-                .map(|r| r.meta.priority)
-                .max()
-                .unwrap_or(i32::MIN),
-            victims
-                .iter()
-                .map(|r| i64::from(r.meta.priority))
-                .sum::<i64>(),
-            victims.len(),
-            node,
-        );
+            left.covers(&need)
+        };
+        let kept = victims::reprieve(&all, &all, &mut covers);
+        let key = (Rank::of(kept.iter().map(|&i| standing(pods[i].0))), node);
         if best.as_ref().is_none_or(|(b, _)| key < *b) {
-            let mut ids: Vec<AllocId> = victims.iter().map(|r| r.alloc).collect();
+            let mut ids: Vec<AllocId> = kept.iter().map(|&i| pods[i].0.alloc).collect();
             ids.sort_unstable();
             best = Some((key, ids));
         }
     }
-    best.map(|((_, _, _, node), v)| (node, v))
+    best.map(|((_, node), v)| (node, v))
+}
+
+/// How a running pod ranks as a victim.
+fn standing(r: &Running) -> Standing {
+    Standing {
+        priority: r.meta.priority,
+        started_s: r.started_s,
+    }
 }
 
 /// Runs seeds in parallel (rayon); results in seed order.

@@ -580,3 +580,21 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn between_equal_plans_the_lower_priority_pod_goes() {
+    // Either whole pod frees a GPU, each alone, with the same GPU time run:
+    // kube-scheduler's order (victims::Rank) breaks the tie, so the
+    // priority-0 pod goes and the priority-3 one stays, whichever GPU it holds.
+    for (a, b) in [(0, 3), (3, 0)] {
+        let w = World::new(
+            a100_node(2, Vec::new()),
+            &[pod("a", whole(0)).prio(a), pod("b", whole(1)).prio(b)],
+        );
+        let low = if a == 0 { "a" } else { "b" };
+        assert_eq!(
+            w.victims(&w.plan(&Request::whole(1, 0, 0))),
+            Some(vec![low])
+        );
+    }
+}
