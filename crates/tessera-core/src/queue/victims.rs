@@ -185,7 +185,7 @@ pub fn select_on_node<B: Ord + Clone>(
 }
 
 /// Whether `victims` take no more pods of any budget than it allows.
-pub fn within_budgets<'a, B: Ord + Clone + 'a>(
+fn within_budgets<'a, B: Ord + Clone + 'a>(
     victims: impl IntoIterator<Item = &'a OnNode<B>>,
     allowed: &dyn Fn(&B) -> u32,
 ) -> bool {

@@ -590,22 +590,17 @@ fn kube_like_victims(
             cpu_milli: req.cpu_milli,
             memory_mib: req.memory_mib,
         };
-        if free.covers(&need) {
-            continue;
-        }
-        let mut all_gone = free;
-        for (_, p) in &pods {
-            all_gone.add(p);
-        }
-        if !all_gone.covers(&need) {
-            continue;
-        }
-        // Reprieve the most important first (the core's one rule), each victim
-        // spared while the totals still cover the request without it.
-        pods.sort_by(|(a, _), (b, _)| {
-            victims::more_important(standing(a), standing(b)).then(a.alloc.cmp(&b.alloc))
-        });
-        let all: Vec<usize> = (0..pods.len()).collect();
+        // kube-scheduler's SelectVictimsOnNode over the totals, by the core's
+        // one rule (no budgets here). A node whose totals already cover the
+        // pod is no candidate: nothing to preempt there.
+        pods.sort_by_key(|(r, _)| r.alloc);
+        let candidates: Vec<victims::OnNode<()>> = pods
+            .iter()
+            .map(|(r, _)| victims::OnNode {
+                standing: standing(r),
+                budget: None,
+            })
+            .collect();
         let mut covers = |set: &[usize]| {
             let mut left = free;
             for &i in set {
@@ -613,7 +608,10 @@ fn kube_like_victims(
             }
             left.covers(&need)
         };
-        let kept = victims::reprieve(&all, &all, &mut covers);
+        let kept = match victims::select_on_node(&candidates, &|_| 0, &mut covers) {
+            Some(kept) if !kept.is_empty() => kept,
+            _ => continue,
+        };
         let key = (Rank::of(kept.iter().map(|&i| standing(pods[i].0))), node);
         if best.as_ref().is_none_or(|(b, _)| key < *b) {
             let mut ids: Vec<AllocId> = kept.iter().map(|&i| pods[i].0.alloc).collect();
