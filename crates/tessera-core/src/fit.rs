@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 use crate::explain::Reason;
 use crate::ledger::{Ledger, NodeUse};
 use crate::model::{Catalog, Cluster, Health, Node, NodeId};
-use crate::placement::GpuGrant;
+use crate::placement::{GpuGrant, Placement, Scored, request_class};
 use crate::request::{GpuAsk, Request, Wish};
 
 mod mig;
@@ -27,8 +27,7 @@ pub mod mig_layout;
 use mig::pinned_here;
 pub use mig::{free_mig_instance, instance_slot, mig_grant};
 
-/// GPU positions on a node (indices into `Node::gpus`).
-pub type GpuSet = SmallVec<[u8; 8]>;
+pub use crate::placement::GpuSet;
 
 /// A node that can take the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -392,6 +391,22 @@ pub fn best_connected(node: &Node, usable: &GpuSet, need: u32, nvlink: Wish) -> 
         }
     }
     best.map(|(_, s)| s).unwrap_or_default()
+}
+
+impl Placement {
+    /// The placement of `req` on node `id` (seen through `view`) with the GPUs
+    /// and score a judge chose ([`crate::judge::judge`]).
+    pub fn of(view: NodeView<'_>, req: &Request, id: NodeId, scored: Scored) -> Placement {
+        Placement {
+            node: id,
+            grants: grants(view, req, &scored.gpus),
+            cpu_milli: req.cpu_milli,
+            memory_mib: req.memory_mib,
+            class: request_class(req),
+            score: scored.score,
+            terms: scored.terms.to_vec(),
+        }
+    }
 }
 
 /// Grants for the chosen GPUs.

@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
-use crate::fit::mig_layout::MigDynamic;
+use crate::model::MigDynamic;
 use crate::model::{Cluster, Health, NodeId};
 use crate::placement::{GpuGrant, Placement};
 
@@ -199,7 +199,7 @@ impl Ledger {
             next_id: 1,
             used_milli: 0,
             used_by_model: vec![0; cluster.catalog.specs().len()],
-            gpus_by_model: crate::policy::gpus_per_model(cluster),
+            gpus_by_model: crate::model::gpus_per_model(cluster),
             gpu_models: cluster
                 .nodes()
                 .iter()

@@ -238,9 +238,9 @@ fn an_annotation_without_uuid_replays_at_its_placement() {
 #[test]
 fn a_hard_share_is_ranked_as_the_core_scheduler_ranks_it() {
     use rand::SeedableRng;
-    use tessera_core::placement::{Decision, Scheduler};
     use tessera_core::policy::{PolicyArgs, by_name};
     use tessera_core::request::{IsolationLevel, Request};
+    use tessera_core::scheduler::{Decision, Scheduler};
     let nodes = vec![
         kube_node("a100", "32", "256Gi"),
         kube_node("t4", "8", "32Gi"),

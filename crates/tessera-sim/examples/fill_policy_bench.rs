@@ -9,9 +9,9 @@ use std::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tessera_core::model::{Catalog, Cluster, Node};
-use tessera_core::placement::Scheduler;
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::request::Request;
+use tessera_core::scheduler::Scheduler;
 use tessera_core::{AllocId, Ledger};
 
 fn next_request(rng: &mut SmallRng) -> Request {

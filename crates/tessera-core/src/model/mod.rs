@@ -366,6 +366,55 @@ impl Cluster {
     }
 }
 
+/// Node label: what the node agent may do to MIG on this node's GPUs on the
+/// scheduler's behalf. `instances`: create and destroy instances on GPUs already in
+/// MIG mode; `mode`: also switch idle GPUs into MIG mode (and back). Absent or any
+/// other value: nothing, Tessera only grants instances that exist.
+pub const LABEL_MIG_DYNAMIC: &str = "tessera.io/mig-dynamic";
+
+/// What a node allows the scheduler to plan for MIG (see [`LABEL_MIG_DYNAMIC`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum MigDynamic {
+    /// Only existing instances are granted.
+    #[default]
+    Off,
+    /// Instances may be created in free MIG space of GPUs in MIG mode.
+    Instances,
+    /// Idle GPUs may also be switched into MIG mode.
+    Mode,
+}
+
+impl MigDynamic {
+    /// The node's setting. An unknown value means [`MigDynamic::Off`]: a typo must
+    /// not let the scheduler re-partition GPUs nobody agreed to.
+    pub fn of(node: &Node) -> MigDynamic {
+        MigDynamic::from_label(node.labels.get(LABEL_MIG_DYNAMIC).map(String::as_str))
+    }
+
+    /// The setting a [`LABEL_MIG_DYNAMIC`] value (`None`: no label) says, by the
+    /// same rule as [`MigDynamic::of`]; the node agent reads its Node's label with it.
+    pub fn from_label(value: Option<&str>) -> MigDynamic {
+        match value.map(str::trim) {
+            Some("instances") => MigDynamic::Instances,
+            Some("mode") => MigDynamic::Mode,
+            _ => MigDynamic::Off,
+        }
+    }
+}
+
+/// GPUs of each model id in `cluster` (indexed by [`crate::model::ModelId`]).
+pub fn gpus_per_model(cluster: &Cluster) -> Vec<u32> {
+    let mut n = vec![0u32; cluster.catalog.specs().len()];
+    for node in cluster.nodes() {
+        for g in &node.gpus {
+            if let Some(c) = n.get_mut(g.model.0 as usize) {
+                *c += 1;
+            }
+        }
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

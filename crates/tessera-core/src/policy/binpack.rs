@@ -45,7 +45,7 @@ mod tests {
     use super::*;
     use crate::ledger::Ledger;
     use crate::model::demo::demo_cluster;
-    use crate::placement::{Decision, Scheduler};
+    use crate::scheduler::{Decision, Scheduler};
     use rand::SeedableRng;
 
     #[test]

@@ -42,8 +42,8 @@ impl Policy for K8sBinpack {
 mod tests {
     use super::*;
     use crate::ledger::Ledger;
-    use crate::placement::{Decision, Scheduler};
     use crate::policy::k8s_default::tests::two_t4_nodes;
+    use crate::scheduler::{Decision, Scheduler};
     use rand::SeedableRng;
 
     /// MostAllocated packs: the second whole GPU joins the first on its node, and a

@@ -105,7 +105,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::ledger::Ledger;
     use crate::model::{Catalog, Cluster, Node, NodeId};
-    use crate::placement::{Decision, Scheduler};
+    use crate::scheduler::{Decision, Scheduler};
     use rand::SeedableRng;
 
     /// Two nodes of two T4 GPUs and 8 CPUs each.

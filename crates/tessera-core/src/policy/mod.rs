@@ -3,7 +3,7 @@
 //! A policy is pure. It sees one node that passed the shared filter
 //! ([`crate::fit::check`]) together with the request, and returns a score
 //! (higher is better) and the GPUs it would use, or `None` to decline the node.
-//! The [`crate::placement::Scheduler`] compares nodes (ties go to the earlier node)
+//! The [`crate::scheduler::Scheduler`] compares nodes (ties go to the earlier node)
 //! and caches scores of cacheable policies.
 
 pub mod bestfit;
@@ -30,6 +30,7 @@ use crate::fit::{Fit, GpuSet, NodeView};
 use crate::frag::TargetWorkload;
 use crate::ledger::Ledger;
 use crate::model::Cluster;
+pub use crate::model::gpus_per_model;
 use crate::placement::Scored;
 use crate::request::{GpuAsk, Request};
 
@@ -104,19 +105,6 @@ impl PolicyArgs {
             model_supply: ledger.free_milli_by_model(),
         }
     }
-}
-
-/// GPUs of each model id in `cluster` (indexed by [`crate::model::ModelId`]).
-pub fn gpus_per_model(cluster: &Cluster) -> Vec<u32> {
-    let mut n = vec![0u32; cluster.catalog.specs().len()];
-    for node in cluster.nodes() {
-        for g in &node.gpus {
-            if let Some(c) = n.get_mut(g.model.0 as usize) {
-                *c += 1;
-            }
-        }
-    }
-    n
 }
 
 /// Every policy name, in the order tables list them.

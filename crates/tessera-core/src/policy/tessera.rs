@@ -483,7 +483,8 @@ mod tests {
     use crate::frag::TypicalPod;
     use crate::ledger::Ledger;
     use crate::model::{Catalog, Cluster, ModelSet, Node, NodeId};
-    use crate::placement::{Decision, GpuGrant, Placement, Scheduler};
+    use crate::placement::{GpuGrant, Placement};
+    use crate::scheduler::{Decision, Scheduler};
     use rand::SeedableRng;
 
     fn pod(gpus: u32, milli: u32, models: ModelSet, weight: f64) -> TypicalPod {

@@ -33,8 +33,9 @@ use super::{Budgets, Running};
 use crate::fit::{self, NodeView};
 use crate::ledger::{AllocId, Ledger, LedgerError};
 use crate::model::{Cluster, NodeId};
-use crate::placement::{Placement, Scheduler};
+use crate::placement::Placement;
 use crate::request::Request;
+use crate::scheduler::Scheduler;
 
 /// What a defragmentation plan reads.
 pub struct Context<'a> {

@@ -84,19 +84,64 @@ impl GpuEquivalents {
             .unwrap_or(self.default_milli)
     }
 
-    /// The fraction of its GPU a grant holds, in per-mille: 1000 for a whole GPU;
-    /// the larger of memory and compute fractions for a share or a MIG instance.
+    /// The fraction of its GPU a holding takes, in per-mille, whoever
+    /// allocated it (a grant, a DRA claim): the largest of its `parts`, each
+    /// `(part, whole)` of one thing it takes (memory, compute, MIG memory or
+    /// compute slices), rounded up. No parts (`None` or empty), or a whole that
+    /// is not positive, counts the whole GPU: what cannot be measured counts
+    /// as much as it could be.
+    pub fn fraction_milli(parts: Option<&[(i128, i128)]>) -> u32 {
+        let Some(parts) = parts.filter(|p| !p.is_empty()) else {
+            return 1000;
+        };
+        parts
+            .iter()
+            .map(|&(part, whole)| {
+                if whole <= 0 {
+                    return 1000;
+                }
+                let part = part.max(0);
+                if part >= whole {
+                    return 1000;
+                }
+                let (p, w) = match part.checked_mul(1000) {
+                    Some(p) => (p, whole),
+                    // Huge amounts (nano-units near i128's end): per-mille of
+                    // the whole instead, rounded up all the same.
+                    None => (part, whole / 1000),
+                };
+                let ceil = p / w + i128::from(p % w != 0);
+                ceil.clamp(0, 1000) as u32
+            })
+            .max()
+            .unwrap_or(1000)
+    }
+
+    /// The fraction of its GPU a grant holds, in per-mille
+    /// ([`GpuEquivalents::fraction_milli`]): 1000 for a whole GPU; the larger of
+    /// memory and compute fractions for a share or a MIG instance.
     pub fn grant_fraction_milli(catalog: &Catalog, model: ModelId, grant: &GpuGrant) -> u32 {
         if grant.exclusive {
-            return 1000;
+            return Self::fraction_milli(None);
         }
         let spec = catalog.spec(model);
         if let (Some(slot), Some(geo)) = (grant.mig, spec.mig.as_ref()) {
-            let mem = per_mille(u64::from(slot.size), u64::from(geo.memory_slices));
-            let cmp = per_mille(u64::from(slot.compute), u64::from(geo.compute_slices));
-            return mem.max(cmp);
+            return Self::fraction_milli(Some(&[
+                (i128::from(slot.size), i128::from(geo.memory_slices)),
+                (i128::from(slot.compute), i128::from(geo.compute_slices)),
+            ]));
         }
-        per_mille(grant.memory_mib, spec.memory_mib).max(grant.cores_milli.min(1000))
+        Self::fraction_milli(Some(&[
+            (i128::from(grant.memory_mib), i128::from(spec.memory_mib)),
+            (i128::from(grant.cores_milli), 1000),
+        ]))
+    }
+
+    /// Milli GPU-equivalents of a holding taking `fraction_milli` of a GPU of
+    /// `model`; a model the catalog does not know (`None`) counts 1.0.
+    pub fn held_milli(&self, model: Option<ModelId>, fraction_milli: u32) -> u64 {
+        let factor = model.map_or(1000, |m| self.factor_milli(m));
+        u64::from(fraction_milli) * u64::from(factor) / 1000
     }
 
     /// GPU-equivalents of one grant on `node`, in milli.
@@ -105,7 +150,7 @@ impl GpuEquivalents {
             return 0;
         };
         let frac = Self::grant_fraction_milli(&cluster.catalog, gpu.model, grant);
-        u64::from(frac) * u64::from(self.factor_milli(gpu.model)) / 1000
+        self.held_milli(Some(gpu.model), frac)
     }
 
     /// What a placement counts against its queue's quota.
@@ -149,23 +194,27 @@ impl GpuEquivalents {
                         memory,
                         cores_milli,
                         ..
-                    } => per_mille(memory.resolve(spec.memory_mib), spec.memory_mib)
-                        .max((*cores_milli).min(1000)),
+                    } => Self::fraction_milli(Some(&[
+                        (
+                            i128::from(memory.resolve(spec.memory_mib)),
+                            i128::from(spec.memory_mib),
+                        ),
+                        (i128::from(*cores_milli), 1000),
+                    ])),
                     GpuAsk::Mig { profile } => spec
                         .mig
                         .as_ref()
                         .and_then(|geo| {
                             geo.profile(profile).map(|(_, p)| {
-                                per_mille(u64::from(p.memory_slices), u64::from(geo.memory_slices))
-                                    .max(per_mille(
-                                        u64::from(p.compute_slices),
-                                        u64::from(geo.compute_slices),
-                                    ))
+                                Self::fraction_milli(Some(&[
+                                    (i128::from(p.memory_slices), i128::from(geo.memory_slices)),
+                                    (i128::from(p.compute_slices), i128::from(geo.compute_slices)),
+                                ]))
                             })
                         })
                         .unwrap_or(0),
                 };
-                u64::from(frac) * u64::from(self.factor_milli(m)) / 1000
+                self.held_milli(Some(m), frac)
             })
             .max()
             .unwrap_or(0);
@@ -187,15 +236,6 @@ impl GpuEquivalents {
         }
         r
     }
-}
-
-/// `part / whole` in per-mille, rounded up (a share never counts as less than it
-/// holds), at most 1000.
-fn per_mille(part: u64, whole: u64) -> u32 {
-    if whole == 0 {
-        return 0;
-    }
-    (part.saturating_mul(1000).div_ceil(whole)).min(1000) as u32
 }
 
 #[cfg(test)]
@@ -278,6 +318,25 @@ mod tests {
             300
         );
         assert_eq!(ge.request_upper_bound(&c, &Request::cpu_only(1000, 10)), 0);
+    }
+
+    /// One rule for every holding, a grant's or a claim's: the largest part,
+    /// rounded up; what cannot be measured counts the whole GPU.
+    #[test]
+    fn a_holding_counts_by_its_largest_part_and_the_unmeasurable_counts_whole() {
+        let f = GpuEquivalents::fraction_milli;
+        assert_eq!(f(Some(&[(20, 80), (100, 1000)])), 250);
+        assert_eq!(f(Some(&[(1, 3)])), 334, "rounded up");
+        assert_eq!(f(Some(&[(-5, 10), (0, 10)])), 0);
+        assert_eq!(f(Some(&[(90, 80)])), 1000, "at most the whole GPU");
+        assert_eq!(f(None), 1000);
+        assert_eq!(f(Some(&[])), 1000);
+        assert_eq!(f(Some(&[(1, 10), (1, 0)])), 1000, "a whole of zero");
+        assert_eq!(f(Some(&[(i128::MAX, i128::MAX)])), 1000, "no overflow");
+        // Half, to within the rounding up of a per-mille of the whole.
+        assert_eq!(f(Some(&[(i128::MAX / 2, i128::MAX)])), 501);
+        let ge = GpuEquivalents::uniform();
+        assert_eq!(ge.held_milli(None, 250), 250, "an unknown model counts 1.0");
     }
 
     #[test]

@@ -31,8 +31,9 @@ use super::GangId;
 use crate::explain::Explanation;
 use crate::ledger::{AllocId, Ledger, LedgerError};
 use crate::model::{Cluster, NodeId};
-use crate::placement::{Placement, Scheduler};
+use crate::placement::Placement;
 use crate::request::Request;
+use crate::scheduler::Scheduler;
 
 /// The label that ties a pod to its `PodGroup` (scheduler-plugins' coscheduling),
 /// so manifests written for that plugin work unchanged.

@@ -14,7 +14,6 @@ use super::{PodMeta, QueueId, Resources, Running};
 use crate::Scheduler;
 use crate::ledger::AllocId;
 use crate::request::Request;
-use rustc_hash::FxHashMap;
 
 /// The quota state reclaim reads.
 pub struct Quotas<'a> {
@@ -29,9 +28,36 @@ impl Quotas<'_> {
     /// (a queue outside the tree — a pod in no queue — has nothing borrowed).
     fn keeps(&self, q: QueueId, taken: Resources) -> bool {
         usize::from(q.0) < self.tree.len()
-            && self.usage.of(q).saturating_sub(&taken).gpu_eq_milli
-                >= self.tree.spec(q).guaranteed.gpu_eq_milli
+            && keeps_guarantee(
+                self.usage.of(q).gpu_eq_milli,
+                self.tree.spec(q).guaranteed.gpu_eq_milli,
+                taken.gpu_eq_milli,
+            )
     }
+}
+
+/// Reclaim's rule for one queue: a queue holding `held_milli`
+/// GPU-equivalents keeps its guarantee of `guaranteed_milli` without
+/// `taken_milli` (only what it borrowed may be taken). Every reclaim path —
+/// this planner's and the DRA claim planner's — asks this.
+pub fn keeps_guarantee(held_milli: u64, guaranteed_milli: u64, taken_milli: u64) -> bool {
+    held_milli.saturating_sub(taken_milli) >= guaranteed_milli
+}
+
+/// Reclaim's rule for a whole plan: every queue keeps its guarantee without
+/// all of the plan's `victims` (queue, milli GPU-equivalents) from it
+/// together; `keeps(queue, taken)` is [`keeps_guarantee`] over that queue's
+/// quota state.
+pub fn all_keep<Q: Ord>(
+    victims: impl IntoIterator<Item = (Q, u64)>,
+    keeps: impl Fn(&Q, u64) -> bool,
+) -> bool {
+    let mut taken: std::collections::BTreeMap<Q, u64> = std::collections::BTreeMap::new();
+    for (q, milli) in victims {
+        let e = taken.entry(q).or_default();
+        *e = e.saturating_add(milli);
+    }
+    taken.iter().all(|(q, milli)| keeps(q, *milli))
 }
 
 /// Victims among other queues' borrowed pods that let `owner`'s pod (asking
@@ -54,12 +80,18 @@ pub fn reclaim(
         ..*owner
     };
     plan(scheduler, ctx, request, &outranks, &borrowed).filter(|p| {
-        let mut taken: FxHashMap<QueueId, Resources> = FxHashMap::default();
-        for v in &p.victims {
-            if let (Some(r), Some(g)) = (ctx.running.get(v), (quotas.held)(*v)) {
-                *taken.entry(r.meta.queue).or_default() += g;
-            }
-        }
-        taken.iter().all(|(&q, &g)| quotas.keeps(q, g))
+        let victims = p.victims.iter().filter_map(|v| {
+            let (r, g) = (ctx.running.get(v)?, (quotas.held)(*v)?);
+            Some((r.meta.queue, g.gpu_eq_milli))
+        });
+        all_keep(victims, |&q, milli| {
+            quotas.keeps(
+                q,
+                Resources {
+                    gpu_eq_milli: milli,
+                    ..Resources::ZERO
+                },
+            )
+        })
     })
 }

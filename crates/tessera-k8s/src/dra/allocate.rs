@@ -21,9 +21,9 @@ use std::collections::BTreeMap;
 use tessera_core::policy::Policy;
 
 use super::cel::{AttrValue, Env};
-use super::choose::{Host, UseOf, choose};
+use super::choose::{Host, choose};
 use super::claim::{Alternative, ClaimAsk, ClaimError, ConstraintKind, MAX_RESULTS, Mode};
-use super::inventory::{DeviceKey, DeviceUse, NodeInventory, Usage};
+use super::inventory::{DeviceKey, DeviceUse, Holdings, NodeInventory, UseOf};
 use super::quantity::Quantity;
 use super::types::DeviceToleration;
 
@@ -75,7 +75,7 @@ pub enum Unfit {
 /// Device `i` of the node: what other claims hold, plus this claim's picks.
 struct State<'a> {
     inv: &'a NodeInventory,
-    usage: &'a Usage,
+    usage: &'a Holdings,
     picks: Vec<(usize, Chosen)>,
 }
 
@@ -216,7 +216,7 @@ fn available(state: &State<'_>, i: usize, alt: &Alternative) -> Option<BTreeMap<
 pub fn allocate(
     ask: &ClaimAsk,
     inv: &NodeInventory,
-    usage: &Usage,
+    usage: &Holdings,
     policy: &dyn Policy,
     env: &Env,
     host: Host,

@@ -35,7 +35,7 @@ use tessera_core::request::{GpuAsk, GpuMemory, Request};
 
 use super::DRIVER;
 use super::cel::AttrValue;
-use super::inventory::{DeviceUse, NodeDevice, NodeInventory};
+use super::inventory::{NodeDevice, NodeInventory, UseOf};
 use super::quantity::Quantity;
 
 const MIB_NANO: i128 = (1 << 20) * 1_000_000_000;
@@ -80,16 +80,6 @@ impl Host {
             ..self
         }
     }
-}
-
-/// What the chooser needs to know of the allocator's state.
-pub trait UseOf {
-    /// What claims (other ones, and this one's picks so far) hold of device `i`.
-    fn use_of(&self, i: usize) -> DeviceUse;
-    /// Whether any counter device `i` consumes is already partly used.
-    fn counters_touched(&self, i: usize) -> bool;
-    /// What is left of the counter sets device `i` consumes, summed (for packing).
-    fn counters_left(&self, i: usize) -> i128;
 }
 
 /// A whole GPU of our driver: the core can model it.

@@ -1,5 +1,5 @@
-//! One node's devices, read from its `ResourceSlice`s, and what other claims
-//! already hold of them. Pure.
+//! One node's devices, read from its `ResourceSlice`s, and what claims hold of
+//! them, read into the core's holdings model ([`tessera_core::holdings`]). Pure.
 //!
 //! Only the newest generation of each pool counts (protocols.md §3.3); a pool
 //! with fewer slices than it announces is marked incomplete, which only
@@ -12,20 +12,7 @@ use std::collections::BTreeMap;
 use super::cel::{AttrValue, DeviceValue};
 use super::quantity::Quantity;
 use super::types::{CapacityRequestPolicy, DeviceTaint, ResourceClaim, ResourceSlice};
-
-/// `<driver>/<pool>/<device>`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DeviceKey {
-    pub driver: String,
-    pub pool: String,
-    pub device: String,
-}
-
-impl std::fmt::Display for DeviceKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
-    }
-}
+pub use tessera_core::holdings::{DeviceKey, DeviceUse, Hold, Holdings};
 
 /// How a consumable capacity rounds what is asked of it (KEP-5075).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,89 +240,67 @@ fn device(key: &DeviceKey, d: &super::types::Device, complete: bool) -> Result<N
     })
 }
 
-/// What other claims hold of one device.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeviceUse {
-    /// Allocations holding it (admin access does not count).
-    pub allocations: u32,
-    /// Capacity consumed by shares, summed.
-    pub consumed: BTreeMap<String, Quantity>,
-    /// Holdings that take the whole device whatever it allows (issue 41,
-    /// defects 6 and 7): an allocation without `consumedCapacity` (another
-    /// allocator's whole allocation of a shareable device), one whose consumed
-    /// capacity does not read or whose sum overflows, and the allocation of a
-    /// claim that does not read. No share and no allocation gets the device
-    /// while one is there, as an unverifiable grant blocks its GPU.
-    pub exclusive: u32,
+/// What the chooser ([`super::choose`], [`super::mig`]) needs to know of the
+/// allocator's state.
+pub trait UseOf {
+    /// What claims (other ones, and this one's picks so far) hold of device `i`.
+    fn use_of(&self, i: usize) -> DeviceUse;
+    /// Whether any counter device `i` consumes is already partly used.
+    fn counters_touched(&self, i: usize) -> bool;
+    /// What is left of the counter sets device `i` consumes, summed (for packing).
+    fn counters_left(&self, i: usize) -> i128;
 }
 
-impl DeviceUse {
-    /// Nothing holds the device.
-    pub fn is_free(&self) -> bool {
-        self.allocations == 0 && self.exclusive == 0
-    }
-}
-
-/// What every allocated claim but `except_uid` holds, by device.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub devices: BTreeMap<DeviceKey, DeviceUse>,
-    /// Consumed capacities that did not read (their devices held whole, reported).
-    pub unreadable: Vec<String>,
-}
-
-impl Usage {
-    pub fn of_claims<'a>(
-        claims: impl IntoIterator<Item = &'a ResourceClaim>,
-        except_uid: Option<&str>,
-    ) -> Usage {
-        let mut u = Usage::default();
-        for c in claims {
-            if except_uid.is_some() && c.metadata.uid.as_deref() == except_uid {
+/// What every allocated claim but `except_uid` holds, by device, in the
+/// core's one holdings model: a result with `consumedCapacity` is a share of
+/// those amounts, one without it takes the device whole (another allocator's
+/// whole allocation of a shareable device, issue 41 defect 7), one whose
+/// amounts do not read is unverifiable and takes it whole too (defect 6).
+/// Admin access holds nothing.
+pub fn claims_holdings<'a>(
+    claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    except_uid: Option<&str>,
+) -> Holdings {
+    let mut h = Holdings::default();
+    for c in claims {
+        if except_uid.is_some() && c.metadata.uid.as_deref() == except_uid {
+            continue;
+        }
+        let Some(alloc) = c.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+            continue;
+        };
+        for r in alloc
+            .devices
+            .results
+            .iter()
+            .filter(|r| r.admin_access != Some(true))
+        {
+            let key = DeviceKey {
+                driver: r.driver.clone(),
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+            };
+            if r.consumed_capacity.is_empty() {
+                h.hold(key, &Hold::Whole);
                 continue;
             }
-            let Some(alloc) = c.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
-                continue;
-            };
-            for r in &alloc.devices.results {
-                if r.admin_access == Some(true) {
-                    continue;
-                }
-                let key = DeviceKey {
-                    driver: r.driver.clone(),
-                    pool: r.pool.clone(),
-                    device: r.device.clone(),
-                };
-                let e = u.devices.entry(key).or_default();
-                e.allocations += 1;
-                if r.consumed_capacity.is_empty() {
-                    e.exclusive += 1;
-                }
-                let mut sound = true;
-                for (name, v) in &r.consumed_capacity {
-                    match Quantity::parse(v) {
-                        Ok(q) => {
-                            let sum = e.consumed.entry(name.clone()).or_default();
-                            match sum.checked_add(q) {
-                                Some(t) => *sum = t,
-                                None => sound = false,
-                            }
-                        }
-                        Err(err) => {
-                            sound = false;
-                            u.unreadable.push(format!(
-                                "claim {}: {}: {err}",
-                                c.metadata.name.as_deref().unwrap_or("?"),
-                                r.device
-                            ));
-                        }
-                    }
-                }
-                if !sound && !r.consumed_capacity.is_empty() {
-                    e.exclusive += 1;
-                }
+            let amounts: Result<BTreeMap<String, Quantity>, String> = r
+                .consumed_capacity
+                .iter()
+                .map(|(name, v)| Ok((name.clone(), Quantity::parse(v).map_err(|e| e.to_string())?)))
+                .collect();
+            match amounts {
+                Ok(a) => h.hold(key, &Hold::Share(a)),
+                Err(err) => h.hold_unverifiable(
+                    key,
+                    format!(
+                        "claim {}: {}: {err}",
+                        c.metadata.name.as_deref().unwrap_or("?"),
+                        r.device
+                    ),
+                ),
             }
         }
-        u
     }
+    h
 }

@@ -64,8 +64,7 @@ use tessera_core::model::{Catalog, MigGeometry};
 
 use super::DRIVER;
 use super::cel::AttrValue;
-use super::choose::UseOf;
-use super::inventory::{NodeDevice, NodeInventory};
+use super::inventory::{NodeDevice, NodeInventory, UseOf};
 use super::quantity::Quantity;
 
 /// A GPU's counter set: `(driver, pool, counter set)`. Placements consuming

@@ -20,7 +20,7 @@ use tessera_core::policy::Policy;
 use super::allocate::{NodeAllocation, allocate};
 use super::cel::Env;
 use super::choose::Host;
-use super::inventory::{DeviceKey, NodeInventory, Usage};
+use super::inventory::{DeviceKey, Hold, Holdings, NodeInventory};
 use super::pod::{PodClaim, Step};
 use crate::convert::NodeFacts;
 
@@ -66,15 +66,17 @@ impl NoPlan {
     }
 }
 
-/// Adds `alloc`'s devices to `usage`, as [`Usage::of_claims`] counts an allocated claim.
-fn hold(usage: &mut Usage, alloc: &NodeAllocation) {
+/// Adds `alloc`'s devices to `usage`, as [`super::inventory::claims_holdings`]
+/// counts the claim once written: a result without consumed capacity holds its
+/// device whole.
+fn hold(usage: &mut Holdings, alloc: &NodeAllocation) {
     for c in alloc.results.iter().filter(|c| !c.admin_access) {
-        let e = usage.devices.entry(c.device.clone()).or_default();
-        e.allocations += 1;
-        for (k, q) in &c.consumed {
-            let s = e.consumed.entry(k.clone()).or_default();
-            *s = s.checked_add(*q).unwrap_or(*s);
-        }
+        let hold = if c.consumed.is_empty() {
+            Hold::Whole
+        } else {
+            Hold::Share(c.consumed.clone())
+        };
+        usage.hold(c.device.clone(), &hold);
     }
 }
 
@@ -88,7 +90,7 @@ pub fn place(
     claims: &[PodClaim],
     nodes: &[NodeFacts],
     inventories: &BTreeMap<String, NodeInventory>,
-    usage: &Usage,
+    usage: &Holdings,
     policy: &dyn Policy,
     env: &Env,
     selects: SelectorCheck<'_>,

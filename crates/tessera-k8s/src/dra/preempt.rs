@@ -34,9 +34,10 @@
 //!   guarantee without all its victims together, and unless the preemptor's
 //!   queue stays within its guarantee with the pod's claims placed as they
 //!   would be there (what they count depends on the devices, so the caller
-//!   judges it per placement). The rule of the core's
-//!   `tessera_core::queue::reclaim`, which cannot be fed here: it plans on the
-//!   ledger, and devices held through claims are not in it. As there, only
+//!   judges it per placement). The quota rule is the core's
+//!   (`tessera_core::queue::reclaim::keeps_guarantee` and `all_keep`, which
+//!   the device-plugin planner's reclaim asks too); its planner cannot be fed
+//!   here, as it plans on the ledger's GPUs, not on claims. As there, only
 //!   the victim's own queue (a leaf) is checked, not its parents. Unlike
 //!   there, a node whose plan would take a queue below its guarantee is
 //!   dropped and the other nodes still compete, rather than the whole plan.
@@ -49,10 +50,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_core::policy::Policy;
+use tessera_core::queue::reclaim;
 use tessera_core::queue::victims::{self, OnNode, Rank, Standing};
 
 use super::cel::Env;
-use super::inventory::{NodeInventory, Usage};
+use super::inventory::{Holdings, NodeInventory};
 use super::place::{Plan, SelectorCheck, place};
 use super::pod::PodClaim;
 use crate::convert::NodeFacts;
@@ -63,8 +65,8 @@ pub struct HeldClaim {
     pub uid: String,
     /// The UIDs in its `reservedFor`, every kind of consumer.
     pub consumers: Vec<String>,
-    /// What its allocation holds ([`Usage::of_claims`] of the claim alone).
-    pub usage: Usage,
+    /// What its allocation holds ([`claims_holdings`] of the claim alone).
+    pub usage: Holdings,
 }
 
 /// A pod that may be evicted for the preemptor.
@@ -118,18 +120,17 @@ pub struct Quotas<'a> {
 impl Quotas<'_> {
     /// Whether `queue` stays at or above its guarantee without `taken_milli`.
     fn keeps(&self, queue: &str, taken_milli: u64) -> bool {
-        self.queues
-            .get(queue)
-            .is_some_and(|q| q.held_milli.saturating_sub(taken_milli) >= q.guaranteed_milli)
+        self.queues.get(queue).is_some_and(|q| {
+            reclaim::keeps_guarantee(q.held_milli, q.guaranteed_milli, taken_milli)
+        })
     }
 
     /// Whether every victim queue keeps its guarantee without all its victims.
     fn keep_all(&self, victims: &[&Candidate]) -> bool {
-        let mut taken: BTreeMap<&str, u64> = BTreeMap::new();
-        for v in victims {
-            *taken.entry(v.queue.as_str()).or_default() += v.milli;
-        }
-        taken.iter().all(|(q, milli)| self.keeps(q, *milli))
+        reclaim::all_keep(
+            victims.iter().map(|v| (v.queue.as_str(), v.milli)),
+            |q, milli| self.keeps(q, milli),
+        )
     }
 }
 
@@ -156,7 +157,7 @@ pub struct Situation<'a> {
     pub nodes: &'a [NodeFacts],
     pub inventories: &'a BTreeMap<String, NodeInventory>,
     /// What every allocated claim holds now.
-    pub usage: &'a Usage,
+    pub usage: &'a Holdings,
     pub policy: &'a dyn Policy,
     pub env: &'a Env,
     pub selects: SelectorCheck<'a>,
@@ -176,7 +177,7 @@ pub struct Victims {
 }
 
 /// `usage` less what the claims of `victims` free (see the module docs).
-fn freed(s: &Situation<'_>, victims: &[&Candidate]) -> Usage {
+fn freed(s: &Situation<'_>, victims: &[&Candidate]) -> Holdings {
     let gone: BTreeSet<&str> = victims.iter().map(|v| v.id.as_str()).collect();
     let own: BTreeSet<&str> = s
         .claims
@@ -190,21 +191,7 @@ fn freed(s: &Situation<'_>, victims: &[&Candidate]) -> Usage {
         if !all_gone || own.contains(c.uid.as_str()) || !counted.insert(&c.uid) {
             continue;
         }
-        for (key, held) in &c.usage.devices {
-            let Some(u) = usage.devices.get_mut(key) else {
-                continue;
-            };
-            u.allocations = u.allocations.saturating_sub(held.allocations);
-            u.exclusive = u.exclusive.saturating_sub(held.exclusive);
-            for (name, q) in &held.consumed {
-                if let Some(sum) = u.consumed.get_mut(name) {
-                    *sum = sum.saturating_sub(*q);
-                }
-            }
-            if u.is_free() {
-                usage.devices.remove(key);
-            }
-        }
+        usage.release(&c.usage);
     }
     usage
 }
@@ -318,7 +305,7 @@ mod tests {
 
     use super::*;
     use crate::dra::claim::ClaimAsk;
-    use crate::dra::inventory::node_inventory;
+    use crate::dra::inventory::{claims_holdings, node_inventory};
     use crate::dra::pod::Step;
     use crate::dra::types::{DeviceClass, ResourceClaim, ResourceSlice};
 
@@ -386,7 +373,7 @@ mod tests {
         HeldClaim {
             uid: uid.into(),
             consumers: consumers.iter().map(|u| u.to_string()).collect(),
-            usage: Usage::of_claims([&c], None),
+            usage: claims_holdings([&c], None),
         }
     }
 
@@ -500,11 +487,9 @@ mod tests {
             for c in &self.others {
                 all.insert(&c.uid, c);
             }
-            let mut usage = Usage::default();
+            let mut usage = Holdings::default();
             for c in all.values() {
-                for (k, u) in &c.usage.devices {
-                    usage.devices.entry(k.clone()).or_default().allocations += u.allocations;
-                }
+                usage.add(&c.usage);
             }
             let mut candidates: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
             for (n, c) in &self.candidates {

@@ -3,8 +3,9 @@
 //! claims past its queue's quota, and the GPUs its claims hold count in its
 //! queue's usage as grants do. Pure.
 //!
-//! A device counts as the core counts a grant
-//! ([`GpuEquivalents::grant_fraction_milli`]): a whole GPU 1000 per-mille; a
+//! A device counts by the core's one rule for any holding
+//! ([`GpuEquivalents::fraction_milli`], [`GpuEquivalents::held_milli`], which
+//! count grants too): a whole GPU 1000 per-mille; a
 //! share the larger of the fractions of its GPU's `memory` and `compute` it
 //! consumes; a MIG placement the larger of the fractions of its GPU's compute
 //! and memory slices it covers (its counters against its counter set's) — each
@@ -23,14 +24,6 @@ use super::inventory::{DeviceKey, NodeDevice, NodeInventory};
 use super::quantity::Quantity;
 use super::types::ResourceClaim;
 
-fn per_mille(part: Quantity, whole: Quantity) -> u64 {
-    if whole.nano() <= 0 {
-        return 1000;
-    }
-    let p = part.nano().max(0).saturating_mul(1000);
-    (p.div_euclid(whole.nano()) + i128::from(p.rem_euclid(whole.nano()) != 0)).clamp(0, 1000) as u64
-}
-
 fn string_attr<'a>(d: &'a NodeDevice, name: &str) -> Option<&'a str> {
     match d.attributes.get(name) {
         Some(AttrValue::String(s)) => Some(s),
@@ -38,42 +31,44 @@ fn string_attr<'a>(d: &'a NodeDevice, name: &str) -> Option<&'a str> {
     }
 }
 
-/// The fraction of its GPU device `d` of `inv` gives, consuming `consumed`
-/// (empty when taken whole), in per-mille.
-fn fraction_milli(
+/// The parts of its GPU device `d` of `inv` takes, consuming `consumed`
+/// (empty when taken whole), as `(part, whole)` for the core's
+/// [`GpuEquivalents::fraction_milli`]: a MIG device its compute and memory
+/// slices against its counter set's; a share the capacities it consumes
+/// against the device's. `None`: the whole GPU.
+fn parts(
     inv: &NodeInventory,
     d: &NodeDevice,
     consumed: &BTreeMap<String, Quantity>,
-) -> u64 {
+) -> Option<Vec<(i128, i128)>> {
     if string_attr(d, "type") == Some("mig") {
-        let mut frac = 0;
+        let slices = |c: &BTreeMap<String, Quantity>| {
+            c.keys().filter(|k| k.starts_with("memory-slice-")).count() as i128
+        };
+        let compute = |c: &BTreeMap<String, Quantity>| {
+            c.get("compute-slices")
+                .copied()
+                .unwrap_or(Quantity::ZERO)
+                .nano()
+        };
+        let mut parts = Vec::new();
         for (set, used) in &d.consumes {
             let whole = inv
                 .counters
                 .get(&(d.key.driver.clone(), d.key.pool.clone(), set.clone()))
                 .cloned()
                 .unwrap_or_default();
-            let slices = |c: &BTreeMap<String, Quantity>| {
-                let n = c.keys().filter(|k| k.starts_with("memory-slice-")).count();
-                Quantity::from_units(n as i64)
-            };
-            let compute = |c: &BTreeMap<String, Quantity>| {
-                c.get("compute-slices").copied().unwrap_or(Quantity::ZERO)
-            };
-            frac = frac
-                .max(per_mille(compute(used), compute(&whole)))
-                .max(per_mille(slices(used), slices(&whole)));
+            parts.push((compute(used), compute(&whole)));
+            parts.push((slices(used), slices(&whole)));
         }
-        return if d.consumes.is_empty() { 1000 } else { frac };
+        return Some(parts);
     }
-    if consumed.is_empty() {
-        return 1000;
-    }
-    consumed
-        .iter()
-        .filter_map(|(name, q)| d.capacity.get(name).map(|c| per_mille(*q, c.value)))
-        .max()
-        .unwrap_or(1000)
+    Some(
+        consumed
+            .iter()
+            .filter_map(|(name, q)| d.capacity.get(name).map(|c| (q.nano(), c.value.nano())))
+            .collect(),
+    )
 }
 
 /// Milli GPU-equivalents of device `d` of `inv`, consuming `consumed`.
@@ -87,11 +82,11 @@ pub fn device_milli(
     if d.key.driver != DRIVER {
         return 0;
     }
-    let factor = string_attr(d, "model")
+    let model = string_attr(d, "model")
         .and_then(|m| catalog.find(m))
-        .or_else(|| string_attr(d, "productName").and_then(|p| catalog.find(p)))
-        .map_or(1000, |id| u64::from(ge.factor_milli(id)));
-    fraction_milli(inv, d, consumed) * factor / 1000
+        .or_else(|| string_attr(d, "productName").and_then(|p| catalog.find(p)));
+    let fraction = GpuEquivalents::fraction_milli(parts(inv, d, consumed).as_deref());
+    ge.held_milli(model, fraction)
 }
 
 /// Milli GPU-equivalents of the devices `results` (key and consumed

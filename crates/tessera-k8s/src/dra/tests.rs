@@ -12,7 +12,7 @@ use super::allocate::{NodeAllocation, Unfit, allocate};
 use super::cel::Env;
 use super::choose::Host;
 use super::claim::{ClaimAsk, ClaimError};
-use super::inventory::{Usage, node_inventory};
+use super::inventory::{Holdings, claims_holdings, node_inventory};
 use super::quantity::Quantity;
 use super::types::{DeviceClass, ResourceClaim, ResourceSlice};
 use super::write::allocation_result;
@@ -111,7 +111,7 @@ fn run(
     allocate(
         &ask,
         &inv,
-        &Usage::of_claims(held, None),
+        &claims_holdings(held, None),
         p,
         &Env::new(),
         Host::PLENTY,
@@ -207,7 +207,7 @@ fn never_allocates_a_device_beyond_its_capacity() {
                 held.push(allocated(c, &a));
             }
         }
-        let usage = Usage::of_claims(&held, None);
+        let usage = claims_holdings(&held, None);
         let inv = node_inventory("n1", std::slice::from_ref(&s));
         for d in &inv.devices {
             let Some(u) = usage.devices.get(&d.key) else {
@@ -629,7 +629,7 @@ fn a_whole_or_unreadable_holding_of_a_shareable_gpu_blocks_shares() {
         .devices
         .results[0]
         .consumed_capacity = [("memory".to_string(), "lots".to_string())].into();
-    let u = Usage::of_claims([&bad], None);
+    let u = claims_holdings([&bad], None);
     assert_eq!(u.unreadable.len(), 1, "{u:?}");
     assert!(run(&small, &s, &[bad], &*tessera()).unwrap().is_err());
     assert!(
@@ -696,7 +696,7 @@ fn the_node_whose_cpu_would_strand_a_gpu_loses() {
             std::slice::from_ref(&pod_claim),
             &nodes,
             &inventories,
-            &Usage::default(),
+            &Holdings::default(),
             &*policy,
             &Env::new(),
             &|_, _| true,

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::DRIVER;
-use super::inventory::{DeviceKey, NodeInventory, Usage, node_inventory};
+use super::inventory::{DeviceKey, Hold, Holdings, NodeInventory, claims_holdings, node_inventory};
 use super::overlay::Overlay;
 use super::types::{DeviceClass, ResourceClaim, ResourceSlice};
 
@@ -303,12 +303,10 @@ impl DraView {
     }
 
     /// What every claim holds (the overlay's writes included).
-    pub fn usage(&self) -> Usage {
-        let mut u = Usage::of_claims(self.claims(), None);
+    pub fn usage(&self) -> Holdings {
+        let mut u = claims_holdings(self.claims(), None);
         for key in self.unread_holds.values().flatten() {
-            let e = u.devices.entry(key.clone()).or_default();
-            e.allocations += 1;
-            e.exclusive += 1;
+            u.hold(key.clone(), &Hold::Unverifiable);
         }
         u
     }

@@ -7,7 +7,7 @@
 //! it, its pod went away), the answer is 409 Conflict and we re-read and decide
 //! again; we never overwrite. A claim that already has an allocation is never
 //! written here at all: someone else's allocation stands (and counts as used,
-//! [`super::inventory::Usage`]).
+//! [`super::inventory::Holdings`]).
 //!
 //! Before its first allocation a claim gets the
 //! `resource.kubernetes.io/delete-protection` finalizer, as kube-scheduler's

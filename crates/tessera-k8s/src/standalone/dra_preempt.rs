@@ -44,7 +44,7 @@ use super::{Standalone, node_allows, selector_matches};
 use crate::convert::{self, NodeFacts};
 use crate::dra::DRIVER;
 use crate::dra::cel::Env;
-use crate::dra::inventory::Usage;
+use crate::dra::inventory::claims_holdings;
 use crate::dra::place::Plan;
 use crate::dra::pod::pod_claims;
 use crate::dra::preempt::{Candidate, HeldClaim, Mode, Quota, Quotas, Situation, plan};
@@ -109,7 +109,7 @@ fn claims_by_consumer(v: &mut DraView) -> BTreeMap<String, Vec<HeldClaim>> {
         let held = HeldClaim {
             uid: c.metadata.uid.clone().unwrap_or_default(),
             consumers: status.reserved_for.iter().map(|r| r.uid.clone()).collect(),
-            usage: Usage::of_claims([c], None),
+            usage: claims_holdings([c], None),
         };
         for r in status.reserved_for.iter().filter(|r| r.resource == "pods") {
             out.entry(r.uid.clone()).or_default().push(held.clone());

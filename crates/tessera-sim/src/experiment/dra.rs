@@ -401,7 +401,7 @@ mod tests {
     use rand::rngs::SmallRng;
     use tessera_core::ledger::Ledger;
     use tessera_core::model::{Catalog, Node, NodeId};
-    use tessera_core::placement::Scheduler;
+    use tessera_core::scheduler::Scheduler;
 
     fn view<'a>(c: &'a Cluster, l: &'a Ledger, i: u32) -> NodeView<'a> {
         NodeView::of(c, l, NodeId(i))

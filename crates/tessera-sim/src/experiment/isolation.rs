@@ -62,9 +62,10 @@ use tessera_core::frag::TargetWorkload;
 use tessera_core::ledger::{AllocId, Ledger};
 use tessera_core::model::file::mig_instances;
 use tessera_core::model::{Catalog, Cluster, MigInstance, Node, NodeId};
-use tessera_core::placement::{Placement, Scheduler};
+use tessera_core::placement::Placement;
 use tessera_core::policy::UnknownPolicy;
 use tessera_core::request::{Constraints, GpuAsk, IsolationLevel, Request};
+use tessera_core::scheduler::Scheduler;
 
 use super::learner::Learner;
 use crate::trace::TracePod;

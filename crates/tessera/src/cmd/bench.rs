@@ -7,9 +7,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tessera_core::model::file::{nvswitch_links, pcie_links};
 use tessera_core::model::{Catalog, Cluster, Node};
-use tessera_core::placement::Scheduler;
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::request::{GpuAsk, GpuMemory, Isolation, Request};
+use tessera_core::scheduler::Scheduler;
 use tessera_core::{AllocId, Ledger};
 
 #[derive(Debug, clap::Subcommand)]

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use rand::SeedableRng;
 use tessera_core::model::file::ClusterFile;
 use tessera_core::model::{Cluster, demo};
-use tessera_core::placement::{Decision, Scheduler};
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_core::request::{self, Request, RequestError};
+use tessera_core::scheduler::{Decision, Scheduler};
 use tessera_core::{Ledger, Placement};
 
 #[derive(Debug, clap::Args)]

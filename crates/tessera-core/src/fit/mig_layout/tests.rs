@@ -519,8 +519,8 @@ proptest::proptest! {
 /// that would hand it a whole GPU, whatever the policy thinks of a 30 % share.
 #[test]
 fn nodes_rank_by_isolation_tier_before_the_policy() {
-    use crate::placement::{Decision, Scheduler};
     use crate::policy::{PolicyArgs, by_name};
+    use crate::scheduler::{Decision, Scheduler};
     use rand::SeedableRng;
     let c = crate::model::demo::demo_cluster();
     let l = Ledger::new(&c);

@@ -17,7 +17,7 @@ use super::{Rank, score};
 use crate::convert::NodeFacts;
 use crate::dra::cel::Env;
 use crate::dra::claim::ClaimAsk;
-use crate::dra::inventory::{Usage, node_inventory};
+use crate::dra::inventory::{claims_holdings, node_inventory};
 use crate::dra::place::{Plan, devices, place};
 use crate::dra::pod::{PodClaim, Step};
 use crate::dra::types::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -135,7 +135,7 @@ fn plan_all(asks: &[PodClaim], slices: &[ResourceSlice], held: &[ResourceClaim])
         asks,
         &nodes,
         &inventories,
-        &Usage::of_claims(held, None),
+        &claims_holdings(held, None),
         &*policy,
         &Env::new(),
         &|_, _| true,
