@@ -18,7 +18,9 @@
 //!
 //! Until every watched kind has been listed once, every RPC answers
 //! `UNAVAILABLE` naming what is missing ([`SyncGate`]): an answer from a
-//! partial pod list would count GPUs other pods hold as free.
+//! partial pod list would count GPUs other pods hold as free. The same gate
+//! answers `/readyz` on the health port ([`health_router`]), so the pod is
+//! Ready exactly when its answers are.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -49,6 +51,9 @@ use crate::tls::{self, TlsListener};
 /// Karmada's estimator port (karmada-scheduler's `--scheduler-estimator-port`).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:10352";
 
+/// `/healthz` and `/readyz` (Karmada's own estimator serves its health on 10351).
+pub const DEFAULT_HEALTH_LISTEN: &str = "0.0.0.0:10351";
+
 /// Most replicas one answer counts (each costs one placement): a larger
 /// answer is this number, which is more than any workload asks.
 pub const DEFAULT_REPLICA_LIMIT: u32 = 10_000;
@@ -57,6 +62,7 @@ pub const DEFAULT_REPLICA_LIMIT: u32 = 10_000;
 #[derive(Debug, Clone, Default)]
 pub struct RawEstimatorConfig {
     pub listen: Option<String>,
+    pub health_listen: Option<String>,
     pub cluster_name: Option<String>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -72,6 +78,8 @@ pub struct RawEstimatorConfig {
 #[derive(Clone)]
 pub struct EstimatorConfig {
     pub listen: SocketAddr,
+    /// `/healthz` and `/readyz` ([`health_router`]).
+    pub health_listen: SocketAddr,
     /// The member cluster's name in Karmada: requests naming another are refused.
     pub cluster_name: String,
     /// TLS on `listen` (HTTP/2 by ALPN, as gRPC clients demand), with client
@@ -99,6 +107,18 @@ impl RawEstimatorConfig {
         let listen: SocketAddr = listen_s
             .parse()
             .map_err(|e| invalid("listen", format!("{listen_s:?}: {e}")))?;
+        let health_s = self
+            .health_listen
+            .unwrap_or_else(|| DEFAULT_HEALTH_LISTEN.into());
+        let health_listen: SocketAddr = health_s
+            .parse()
+            .map_err(|e| invalid("health-listen", format!("{health_s:?}: {e}")))?;
+        if health_listen.port() == listen.port() && listen.port() != 0 {
+            return Err(invalid(
+                "health-listen",
+                format!("{health_s} has the port of --listen; use two ports"),
+            ));
+        }
         let cluster_name = self
             .cluster_name
             .filter(|n| !n.trim().is_empty())
@@ -154,6 +174,7 @@ impl RawEstimatorConfig {
         .resolve()?;
         Ok(EstimatorConfig {
             listen,
+            health_listen,
             cluster_name: cluster_name.trim().to_string(),
             tls,
             policy: base.policy,
@@ -175,6 +196,8 @@ pub enum EstimatorError {
     },
     #[error("serving gRPC: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error("serving /healthz and /readyz: {0}")]
+    Health(std::io::Error),
 }
 
 /// A request Karmada sent that cannot be turned into a pod.
@@ -342,10 +365,14 @@ pub async fn run(
     client: kube::Client,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), EstimatorError> {
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| EstimatorError::Bind { addr, source })
+    };
     let addr = config.listen;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| EstimatorError::Bind { addr, source })?;
+    let listener = bind(addr).await?;
+    let health_listener = bind(config.health_listen).await?;
     let policy = policy::by_name(&config.policy, &PolicyArgs::default())
         .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
     let keys = tessera_core::allocation::KeyRing::new(config.signing_key.clone())
@@ -357,8 +384,21 @@ pub async fn run(
     let wake = Arc::new(Notify::new());
     let mut tasks = tokio::task::JoinSet::new();
     crate::run::watch_placement_state(&mut tasks, &client, &mirror, &wake, &gate).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let health = tokio::spawn(
+        axum::serve(health_listener, health_router(gate.clone()))
+            .with_graceful_shutdown(stopped())
+            .into_future(),
+    );
     tracing::info!(
         listen = %addr,
+        health = %config.health_listen,
         cluster = %config.cluster_name,
         tls = config.tls.is_some(),
         policy = %config.policy,
@@ -369,8 +409,39 @@ pub async fn run(
         MirrorCapacity::new(mirror, gate, config.replica_limit),
     );
     let served = serve(listener, config.tls, service, shutdown).await;
+    let _ = stop_tx.send(true);
     tasks.abort_all();
-    served
+    served?;
+    match health.await {
+        Ok(r) => r.map_err(EstimatorError::Health),
+        Err(e) => Err(EstimatorError::Health(std::io::Error::other(e))),
+    }
+}
+
+/// `/healthz` (200 while the process runs) and `/readyz` (200 once `gate` is
+/// open, 503 naming the kinds not listed yet: the RPCs answer `UNAVAILABLE`
+/// until then). Needs no socket.
+pub fn health_router(gate: SyncGate) -> axum::Router {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    axum::Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let gate = gate.clone();
+                async move {
+                    if gate.is_synced() {
+                        (StatusCode::OK, "synced\n".to_string())
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not synced: {}\n", gate.not_synced_message()),
+                        )
+                    }
+                }
+            }),
+        )
 }
 
 /// Serves `service` on `listener` (over TLS with `tls`) until `shutdown` resolves.

@@ -622,6 +622,13 @@ mod tls {
         assert!(err(RawEstimatorConfig::default()).starts_with("cluster-name:"));
         assert!(
             err(RawEstimatorConfig {
+                health_listen: Some("0.0.0.0:10352".into()),
+                ..base()
+            })
+            .starts_with("health-listen:")
+        );
+        assert!(
+            err(RawEstimatorConfig {
                 listen: Some("nowhere".into()),
                 ..base()
             })
@@ -635,4 +642,45 @@ mod tls {
             .starts_with("replica-limit:")
         );
     }
+}
+
+/// `/readyz` follows the sync gate the RPCs answer under; `/healthz` is always 200.
+#[tokio::test]
+async fn readyz_is_ready_exactly_when_the_rpcs_answer() {
+    use tower::ServiceExt;
+    let gate = SyncGate::new();
+    let get = |path: &'static str| {
+        let router = tessera_k8s::estimator::health_router(gate.clone());
+        async move {
+            let resp = router
+                .oneshot(
+                    http::Request::builder()
+                        .uri(path)
+                        .body(axum::body::Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            let status = resp.status();
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    assert_eq!(get("/healthz").await.0, 200);
+    let (code, body) = get("/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("nodes") && body.contains("pods"), "{body}");
+    for k in [
+        Kind::Nodes,
+        Kind::Inventory,
+        Kind::Pods,
+        Kind::Queues,
+        Kind::Namespaces,
+    ] {
+        gate.mark(k);
+    }
+    assert_eq!(get("/readyz").await.0, 200);
 }

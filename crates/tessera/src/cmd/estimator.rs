@@ -22,6 +22,9 @@ pub struct EstimatorArgs {
     /// --scheduler-estimator-port).
     #[arg(long, default_value = estimator::DEFAULT_LISTEN)]
     pub listen: String,
+    /// Address of /healthz and /readyz (200 once the cluster is listed).
+    #[arg(long, default_value = estimator::DEFAULT_HEALTH_LISTEN)]
+    pub health_listen: String,
     /// Serve TLS with this certificate (PEM); needs --tls-key.
     #[arg(long)]
     pub tls_cert: Option<PathBuf>,
@@ -66,6 +69,7 @@ pub fn run(a: EstimatorArgs) -> anyhow::Result<ExitCode> {
         .try_init();
     let raw = RawEstimatorConfig {
         listen: Some(a.listen),
+        health_listen: Some(a.health_listen),
         cluster_name: a.cluster_name,
         tls_cert: a.tls_cert,
         tls_key: a.tls_key,
