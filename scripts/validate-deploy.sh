@@ -823,6 +823,9 @@ MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
     "the estimator without a cluster name": ({"estimator": {"enabled": True}}, "estimator.enabled needs estimator.clusterName"),
     "an estimator cluster name that is no Service name": (
         {"estimator": {"enabled": True, "clusterName": "Member_1"}}, "is not a DNS-1035 label"),
+    "the estimator's health port on its gRPC port": (
+        {"estimator": {"enabled": True, "clusterName": "m", "healthPort": 10352}},
+        "estimator.port and estimator.healthPort must differ"),
     "estimator client verification without a Secret": (
         {"estimator": {"enabled": True, "clusterName": "m", "tls": {"verifyClients": True}}},
         "estimator.tls.verifyClients needs estimator.tls.secretName"),
