@@ -39,7 +39,11 @@
 #     [[bin]]s built by the same cargo profile;
 #   - when a tessera binary is at hand ($TESSERA_BIN, $CARGO_TARGET_DIR or
 #     target/, debug or release), every flag the chart passes to
-#     `tessera scheduler` and `tessera node-agent` is one their --help lists;
+#     `tessera scheduler`, `tessera node-agent` and `tessera estimator` is one their --help lists;
+#   - the Karmada estimator (estimator.enabled): a Deployment runs `tessera estimator`
+#     for estimator.clusterName behind the Service karmada-scheduler dials
+#     (karmada-scheduler-estimator-<cluster>, the --listen port), TLS flags pointing
+#     into the mounted Secret, a ClusterRole that grants only get/list/watch;
 #   - the DRA driver (nodeAgent.dra): a DaemonSet runs `node-agent --dra` with the
 #     kubelet's plugin registry, the driver's socket directory and the CDI directory
 #     mounted at the paths the code uses, on nodes the device-plugin agent leaves;
@@ -405,7 +409,8 @@ def check_references(objs, where, values):
         return (ns, name) in by_kind.get(kind, {})
     existing_secrets = {values.get("signingKey", {}).get("existingSecret"),
                         values.get("webhook", {}).get("existingTlsSecret"),
-                        (values.get("nodeAgent", {}).get("allocationKeySecret") or {}).get("name")} - {None, ""}
+                        (values.get("nodeAgent", {}).get("allocationKeySecret") or {}).get("name"),
+                        ((values.get("estimator") or {}).get("tls") or {}).get("secretName")} - {None, ""}
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                       "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "PriorityClass",
                       "DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
@@ -763,6 +768,11 @@ SCENARIOS = {
     "DRA driver, an extended resource of your own": {"nodeAgent": {"dra": {
         "enabled": True, "extendedResourceName": "example.com/gpu-whole",
         "deviceClassApiVersion": "resource.k8s.io/v1", "features": "consumable-capacity"}}},
+    "Karmada estimator": {"estimator": {"enabled": True, "clusterName": "member-1"}},
+    "Karmada estimator over TLS, client certificates, LoadBalancer": {"estimator": {
+        "enabled": True, "clusterName": "gpu-east", "tls": {"secretName": "estimator-tls", "verifyClients": True},
+        "service": {"type": "LoadBalancer"}, "replicas": 2, "priorityClassName": "system-cluster-critical",
+        "extraArgs": ["--gpu-equivalents=H100-80GB=1,T4=0.1"]}},
     "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
                                      "nodeSelector": {"kubernetes.io/os": "linux"},
                                      "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
@@ -810,6 +820,15 @@ MUST_FAIL = {  # values -> a phrase the chart's refusal must contain
     "a DRA extended resource without the chart's DeviceClasses": (
         {"nodeAgent": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "deviceClasses": False}}},
         "needs the chart's DeviceClasses, but nodeAgent.dra.deviceClasses is false"),
+    "the estimator without a cluster name": ({"estimator": {"enabled": True}}, "estimator.enabled needs estimator.clusterName"),
+    "an estimator cluster name that is no Service name": (
+        {"estimator": {"enabled": True, "clusterName": "Member_1"}}, "is not a DNS-1035 label"),
+    "the estimator's health port on its gRPC port": (
+        {"estimator": {"enabled": True, "clusterName": "m", "healthPort": 10352}},
+        "estimator.port and estimator.healthPort must differ"),
+    "estimator client verification without a Secret": (
+        {"estimator": {"enabled": True, "clusterName": "m", "tls": {"verifyClients": True}}},
+        "estimator.tls.verifyClients needs estimator.tls.secretName"),
 }
 
 
@@ -1303,7 +1322,16 @@ RBAC_NEEDS = {
         ("scheduling.x-k8s.io", "podgroups"): {"list", "watch"},
         ("events.k8s.io", "events"): {"create", "patch"},
     },
+    # tessera estimator (crates/tessera-k8s/src/run: watch_placement_state).
+    "estimator": {
+        ("", "nodes"): {"list", "watch"},
+        ("", "pods"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+        ("tessera.io", "gpunodes"): {"list", "watch"},
+        ("tessera.io", "gpuqueues"): {"list", "watch"},
+    },
 }
+READ_VERBS = {"get", "list", "watch"}
 
 
 # The scheduler with --dra (crates/tessera-k8s/src/dra: watch.rs lists and watches the
@@ -1338,9 +1366,12 @@ def granted_verbs(roles):
 
 def check_rbac(objs, where):
     """Every verb the code needs is granted by the component's ClusterRole."""
-    workloads = {"node-agent": "DaemonSet", "scheduler": "Deployment"}
+    workloads = {"node-agent": "DaemonSet", "scheduler": "Deployment", "estimator": "Deployment"}
     for component, needs in RBAC_NEEDS.items():
-        if not any(o["kind"] == workloads[component] for o in objs):
+        if not any(o["kind"] == workloads[component]
+                   and (o["metadata"]["name"].endswith(f"-{component}")
+                        or (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == component)
+                   for o in objs):
             continue  # not installed in this scenario
         roles = [o for o in objs if o["kind"] == "ClusterRole"
                  and (o["metadata"]["name"].endswith(f"-{component}")
@@ -1357,11 +1388,80 @@ def check_rbac(objs, where):
                 "--mode=extender" in (c.get("args") or []) for o in objs if o["kind"] == "Deployment"
                 for c in o["spec"]["template"]["spec"]["containers"]):
             needs = {**needs, **RBAC_NEEDS_SCHEDULER_EXTENDER}
+        if component == "estimator":
+            # It only reads: any other verb (or a wildcard) is a failure.
+            for (g, res), verbs in granted.items():
+                if verbs - READ_VERBS:
+                    fail(where, f"estimator ClusterRole grants {sorted(verbs - READ_VERBS)} on {res} ({g or 'core'}): it must only read")
         for (g, res), verbs in needs.items():
             have = granted.get((g, res), set())
             missing = set() if "*" in have else verbs - have
             if missing:
                 fail(where, f"{component} ClusterRole: {res} ({g or 'core'}) lacks {sorted(missing)}, which the code uses")
+
+
+def check_estimator(objs, where, values):
+    """estimator.enabled: a Deployment runs `tessera estimator` for the cluster named in
+    values, behind a Service named as karmada-scheduler dials it
+    (karmada-scheduler-estimator-<cluster>) on the container's --listen port, with the
+    TLS Secret mounted where --tls-cert/--tls-key point; nothing of it otherwise."""
+    est = values.get("estimator") or {}
+    deps = [o for o in objs if o["kind"] == "Deployment"
+            and (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "estimator"]
+    if not est.get("enabled"):
+        if deps:
+            fail(where, "estimator.enabled is false, but an estimator Deployment renders")
+        return
+    if len(deps) != 1:
+        fail(where, f"estimator.enabled renders {len(deps)} estimator Deployments")
+        return
+    dep = deps[0]
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    args = c.get("args") or []
+    if args[:1] != ["estimator"]:
+        fail(where, f"{describe(dep)}: runs {args[:1]}, not `tessera estimator`")
+    flag = lambda n: next((a.split("=", 1)[1] for a in args if a.startswith(f"--{n}=")), None)
+    cluster = est["clusterName"]
+    if flag("cluster-name") != cluster:
+        fail(where, f"{describe(dep)}: --cluster-name={flag('cluster-name')!r}, values say {cluster!r}")
+    port = (est.get("port") or 10352)
+    listen = flag("listen") or ""
+    if not listen.endswith(f":{port}"):
+        fail(where, f"{describe(dep)}: --listen={listen!r} is not on port {port}")
+    want = f"karmada-scheduler-estimator-{cluster}"
+    svcs = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == want]
+    if len(svcs) != 1:
+        fail(where, f"no Service {want!r} (the name karmada-scheduler dials)")
+    else:
+        svc = svcs[0]
+        labels = dep["spec"]["template"]["metadata"].get("labels") or {}
+        if not selector_matches({"matchLabels": svc["spec"].get("selector") or {}}, labels):
+            fail(where, f"{describe(svc)} does not select the estimator's pods")
+        ports = svc["spec"].get("ports") or []
+        cports = {p.get("name"): p["containerPort"] for p in c.get("ports") or []}
+        if not any(p["port"] == port and cports.get(p.get("targetPort"), p.get("targetPort")) == port for p in ports):
+            fail(where, f"{describe(svc)}: no port {port} onto the container's {port}")
+    tls = (est.get("tls") or {})
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
+    vols = {v["name"]: v for v in pod.get("volumes") or []}
+    def mounted_secret(path):
+        d = path.rsplit("/", 1)[0]
+        v = vols.get(mounts.get(d))
+        return (v or {}).get("secret", {}).get("secretName")
+    if tls.get("secretName"):
+        for f in ("tls-cert", "tls-key") + (("tls-client-ca",) if tls.get("verifyClients") else ()):
+            path = flag(f)
+            if not path:
+                fail(where, f"{describe(dep)}: estimator.tls.secretName is set, but no --{f}")
+            elif mounted_secret(path) != tls["secretName"]:
+                fail(where, f"{describe(dep)}: --{f}={path} is not in the Secret {tls['secretName']!r}")
+    elif any(flag(f) for f in ("tls-cert", "tls-key", "tls-client-ca")):
+        fail(where, f"{describe(dep)}: TLS flags without estimator.tls.secretName")
+    for f in ("signing-key-file",):
+        path = flag(f)
+        if not path or not mounted_secret(path):
+            fail(where, f"{describe(dep)}: --{f}={path!r} is not in a mounted Secret")
 
 
 def check_agent_update_strategy(objs, where, values):
@@ -1832,7 +1932,8 @@ def check_dra_extended_resource_names():
 def check_chart():
     helps = {}
     if TESSERA_BIN:
-        helps = {"scheduler": help_flags("scheduler"), "node-agent": help_flags("node-agent")}
+        helps = {"scheduler": help_flags("scheduler"), "node-agent": help_flags("node-agent"),
+                 "estimator": help_flags("estimator")}
         print(f"flags: checked against {TESSERA_BIN}")
     else:
         print("flags: SKIP (no tessera binary: set TESSERA_BIN or build -p tessera)")
@@ -1883,6 +1984,7 @@ def check_chart():
         check_monitoring(objs, where, values)
         check_agent_update_strategy(objs, where, values)
         check_rbac(objs, where)
+        check_estimator(objs, where, values)
         check_dra(objs, where, values)
         check_dra_extended_resource(objs, where, values)
         if name.startswith("GPU Operator coexistence"):

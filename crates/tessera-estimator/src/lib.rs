@@ -10,8 +10,9 @@
 //! scheduler would place now, one by one, counting fractions, MIG profiles and the
 //! GPUs the policy would choose, with no second fit function. What the service reads
 //! the state from is a [`Capacity`]: [`CoreCapacity`] holds a cluster, its ledger and
-//! a scheduler (tests, demos, a simulator); a Kubernetes deployment would answer from
-//! the scheduler's mirror under its sync gate (not wired yet).
+//! a scheduler (tests, demos, a simulator); `tessera estimator` answers from the
+//! Kubernetes mirror under its sync gate (`tessera_k8s::estimator`), and every RPC
+//! answers `UNAVAILABLE` until that mirror holds complete lists ([`Capacity::ready`]).
 //!
 //! Translation of a request: the resource requests (`resourceRequestBytes`, each a
 //! protobuf-encoded `Quantity`, or the deprecated `resourceRequest` map) go through
@@ -22,9 +23,11 @@
 //! required node affinity (`In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt`, `Lt` on
 //! labels, `metadata.name` in match fields) pick the nodes the replicas may use, and
 //! the count is then [`tessera_core::estimate::max_replicas_within`] those nodes. Not
-//! translated yet (the answer ignores them, which may overcount): tolerations (the
-//! core's nodes carry no taints), the priority class, namespace quota, and assumed
-//! in-flight workloads. `MaxAvailableComponentSets` answers `UNIMPLEMENTED`.
+//! translated by [`CoreCapacity`] (the answer ignores them, which may overcount):
+//! tolerations (the core's nodes carry no taints), the priority class, namespace
+//! quota. The Kubernetes capacity reads tolerations and the namespace's queue quota
+//! too. Assumed in-flight workloads are ignored by both.
+//! `MaxAvailableComponentSets` answers `UNIMPLEMENTED`.
 
 use std::sync::Mutex;
 
@@ -70,6 +73,12 @@ pub enum TranslateError {
     Request(#[from] request::RequestError),
     #[error("nodeClaim.nodeAffinityBytes: not a NodeSelector: {0}")]
     Affinity(#[source] prost::DecodeError),
+    #[error("nodeClaim.tolerationsBytes[{index}]: not a Toleration: {source}")]
+    Toleration {
+        index: usize,
+        #[source]
+        source: prost::DecodeError,
+    },
     #[error("nodeClaim: operator {0:?} is not In, NotIn, Exists, DoesNotExist, Gt or Lt")]
     Operator(String),
 }
@@ -83,16 +92,7 @@ pub fn admitted_nodes(
     let Some(claim) = claim else {
         return Ok(None);
     };
-    #[allow(deprecated, reason = "older karmada-schedulers send the typed field")]
-    let affinity = if !claim.node_affinity_bytes.is_empty() {
-        Some(
-            core_v1::NodeSelector::decode(claim.node_affinity_bytes.as_slice())
-                .map_err(TranslateError::Affinity)?,
-        )
-    } else {
-        claim.node_affinity.clone()
-    };
-    let affinity = affinity.filter(|a| !a.node_selector_terms.is_empty());
+    let affinity = node_affinity(claim)?;
     if claim.node_selector.is_empty() && affinity.is_none() {
         return Ok(None);
     }
@@ -122,6 +122,41 @@ pub fn admitted_nodes(
         }
     }
     Ok(Some(out))
+}
+
+/// The required node affinity of `claim` (the bytes form first, then the deprecated
+/// typed field); `None` when it has no terms.
+pub fn node_affinity(
+    claim: &pb::NodeClaim,
+) -> Result<Option<core_v1::NodeSelector>, TranslateError> {
+    #[allow(deprecated, reason = "older karmada-schedulers send the typed field")]
+    let affinity = if !claim.node_affinity_bytes.is_empty() {
+        Some(
+            core_v1::NodeSelector::decode(claim.node_affinity_bytes.as_slice())
+                .map_err(TranslateError::Affinity)?,
+        )
+    } else {
+        claim.node_affinity.clone()
+    };
+    Ok(affinity.filter(|a| !a.node_selector_terms.is_empty()))
+}
+
+/// The tolerations of `claim`: each of `tolerationsBytes` decoded, or the deprecated
+/// typed field when the bytes form is empty.
+pub fn tolerations(claim: &pb::NodeClaim) -> Result<Vec<core_v1::Toleration>, TranslateError> {
+    if claim.tolerations_bytes.is_empty() {
+        #[allow(deprecated, reason = "older karmada-schedulers send the typed field")]
+        return Ok(claim.tolerations.clone());
+    }
+    claim
+        .tolerations_bytes
+        .iter()
+        .enumerate()
+        .map(|(index, b)| {
+            core_v1::Toleration::decode(b.as_slice())
+                .map_err(|source| TranslateError::Toleration { index, source })
+        })
+        .collect()
 }
 
 fn term_matches(node: &Node, term: &core_v1::NodeSelectorTerm) -> Result<bool, TranslateError> {
@@ -200,12 +235,15 @@ pub fn translate(
 
 /// What the service answers from.
 pub trait Capacity: Send + Sync + 'static {
-    /// The GPU catalog requests are parsed against.
-    fn catalog(&self) -> Catalog;
-    /// Which nodes `claim` admits (`None`: all).
-    fn admitted(&self, claim: Option<&pb::NodeClaim>) -> Result<Option<Vec<NodeId>>, Status>;
-    /// Replicas of `req` the scheduler would place now, on `nodes` if given.
-    fn max_replicas(&self, req: &Request, nodes: Option<&[NodeId]>) -> Result<u32, Status>;
+    /// Whether the state is complete enough to answer from: `Err` (`UNAVAILABLE`,
+    /// saying what is missing) makes every RPC answer that status. Always ready by
+    /// default.
+    fn ready(&self) -> Result<(), Status> {
+        Ok(())
+    }
+    /// Replicas of one `ReplicaRequirements` the scheduler would place now.
+    /// `INVALID_ARGUMENT` for a request that cannot be read.
+    fn max_available(&self, req: &pb::ReplicaRequirements) -> Result<u32, Status>;
     /// Replicas of the workload `resource` unschedulable for longer than
     /// `threshold_ns` (a Go `time.Duration`, as Karmada sends it). The core knows no
     /// workloads: 0 unless an adapter knows better.
@@ -239,11 +277,7 @@ impl CoreCapacity {
     }
 }
 
-impl Capacity for CoreCapacity {
-    fn catalog(&self) -> Catalog {
-        self.catalog.clone()
-    }
-
+impl CoreCapacity {
     fn admitted(&self, claim: Option<&pb::NodeClaim>) -> Result<Option<Vec<NodeId>>, Status> {
         let guard = self
             .state
@@ -286,6 +320,15 @@ impl Capacity for CoreCapacity {
     }
 }
 
+impl Capacity for CoreCapacity {
+    fn max_available(&self, reqs: &pb::ReplicaRequirements) -> Result<u32, Status> {
+        let req =
+            translate(reqs, &self.catalog).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let nodes = self.admitted(reqs.node_claim.as_ref())?;
+        self.max_replicas(&req, nodes.as_deref())
+    }
+}
+
 /// The gRPC service for the member cluster `cluster` (Karmada names the cluster in
 /// every request; a request for another cluster is refused, as Karmada's own
 /// estimator server does).
@@ -325,15 +368,13 @@ impl<C: Capacity> Estimator for Service<C> {
         &self,
         request: GrpcRequest<pb::MaxAvailableReplicasRequest>,
     ) -> Result<Response<pb::MaxAvailableReplicasResponse>, Status> {
+        self.capacity.ready()?;
         let r = request.into_inner();
         self.check_cluster(&r.cluster)?;
         let Some(reqs) = r.replica_requirements else {
             return Err(Status::invalid_argument("replicaRequirements: missing"));
         };
-        let req = translate(&reqs, &self.capacity.catalog())
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let nodes = self.capacity.admitted(reqs.node_claim.as_ref())?;
-        let n = self.capacity.max_replicas(&req, nodes.as_deref())?;
+        let n = self.capacity.max_available(&reqs)?;
         Ok(Response::new(pb::MaxAvailableReplicasResponse {
             max_replicas: i32::try_from(n).unwrap_or(i32::MAX),
         }))
@@ -343,6 +384,7 @@ impl<C: Capacity> Estimator for Service<C> {
         &self,
         _request: GrpcRequest<pb::MaxAvailableComponentSetsRequest>,
     ) -> Result<Response<pb::MaxAvailableComponentSetsResponse>, Status> {
+        self.capacity.ready()?;
         Err(Status::unimplemented(
             "MaxAvailableComponentSets: not answered by Tessera yet",
         ))
@@ -352,6 +394,7 @@ impl<C: Capacity> Estimator for Service<C> {
         &self,
         request: GrpcRequest<pb::UnschedulableReplicasRequest>,
     ) -> Result<Response<pb::UnschedulableReplicasResponse>, Status> {
+        self.capacity.ready()?;
         let r = request.into_inner();
         self.check_cluster(&r.cluster)?;
         let Some(resource) = r.resource else {

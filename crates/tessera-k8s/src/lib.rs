@@ -6,7 +6,8 @@
 //! extender ([`extender`]), the standalone scheduler ([`standalone`]), the
 //! [`binder`] that writes decisions, leader election ([`leader`]), the
 //! admission [`webhook`], [`metrics`], `GpuQueue` status ([`queue_status`]), the web view [`ui`] and the GPU
-//! [`accounting`] behind chargeback. [`run`] wires them together and stops
+//! [`accounting`] behind chargeback; Karmada's scheduler-estimator ([`estimator`],
+//! `tessera estimator`) answers from a mirror of its own. [`run`] wires them together and stops
 //! when its shutdown future resolves; only the binary owns signals.
 
 pub mod accounting;
@@ -15,6 +16,7 @@ pub mod binder;
 pub mod client;
 pub mod convert;
 pub mod dra;
+pub mod estimator;
 pub mod events;
 pub mod explain;
 pub mod extender;

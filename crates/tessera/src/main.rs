@@ -32,6 +32,8 @@ enum Command {
     Bench(cmd::bench::BenchCommand),
     /// Run the Kubernetes scheduler (extender or standalone mode).
     Scheduler(cmd::scheduler::SchedulerArgs),
+    /// Serve Karmada's scheduler-estimator for this cluster (replicas that fit, from the live cluster).
+    Estimator(cmd::estimator::EstimatorArgs),
     /// Run the node agent (kubelet device plugin, inventory, health, metrics).
     NodeAgent(cmd::node_agent::NodeAgentArgs),
     /// Explain where a pod went and why, or why it is pending.
@@ -62,6 +64,7 @@ fn main() -> ExitCode {
         Command::Defrag(a) => cmd::defrag::run(a),
         Command::Bench(c) => cmd::bench::run(c),
         Command::Scheduler(a) => cmd::scheduler::run(a),
+        Command::Estimator(a) => cmd::estimator::run(a),
         Command::NodeAgent(a) => cmd::node_agent::run(a),
         Command::Explain(a) => cmd::explain::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),

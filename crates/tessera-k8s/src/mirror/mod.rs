@@ -28,7 +28,8 @@
 //! quiet), [`reservations`] (assumed
 //! placements with deadlines), [`verdicts`] (per-shape node judgements for the
 //! extender and the standalone loop), [`queues`] (queues and quota admission),
-//! [`groups`] (gangs), [`shared`] (the lock every task shares it through);
+//! [`groups`] (gangs), [`estimate`] (replicas that would fit now, for
+//! `tessera estimator`), [`shared`] (the lock every task shares it through);
 //! this file holds the state and its reads.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -50,6 +51,7 @@ use crate::convert::{self, NodeFacts};
 use crate::hostfit::{self, HostAsk};
 
 mod blocks;
+mod estimate;
 mod foreign;
 mod groups;
 mod ingest;

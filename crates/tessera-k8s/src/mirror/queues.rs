@@ -563,6 +563,51 @@ impl Mirror {
     }
 }
 
+impl Mirror {
+    /// How many replicas of `pod` (asking `req`) its queue admits one after
+    /// another now, at most `limit`: each admitted one is counted against the
+    /// queue at the GPU-equivalents it may take at most, as admission counts the
+    /// next pod. `Ok(None)`: no queue governs the pod; `Err`: not even one (the
+    /// sentence [`Mirror::quota`] gives).
+    pub fn quota_replicas(
+        &mut self,
+        pod: &Pod,
+        req: &Request,
+        limit: u32,
+    ) -> Result<Option<u32>, String> {
+        let queue = match self.quota(pod, req) {
+            QuotaCheck::Refused(why) => return Err(why),
+            QuotaCheck::NoQueue => return Ok(None),
+            QuotaCheck::Admitted { .. } => match self.queues.queue_of(pod) {
+                Ok(Some(q)) => q,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(e),
+            },
+        };
+        let Some(mut usage) = self.queue_usage(None) else {
+            return Ok(None);
+        };
+        let Some(tree) = self.queues.tree.as_ref() else {
+            return Ok(None);
+        };
+        let ask = Resources::new(
+            self.queues.ge.request_upper_bound(&self.cluster, req),
+            req.cpu_milli,
+            req.memory_mib,
+        );
+        let capacity = self.queues.ge.capacity(&self.cluster);
+        let mut n = 0;
+        while n < limit {
+            if let Admission::Refused(_) = admit(tree, &usage, &capacity, queue, &ask) {
+                break;
+            }
+            usage.add(tree, queue, ask);
+            n += 1;
+        }
+        Ok(Some(n))
+    }
+}
+
 fn milli(v: u64) -> String {
     if v.is_multiple_of(1000) {
         (v / 1000).to_string()

@@ -114,6 +114,17 @@ impl Judging<'_> {
         )
     }
 
+    /// Node `id`'s verdict on a pod asking `req` and `host`: the node's countable
+    /// resources first (device-plugin slots and the pod count: preemption can
+    /// free them), then [`Judging::node`].
+    pub(super) fn verdict(&mut self, id: NodeId, req: &Request, host: &HostAsk) -> Verdict {
+        if let Some(f) = self.facts.get(id.0 as usize) {
+            hostfit::check(&f.allocatable, self.host_used.get(&f.name), host)
+                .map_err(|why| Reason::NodeResource { why })?;
+        }
+        self.node(id, req).map(|s| s.score)
+    }
+
     /// `key`'s verdicts brought up to date, with `ids` judged (every node when `None`).
     fn verdicts<'v>(
         &mut self,
@@ -124,14 +135,7 @@ impl Judging<'_> {
         let (req, host) = key;
         let reuse = judge::cacheable(self.policy, req);
         let shape = cache.shape(key.clone(), self.ledger, self.cluster.len(), reuse);
-        let mut judge = |id: NodeId| -> Verdict {
-            // Device-plugin slots and the pod count come first: preemption can free them.
-            if let Some(f) = self.facts.get(id.0 as usize) {
-                hostfit::check(&f.allocatable, self.host_used.get(&f.name), host)
-                    .map_err(|why| Reason::NodeResource { why })?;
-            }
-            self.node(id, req).map(|s| s.score)
-        };
+        let mut judge = |id: NodeId| -> Verdict { self.verdict(id, req, host) };
         match ids {
             Some(ids) => shape.judge_each(ids.iter().flatten().copied(), &mut judge),
             None => shape.judge_all(&mut judge),
@@ -170,6 +174,26 @@ impl Mirror {
                 rng: &mut self.rng,
             },
         )
+    }
+
+    /// What judging reads, over `ledger` and `host_used` in place of the
+    /// mirror's own (an estimate's scratch copies), drawing from `rng`.
+    pub(super) fn judging_over<'m>(
+        &'m self,
+        ledger: &'m Ledger,
+        host_used: &'m FxHashMap<String, BTreeMap<String, u64>>,
+        rng: &'m mut SmallRng,
+    ) -> Judging<'m> {
+        Judging {
+            cluster: &self.cluster,
+            ledger,
+            policy: self.policy.as_ref(),
+            blocked: &self.blocked,
+            stale: &self.stale,
+            facts: &self.facts,
+            host_used,
+            rng,
+        }
     }
 
     /// The judge on one node, without the node-resource check (a bind checks

@@ -137,43 +137,18 @@ fn slim(mut p: Pod) -> Pod {
     p
 }
 
-/// Runs the scheduler until `shutdown` resolves.
-pub async fn run(
-    config: Config,
-    client: kube::Client,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), RunError> {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    let policy = policy::by_name(&config.policy, &PolicyArgs::default())
-        .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
-    let keys = tessera_core::allocation::KeyRing::new(config.signing_key.clone())
-        .with_verify_only(config.verify_keys.clone());
-    let mut m = Mirror::new(policy, keys);
-    m.set_gpu_equivalents(config.gpu_equivalents.clone());
-    m.set_inventory_ttl(config.gpunode_ttl);
-    if let Some((half_life, weight)) = config.usage_history {
-        m.set_usage_history(half_life, weight);
-    }
-    let mirror = SharedMirror::new(m);
-    let metrics = Arc::new(Metrics::new());
-    let wake = Arc::new(Notify::new());
-    let gate = if config.dra {
-        SyncGate::with_dra()
-    } else {
-        SyncGate::new()
-    };
-    let leader = match &config.lease {
-        None => Leadership::always(),
-        Some(_) => Leadership::default(),
-    };
-
-    let mut tasks = tokio::task::JoinSet::new();
+/// Spawns the watchers that feed `mirror` what placement reads (nodes,
+/// `GpuNode`s, pods, namespaces and `GpuQueue`s; the queues' gate kind is
+/// marked at once where the CRD is not installed), each marking its kind in
+/// `gate` at its first complete list. The scheduler adds what it needs besides;
+/// `tessera estimator` watches these only.
+pub(crate) async fn watch_placement_state(
+    tasks: &mut tokio::task::JoinSet<()>,
+    client: &kube::Client,
+    mirror: &SharedMirror,
+    wake: &Arc<Notify>,
+    gate: &SyncGate,
+) {
     tasks.spawn(feed(
         Api::<Node>::all(client.clone()),
         mirror.clone(),
@@ -249,6 +224,46 @@ pub async fn run(
         );
         gate.mark(Kind::Queues);
     }
+}
+
+/// Runs the scheduler until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    client: kube::Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let policy = policy::by_name(&config.policy, &PolicyArgs::default())
+        .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
+    let keys = tessera_core::allocation::KeyRing::new(config.signing_key.clone())
+        .with_verify_only(config.verify_keys.clone());
+    let mut m = Mirror::new(policy, keys);
+    m.set_gpu_equivalents(config.gpu_equivalents.clone());
+    m.set_inventory_ttl(config.gpunode_ttl);
+    if let Some((half_life, weight)) = config.usage_history {
+        m.set_usage_history(half_life, weight);
+    }
+    let mirror = SharedMirror::new(m);
+    let metrics = Arc::new(Metrics::new());
+    let wake = Arc::new(Notify::new());
+    let gate = if config.dra {
+        SyncGate::with_dra()
+    } else {
+        SyncGate::new()
+    };
+    let leader = match &config.lease {
+        None => Leadership::always(),
+        Some(_) => Leadership::default(),
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    watch_placement_state(&mut tasks, &client, &mirror, &wake, &gate).await;
     // PodDisruptionBudgets, for preemption: nothing is preempted until they are
     // listed (the mirror says so), so they need no place in the sync gate.
     tasks.spawn(feed(

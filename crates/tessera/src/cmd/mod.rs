@@ -7,6 +7,7 @@ pub mod bench_extender;
 pub mod chargeback;
 pub mod defrag;
 pub mod doctor;
+pub mod estimator;
 pub mod explain;
 pub mod kubectl;
 pub mod node_agent;

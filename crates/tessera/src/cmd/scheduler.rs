@@ -194,7 +194,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

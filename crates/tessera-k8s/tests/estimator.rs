@@ -1,0 +1,686 @@
+//! `tessera estimator`'s capacity over a real TCP gRPC connection, with the
+//! tonic client generated from Karmada's proto: the mirror is built the way a
+//! fresh estimator process builds it (complete lists of nodes, `GpuNode`s and
+//! bound pods carrying the scheduler's signed grants); before its sync gate
+//! opens every RPC answers `UNAVAILABLE`; after, the answers for whole,
+//! fractional and MIG requests, with node claims (selector, affinity,
+//! tolerations), equal the number of pods the scheduler's own path (decide,
+//! reserve) then actually places one by one.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use prost::Message;
+use tessera_api::GpuNode;
+use tessera_core::allocation::ANNOTATION;
+use tessera_estimator::proto::k8s::io::api::core::v1 as core_v1;
+use tessera_estimator::proto::k8s::io::apimachinery::pkg::api::resource::Quantity;
+use tessera_estimator::{EstimatorClient, Service, pb};
+use tessera_k8s::convert;
+use tessera_k8s::estimator::{MirrorCapacity, replica_pod, serve};
+use tessera_k8s::gate::{Kind, SyncGate};
+use tessera_k8s::mirror::{Reservation, SharedMirror};
+use tessera_k8s::standalone::node_allows;
+
+/// Four GPU nodes: two pooled `shared`, one of them tainted for a team, a MIG node.
+fn cluster() -> (Vec<Node>, Vec<GpuNode>) {
+    let mut nodes = vec![
+        kube_node("a100-8", "64", "512Gi"),
+        kube_node("a100-4", "32", "256Gi"),
+        kube_node("team-4", "32", "256Gi"),
+        kube_node("mig-2", "32", "256Gi"),
+    ];
+    for n in &mut nodes[1..3] {
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("pool".into(), "shared".into());
+    }
+    nodes[2].spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        taints: Some(vec![Taint {
+            key: "team".into(),
+            value: Some("vision".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    let mut mig = gpu_node("mig-2", "A100-80GB", 81_920, 2);
+    mig.spec.gpus[1].mig.enabled = true;
+    mig.spec.gpus[1].mig.instances = vec![
+        tessera_api::MigInstance {
+            profile: "3g.40gb".into(),
+            start: 4,
+            size: 4,
+            uuid: "MIG-mig-2-1-0".into(),
+        },
+        tessera_api::MigInstance {
+            profile: "3g.40gb".into(),
+            start: 0,
+            size: 4,
+            uuid: "MIG-mig-2-1-1".into(),
+        },
+    ];
+    let inv = vec![
+        gpu_node("a100-8", "A100-80GB", 81_920, 8),
+        gpu_node("a100-4", "A100-80GB", 81_920, 4),
+        gpu_node("team-4", "A100-80GB", 81_920, 4),
+        mig,
+    ];
+    (nodes, inv)
+}
+
+/// Places `p` the way the scheduler does (decide on the nodes the pod allows,
+/// then reserve, which signs the grant) and returns it as the API server holds
+/// it once bound; `None` when nothing fits.
+fn place(m: &SharedMirror, mut p: Pod) -> Option<Pod> {
+    let mut g = m.lock();
+    let asks = convert::pod_asks(&p, &g.cluster().catalog);
+    let (req, host) = (asks.request.expect("request"), asks.host.expect("host"));
+    let (placement, _) = g.decide(&req, &host, |f| node_allows(&p, f)).ok()?;
+    let node = g.cluster().node(placement.node).name.clone();
+    let Reservation::Write { annotation } = g.reserve(&p, &node).expect("decided, so it fits")
+    else {
+        panic!("a fresh pod")
+    };
+    if let Some(a) = annotation {
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(ANNOTATION.to_string(), a);
+    }
+    p.spec.as_mut().unwrap().node_name = Some(node);
+    g.upsert_pod(p.clone());
+    Some(p)
+}
+
+/// The cluster fragmented by shares of 0.3 and 0.6 and single GPUs (tolerating
+/// the team taint, so every node takes some), as bound pods with their grants.
+fn fragmented_pods() -> Vec<Pod> {
+    let (nodes, inv) = cluster();
+    let m = mirror("tessera", nodes, inv, vec![]);
+    let fill: [&[(&str, &str)]; 4] = [
+        &[
+            ("cpu", "1"),
+            ("tessera.io/gpu", "1"),
+            ("tessera.io/gpu-milli", "300"),
+        ],
+        &[
+            ("cpu", "1"),
+            ("tessera.io/gpu", "1"),
+            ("tessera.io/gpu-milli", "600"),
+        ],
+        &[("cpu", "2"), ("memory", "8Gi"), ("nvidia.com/gpu", "1")],
+        &[
+            ("cpu", "1"),
+            ("tessera.io/gpu", "1"),
+            ("tessera.io/gpu-milli", "300"),
+        ],
+    ];
+    let mut bound = Vec::new();
+    for i in 0..14 {
+        let mut p = pod(
+            "fill",
+            &format!("fill-{i}"),
+            &format!("uid-fill-{i}"),
+            fill[i % 4],
+        );
+        p.spec.as_mut().unwrap().tolerations = Some(vec![k8s_openapi::api::core::v1::Toleration {
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }]);
+        bound.push(place(&m, p).expect("the fill fits"));
+    }
+    bound
+}
+
+/// A fresh mirror of the fragmented cluster, as a new process lists it.
+fn listed() -> SharedMirror {
+    let (nodes, inv) = cluster();
+    mirror("tessera", nodes, inv, fragmented_pods())
+}
+
+/// `ReplicaRequirements` as karmada-scheduler sends them (quantities as bytes).
+fn requirements(
+    resources: &[(&str, &str)],
+    claim: Option<pb::NodeClaim>,
+) -> pb::ReplicaRequirements {
+    let bytes: HashMap<String, Vec<u8>> = resources
+        .iter()
+        .map(|(k, v)| {
+            let q = Quantity {
+                string: Some(v.to_string()),
+            };
+            (k.to_string(), q.encode_to_vec())
+        })
+        .collect();
+    pb::ReplicaRequirements {
+        resource_request_bytes: bytes,
+        namespace: "default".into(),
+        node_claim: claim,
+        ..Default::default()
+    }
+}
+
+/// The pool `shared` by selector, with the team taint tolerated or not.
+fn shared_pool(tolerate: bool) -> pb::NodeClaim {
+    let toleration = core_v1::Toleration {
+        key: Some("team".into()),
+        operator: Some("Equal".into()),
+        value: Some("vision".into()),
+        effect: Some("NoSchedule".into()),
+        toleration_seconds: None,
+    };
+    pb::NodeClaim {
+        node_selector: [("pool".to_string(), "shared".to_string())].into(),
+        tolerations_bytes: if tolerate {
+            vec![toleration.encode_to_vec()]
+        } else {
+            vec![]
+        },
+        ..Default::default()
+    }
+}
+
+/// A required affinity keeping replicas off `not` (bytes, as karmada-scheduler sends it).
+fn not_on(not: &str) -> pb::NodeClaim {
+    let affinity = core_v1::NodeSelector {
+        node_selector_terms: vec![core_v1::NodeSelectorTerm {
+            match_expressions: vec![],
+            match_fields: vec![core_v1::NodeSelectorRequirement {
+                key: Some("metadata.name".into()),
+                operator: Some("NotIn".into()),
+                values: vec![not.into()],
+            }],
+        }],
+    };
+    pb::NodeClaim {
+        node_affinity_bytes: affinity.encode_to_vec(),
+        ..Default::default()
+    }
+}
+
+/// Replicas of `reqs` placed for real, one by one, on a fresh listed mirror.
+fn placed_one_by_one(reqs: &pb::ReplicaRequirements) -> i32 {
+    let m = listed();
+    let template = replica_pod(reqs).expect("a readable request");
+    let mut n = 0;
+    loop {
+        let mut p = template.clone();
+        p.metadata.name = Some(format!("replica-{n}"));
+        p.metadata.uid = Some(format!("uid-replica-{n}"));
+        if place(&m, p).is_none() {
+            return n;
+        }
+        n += 1;
+        assert!(n < 10_000, "runaway placement");
+    }
+}
+
+async fn ask(
+    client: &mut EstimatorClient<tonic::transport::Channel>,
+    cluster: &str,
+    reqs: pb::ReplicaRequirements,
+) -> Result<i32, tonic::Status> {
+    client
+        .max_available_replicas(pb::MaxAvailableReplicasRequest {
+            cluster: cluster.into(),
+            replica_requirements: Some(reqs),
+            assumed_workloads: Vec::new(),
+        })
+        .await
+        .map(|r| r.into_inner().max_replicas)
+}
+
+#[tokio::test]
+async fn unavailable_before_sync_then_answers_equal_pods_placed_one_by_one() {
+    let gate = SyncGate::new();
+    let capacity = MirrorCapacity::new(listed(), gate.clone(), 10_000);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        listener,
+        None,
+        Service::new("member-1", capacity),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut client = EstimatorClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let one_gpu: &[(&str, &str)] = &[("cpu", "4"), ("memory", "16Gi"), ("nvidia.com/gpu", "1")];
+
+    // Before the initial lists are in: UNAVAILABLE, naming what is missing, for every RPC.
+    gate.mark(Kind::Nodes);
+    let early = ask(&mut client, "member-1", requirements(one_gpu, None))
+        .await
+        .unwrap_err();
+    assert_eq!(early.code(), tonic::Code::Unavailable);
+    assert!(early.message().contains("pods"), "{}", early.message());
+    assert!(!early.message().contains("nodes,"), "{}", early.message());
+    let early = client
+        .get_unschedulable_replicas(pb::UnschedulableReplicasRequest {
+            cluster: "member-1".into(),
+            resource: None,
+            unschedulable_threshold: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(early.code(), tonic::Code::Unavailable);
+    for k in [Kind::Inventory, Kind::Pods, Kind::Queues, Kind::Namespaces] {
+        gate.mark(k);
+    }
+
+    let cases: [(&str, &[(&str, &str)]); 6] = [
+        ("1 whole GPU", one_gpu),
+        (
+            "4 whole GPUs",
+            &[("cpu", "8"), ("memory", "32Gi"), ("nvidia.com/gpu", "4")],
+        ),
+        (
+            "0.25 GPU",
+            &[
+                ("cpu", "1"),
+                ("tessera.io/gpu", "1"),
+                ("tessera.io/gpu-milli", "250"),
+            ],
+        ),
+        (
+            "0.7 GPU",
+            &[
+                ("cpu", "1"),
+                ("tessera.io/gpu", "1"),
+                ("tessera.io/gpu-milli", "700"),
+            ],
+        ),
+        (
+            "20 GiB of one GPU",
+            &[
+                ("cpu", "1"),
+                ("tessera.io/gpu", "1"),
+                ("tessera.io/gpu-memory", "20Gi"),
+            ],
+        ),
+        (
+            "MIG 3g.40gb",
+            &[
+                ("cpu", "1"),
+                ("memory", "4Gi"),
+                ("nvidia.com/mig-3g.40gb", "1"),
+            ],
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (what, resources) in cases {
+        let claims = [
+            ("no claim", None),
+            ("shared pool, taint not tolerated", Some(shared_pool(false))),
+            ("shared pool, taint tolerated", Some(shared_pool(true))),
+            ("not on a100-8", Some(not_on("a100-8"))),
+        ];
+        let mut row = Vec::new();
+        for (claim_what, claim) in claims {
+            let reqs = requirements(resources, claim);
+            let answer = ask(&mut client, "member-1", reqs.clone()).await.unwrap();
+            assert_eq!(answer, placed_one_by_one(&reqs), "{what}, {claim_what}");
+            eprintln!("{what}, {claim_what}: {answer}");
+            row.push(answer);
+        }
+        // The claims narrow the nodes: never more than without one; the toleration opens the team node.
+        assert!(row[1..].iter().all(|&c| c <= row[0]), "{what}: {row:?}");
+        assert!(row[1] <= row[2], "{what}: {row:?}");
+        answers.push(row);
+    }
+    // The cases show something: whole and fractional answers differ, the taint
+    // and the affinity matter for some request.
+    assert!(answers.iter().any(|r| r[0] > 0));
+    assert!(
+        answers.windows(2).any(|w| w[0][0] != w[1][0]),
+        "{answers:?}"
+    );
+    assert!(answers.iter().any(|r| r[1] < r[2]), "{answers:?}");
+    assert!(answers.iter().any(|r| r[3] < r[0]), "{answers:?}");
+    // Asking twice gives the same answer: the estimate left the mirror as it was.
+    let again = ask(&mut client, "member-1", requirements(cases[2].1, None))
+        .await
+        .unwrap();
+    assert_eq!(again, answers[2][0]);
+
+    // Another cluster's name, unreadable requests: refused with a status, no panic.
+    let wrong = ask(&mut client, "member-2", requirements(one_gpu, None))
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::InvalidArgument);
+    assert!(wrong.message().contains("member-1"), "{}", wrong.message());
+    let bad = ask(
+        &mut client,
+        "member-1",
+        requirements(&[("tessera.io/gpu-milli", "5000")], None),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    let mut odd = not_on("a100-8");
+    let mut sel = core_v1::NodeSelector::decode(odd.node_affinity_bytes.as_slice()).unwrap();
+    sel.node_selector_terms[0].match_fields[0].operator = Some("Near".into());
+    odd.node_affinity_bytes = sel.encode_to_vec();
+    let bad = ask(&mut client, "member-1", requirements(one_gpu, Some(odd)))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    assert!(bad.message().contains("Near"), "{}", bad.message());
+    let garbage = pb::NodeClaim {
+        tolerations_bytes: vec![vec![0xff, 0xff, 0xff]],
+        ..Default::default()
+    };
+    let bad = ask(
+        &mut client,
+        "member-1",
+        requirements(one_gpu, Some(garbage)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+
+    stop_tx.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
+/// A namespace's queue caps the answer as admission would admit the replicas
+/// one after another.
+#[tokio::test]
+async fn the_queue_quota_caps_the_answer() {
+    let (nodes, inv) = cluster();
+    let m = mirror("tessera", nodes, inv, vec![]);
+    {
+        let mut g = m.lock();
+        let mut q = gpu_queue("team", None, "2");
+        q.spec.borrow = Some(false);
+        g.replace_queues(vec![q]);
+        g.replace_namespaces(vec![queue_namespace("team-ns", "team")]);
+    }
+    let capacity = MirrorCapacity::new(m, SyncGate::synced(), 10_000);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        listener,
+        None,
+        Service::new("member-1", capacity),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut client = EstimatorClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    // GPUs only: the queue guarantees no CPU or memory.
+    let one_gpu: &[(&str, &str)] = &[("nvidia.com/gpu", "1")];
+    let free = ask(&mut client, "member-1", requirements(one_gpu, None))
+        .await
+        .unwrap();
+    let mut in_team = requirements(one_gpu, None);
+    in_team.namespace = "team-ns".into();
+    let capped = ask(&mut client, "member-1", in_team).await.unwrap();
+    assert!(free > 2, "{free}");
+    assert_eq!(capped, 2, "the queue's 2 GPUs, no borrowing");
+    stop_tx.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
+mod tls {
+    //! The estimator over TLS with client certificates, as karmada-scheduler
+    //! calls it with `--scheduler-estimator-ca-file/-cert-file/-key-file`: a CA
+    //! made at test time signs the server's and the client's certificates; the
+    //! gRPC client negotiates HTTP/2 by ALPN. A client without a certificate is
+    //! refused.
+
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use hyper_util::rt::TokioIo;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    use tessera_estimator::{EstimatorClient, Service};
+    use tessera_k8s::estimator::{MirrorCapacity, RawEstimatorConfig, serve};
+    use tessera_k8s::gate::SyncGate;
+    use tokio_rustls::TlsConnector;
+
+    use super::{listed, requirements};
+
+    struct Pem {
+        cert: String,
+        key: String,
+        der: CertificateDer<'static>,
+        pkcs8: Vec<u8>,
+    }
+
+    fn issue(issuer: &Issuer<'static, KeyPair>, name: &str) -> Pem {
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .expect("params")
+            .signed_by(&key, issuer)
+            .expect("signed");
+        Pem {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+            der: cert.der().clone(),
+            pkcs8: key.serialize_der(),
+        }
+    }
+
+    fn connector(root: &CertificateDer<'static>, client: Option<&Pem>) -> TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(root.clone()).expect("root");
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots);
+        let mut config = match client {
+            None => builder.with_no_client_auth(),
+            Some(c) => builder
+                .with_client_auth_cert(
+                    vec![c.der.clone()],
+                    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(c.pkcs8.clone())),
+                )
+                .expect("client certificate"),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        TlsConnector::from(Arc::new(config))
+    }
+
+    /// A gRPC channel whose connections are TLS made by `tls` (tonic is built
+    /// without TLS of its own, as in the server).
+    async fn channel(
+        addr: SocketAddr,
+        tls: TlsConnector,
+    ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+        tonic::transport::Endpoint::from_static("http://localhost")
+            .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                let tls = tls.clone();
+                async move {
+                    let tcp = tokio::net::TcpStream::connect(addr).await?;
+                    let name = ServerName::try_from("localhost").expect("name");
+                    let stream = tls.connect(name, tcp).await?;
+                    // The server chose HTTP/2, as grpc-go demands of it.
+                    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            }))
+            .await
+    }
+
+    #[tokio::test]
+    async fn serves_grpc_over_tls_to_clients_with_a_certificate_only() {
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = params.self_signed(&ca_key).expect("CA");
+        let ca_der = ca_cert.der().clone();
+        let issuer = Issuer::new(params, ca_key);
+        let server = issue(&issuer, "localhost");
+        let client = issue(&issuer, "karmada-scheduler");
+        let dir = tempfile::tempdir().expect("dir");
+        let file = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).expect("write");
+            p
+        };
+        let config = RawEstimatorConfig {
+            listen: Some("127.0.0.1:0".into()),
+            cluster_name: Some("member-1".into()),
+            tls_cert: Some(file("tls.crt", &server.cert)),
+            tls_key: Some(file("tls.key", &server.key)),
+            tls_client_ca: Some(file("ca.crt", &ca_cert.pem())),
+            signing_key_file: Some(file("key", "0123456789abcdef0123")),
+            ..Default::default()
+        }
+        .resolve()
+        .expect("valid configuration");
+        assert_eq!(config.cluster_name, "member-1");
+        let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let capacity = MirrorCapacity::new(listed(), SyncGate::synced(), config.replica_limit);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve(
+            listener,
+            config.tls.clone(),
+            Service::new(config.cluster_name.clone(), capacity),
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
+
+        let mut ok = EstimatorClient::new(
+            channel(addr, connector(&ca_der, Some(&client)))
+                .await
+                .expect("a client with a certificate connects"),
+        );
+        let answer = super::ask(
+            &mut ok,
+            "member-1",
+            requirements(&[("cpu", "1"), ("nvidia.com/gpu", "1")], None),
+        )
+        .await
+        .expect("answered over TLS");
+        assert!(answer > 0, "{answer}");
+
+        // No client certificate: the handshake (or the first call) fails.
+        let refused = match channel(addr, connector(&ca_der, None)).await {
+            Err(_) => true,
+            Ok(ch) => super::ask(
+                &mut EstimatorClient::new(ch),
+                "member-1",
+                requirements(&[("nvidia.com/gpu", "1")], None),
+            )
+            .await
+            .is_err(),
+        };
+        assert!(refused, "a client without a certificate was answered");
+
+        stop_tx.send(()).unwrap();
+        served.await.unwrap().unwrap();
+    }
+
+    /// Half a TLS configuration, or none with a client CA, is refused by name.
+    #[test]
+    fn tls_flags_are_checked() {
+        let base = || RawEstimatorConfig {
+            cluster_name: Some("member-1".into()),
+            ..Default::default()
+        };
+        let err = |c: RawEstimatorConfig| c.resolve().err().expect("refused").to_string();
+        assert!(
+            err(RawEstimatorConfig {
+                tls_cert: Some("/nope.crt".into()),
+                ..base()
+            })
+            .starts_with("tls-key:")
+        );
+        assert!(
+            err(RawEstimatorConfig {
+                tls_client_ca: Some("/nope.crt".into()),
+                ..base()
+            })
+            .starts_with("tls-client-ca:")
+        );
+        assert!(
+            err(RawEstimatorConfig {
+                tls_cert: Some("/nope.crt".into()),
+                tls_key: Some("/nope.key".into()),
+                ..base()
+            })
+            .contains("/nope.crt")
+        );
+        assert!(err(RawEstimatorConfig::default()).starts_with("cluster-name:"));
+        assert!(
+            err(RawEstimatorConfig {
+                health_listen: Some("0.0.0.0:10352".into()),
+                ..base()
+            })
+            .starts_with("health-listen:")
+        );
+        assert!(
+            err(RawEstimatorConfig {
+                listen: Some("nowhere".into()),
+                ..base()
+            })
+            .starts_with("listen:")
+        );
+        assert!(
+            err(RawEstimatorConfig {
+                replica_limit: Some(0),
+                ..base()
+            })
+            .starts_with("replica-limit:")
+        );
+    }
+}
+
+/// `/readyz` follows the sync gate the RPCs answer under; `/healthz` is always 200.
+#[tokio::test]
+async fn readyz_is_ready_exactly_when_the_rpcs_answer() {
+    use tower::ServiceExt;
+    let gate = SyncGate::new();
+    let get = |path: &'static str| {
+        let router = tessera_k8s::estimator::health_router(gate.clone());
+        async move {
+            let resp = router
+                .oneshot(
+                    http::Request::builder()
+                        .uri(path)
+                        .body(axum::body::Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            let status = resp.status();
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    assert_eq!(get("/healthz").await.0, 200);
+    let (code, body) = get("/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("nodes") && body.contains("pods"), "{body}");
+    for k in [
+        Kind::Nodes,
+        Kind::Inventory,
+        Kind::Pods,
+        Kind::Queues,
+        Kind::Namespaces,
+    ] {
+        gate.mark(k);
+    }
+    assert_eq!(get("/readyz").await.0, 200);
+}
