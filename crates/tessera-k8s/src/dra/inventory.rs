@@ -13,6 +13,8 @@ use super::cel::{AttrValue, DeviceValue};
 use super::quantity::Quantity;
 use super::types::{CapacityRequestPolicy, DeviceTaint, ResourceClaim, ResourceSlice};
 pub use tessera_core::holdings::{DeviceKey, DeviceUse, Hold, Holdings};
+use tessera_core::ledger::Ledger;
+use tessera_core::model::Cluster;
 
 /// How a consumable capacity rounds what is asked of it (KEP-5075).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -299,6 +301,62 @@ pub fn claims_holdings<'a>(
                         r.device
                     ),
                 ),
+            }
+        }
+    }
+    h
+}
+
+/// What the `tessera.io` grants in `ledger` hold of the devices in
+/// `inventories`, in the same holdings model as claims: a grant on a GPU holds
+/// every device published for that GPU (the whole GPU, by `uuid`; its MIG
+/// placements, by `parentUUID`). A share of a shareable whole GPU holds its
+/// memory and compute; anything else holds the device whole. So a node whose
+/// slices appear while device-plugin pods still hold its GPUs (moved to DRA
+/// without draining, issue 41 defect 9) gives no claim that room a second time.
+pub fn grant_holdings(
+    cluster: &Cluster,
+    ledger: &Ledger,
+    inventories: &BTreeMap<String, NodeInventory>,
+) -> Holdings {
+    let mut h = Holdings::default();
+    let string = |d: &NodeDevice, name: &str| match d.attributes.get(name) {
+        Some(AttrValue::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    for (_, p) in ledger.allocations() {
+        let node = cluster.node(p.node);
+        let Some(inv) = inventories.get(&node.name) else {
+            continue;
+        };
+        for g in &p.grants {
+            let Some(gpu) = node.gpus.get(usize::from(g.gpu)) else {
+                continue;
+            };
+            let of_gpu = inv.devices.iter().filter(|d| {
+                string(d, "uuid").as_deref() == Some(gpu.uuid.as_str())
+                    || string(d, "parentUUID").as_deref() == Some(gpu.uuid.as_str())
+            });
+            for d in of_gpu {
+                let share = d.shared && !g.exclusive && g.mig.is_none();
+                let hold = match (share, d.capacity.contains_key("memory")) {
+                    (true, true) => {
+                        let mib = i64::try_from(g.memory_mib).unwrap_or(i64::MAX >> 20);
+                        let mut amounts = BTreeMap::from([(
+                            "memory".to_string(),
+                            Quantity::from_units(mib.saturating_mul(1 << 20)),
+                        )]);
+                        if d.capacity.contains_key("compute") {
+                            amounts.insert(
+                                "compute".to_string(),
+                                Quantity::from_units(i64::from(g.cores_milli)),
+                            );
+                        }
+                        Hold::Share(amounts)
+                    }
+                    _ => Hold::Whole,
+                };
+                h.hold(d.key.clone(), &hold);
             }
         }
     }

@@ -748,3 +748,79 @@ fn claims_are_learned_as_whole_gpus_or_one_share() {
     assert_eq!(learned_ask(&[to_allocate(mig)]), GpuAsk::None);
     assert_eq!(learned_ask(&[]), GpuAsk::None);
 }
+
+/// Issue 41, one holdings model: `tessera.io` grants hold the DRA devices of
+/// the GPUs they are on, so a claim is not given a GPU a device-plugin pod
+/// still holds (a node whose slices appeared before it was drained). A share
+/// of a shareable GPU leaves the rest of it to shares; a whole grant, or any
+/// grant on a GPU that is not shareable, leaves nothing.
+#[test]
+fn grants_hold_the_devices_of_their_gpus() {
+    use super::inventory::grant_holdings;
+    use tessera_core::Ledger;
+    use tessera_core::model::{Catalog, Cluster, Node};
+    use tessera_core::placement::{GpuGrant, Placement};
+
+    let catalog = Catalog::default();
+    let h100 = catalog.find("H100-80GB").unwrap();
+    let whole_mib = catalog.spec(h100).memory_mib;
+    let mut node = Node::uniform("n1", 64_000, 512_000, h100, 2);
+    for (i, g) in node.gpus.iter_mut().enumerate() {
+        g.uuid = format!("GPU-{i}");
+    }
+    let cluster = Cluster::new(catalog, vec![node]).unwrap();
+    let s = slice("n1", &[gpu("H100-80GB", true), gpu("H100-80GB", false)]);
+    let inventories = std::collections::BTreeMap::from([(
+        "n1".to_string(),
+        node_inventory("n1", std::slice::from_ref(&s)),
+    )]);
+    let id = cluster.node_id("n1").unwrap();
+    let place = |grants: Vec<GpuGrant>| Placement {
+        node: id,
+        grants: grants.into_iter().collect(),
+        ..Placement::default()
+    };
+
+    // A 60 GiB, 600 ‰ share of gpu-0 and nothing of gpu-1.
+    let mut ledger = Ledger::new(&cluster);
+    ledger
+        .apply(&cluster, &place(vec![GpuGrant::shared(0, 61_440, 600)]))
+        .unwrap();
+    let held = grant_holdings(&cluster, &ledger, &inventories);
+    let ask = ClaimAsk::resolve(&claim("c", share("30Gi", "300"), json!([])), &classes()).unwrap();
+    let inv = &inventories["n1"];
+    let alloc = |h: &Holdings| allocate(&ask, inv, h, &*tessera(), &Env::new(), Host::PLENTY);
+    // 30 GiB more does not fit beside 60 GiB on gpu-0 (80 GiB), and gpu-1 is
+    // not shareable: it takes no share.
+    assert!(alloc(&held).unwrap().is_err(), "{held:?}");
+    // Without the grant it fits on gpu-0.
+    let a = alloc(&Holdings::default()).unwrap().unwrap();
+    assert_eq!(devices(&a), ["gpu-0"]);
+    // A 10 GiB share still fits beside the grant.
+    let small =
+        ClaimAsk::resolve(&claim("d", share("10Gi", "300"), json!([])), &classes()).unwrap();
+    let b = allocate(&small, inv, &held, &*tessera(), &Env::new(), Host::PLENTY)
+        .unwrap()
+        .unwrap();
+    assert_eq!(devices(&b), ["gpu-0"]);
+
+    // A whole grant of gpu-1: a claim for two whole GPUs finds only gpu-0 free.
+    let mut ledger = Ledger::new(&cluster);
+    ledger
+        .apply(&cluster, &place(vec![GpuGrant::whole(1, whole_mib)]))
+        .unwrap();
+    let held = grant_holdings(&cluster, &ledger, &inventories);
+    assert_eq!(held.of(&inv.devices[1].key).exclusive, 1);
+    let two = ClaimAsk::resolve(&claim("e", gpus(2), json!([])), &classes()).unwrap();
+    assert!(
+        allocate(&two, inv, &held, &*tessera(), &Env::new(), Host::PLENTY)
+            .unwrap()
+            .is_err()
+    );
+    // A node without slices, or a grant on another node, holds nothing here.
+    assert!(
+        grant_holdings(&cluster, &ledger, &Default::default())
+            .devices
+            .is_empty()
+    );
+}

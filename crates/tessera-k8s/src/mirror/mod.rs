@@ -309,6 +309,12 @@ impl Mirror {
         &self.ledger
     }
 
+    /// The cluster and its ledger together, refreshed.
+    pub fn state(&mut self) -> (&Cluster, &Ledger) {
+        self.refresh();
+        (&self.cluster, &self.ledger)
+    }
+
     /// Per-node use, by node name (the comparable form of a ledger).
     pub fn usage(&mut self) -> BTreeMap<String, NodeUse> {
         self.refresh();

@@ -65,7 +65,7 @@ use crate::binder::{BindError, Binder};
 use crate::convert;
 use crate::dra::cel::Env;
 use crate::dra::choose::Host;
-use crate::dra::inventory::NodeInventory;
+use crate::dra::inventory::{NodeInventory, grant_holdings};
 use crate::dra::place::Plan;
 use crate::dra::place::place;
 use crate::dra::pod::{NotReady, PodClaim, Step, learned_ask, pod_claims};
@@ -265,8 +265,11 @@ pub(super) fn decide_dra_locked(
         NotReady::Refuse(m) => (m, "claims refused".to_string()),
     })?;
     m.learn_claim_pod(pod, learned_ask(&claims));
-    let usage = v.usage();
     let inventories = v.inventories().clone();
+    // What claims hold, and what device-plugin grants hold of the same GPUs.
+    let mut usage = v.usage();
+    let (cluster, ledger) = m.state();
+    usage.add(&grant_holdings(cluster, ledger, &inventories));
     let (nodes, policy) = m
         .host_fitting(&req, &host, |facts| {
             node_allows(pod, facts).and_then(|()| nominated.check(pod, &facts.name))

@@ -44,7 +44,7 @@ use super::{Standalone, node_allows, selector_matches};
 use crate::convert::{self, NodeFacts};
 use crate::dra::DRIVER;
 use crate::dra::cel::Env;
-use crate::dra::inventory::claims_holdings;
+use crate::dra::inventory::{claims_holdings, grant_holdings};
 use crate::dra::place::Plan;
 use crate::dra::pod::pod_claims;
 use crate::dra::preempt::{Candidate, HeldClaim, Mode, Quota, Quotas, Situation, plan};
@@ -159,7 +159,10 @@ fn plan_for(
     count_claims(m, v);
     let held = claims_by_consumer(v);
     let inventories = v.inventories().clone();
-    let usage = v.usage();
+    // What claims hold, and what device-plugin grants hold of the same GPUs.
+    let mut usage = v.usage();
+    let (cluster, ledger) = m.state();
+    usage.add(&grant_holdings(cluster, ledger, &inventories));
     let me = convert::pod_uid(pod);
     let my_priority = priority(pod);
     // Its claims only add to the ask: a queue that borrows without them
