@@ -67,19 +67,23 @@ impl DeviceUse {
         self.allocations = self.allocations.saturating_add(1);
         match hold {
             Hold::Whole | Hold::Unverifiable => self.exclusive = self.exclusive.saturating_add(1),
-            Hold::Share(amounts) => {
-                let mut sound = true;
-                for (name, q) in amounts {
-                    let sum = self.consumed.entry(name.clone()).or_default();
-                    match sum.checked_add(*q) {
-                        Some(t) => *sum = t,
-                        None => sound = false,
-                    }
-                }
-                if !sound {
-                    self.exclusive = self.exclusive.saturating_add(1);
-                }
+            Hold::Share(amounts) => self.consume(amounts),
+        }
+    }
+
+    /// Adds `amounts` to what shares consumed; a sum that overflows takes the
+    /// device whole (it can no longer be checked).
+    fn consume(&mut self, amounts: &BTreeMap<String, Quantity>) {
+        let mut sound = true;
+        for (name, q) in amounts {
+            let sum = self.consumed.entry(name.clone()).or_default();
+            match sum.checked_add(*q) {
+                Some(t) => *sum = t,
+                None => sound = false,
             }
+        }
+        if !sound {
+            self.exclusive = self.exclusive.saturating_add(1);
         }
     }
 
@@ -121,13 +125,7 @@ impl Holdings {
             let e = self.devices.entry(key.clone()).or_default();
             e.allocations = e.allocations.saturating_add(u.allocations);
             e.exclusive = e.exclusive.saturating_add(u.exclusive);
-            for (name, q) in &u.consumed {
-                let sum = e.consumed.entry(name.clone()).or_default();
-                match sum.checked_add(*q) {
-                    Some(t) => *sum = t,
-                    None => e.exclusive = e.exclusive.saturating_add(1),
-                }
-            }
+            e.consume(&u.consumed);
         }
         self.unreadable.extend(other.unreadable.iter().cloned());
     }

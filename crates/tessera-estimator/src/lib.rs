@@ -200,6 +200,22 @@ fn requirement(
     })
 }
 
+/// `resourceRequestBytes` as karmada-scheduler encodes them: each quantity as
+/// the bytes of a protobuf `Quantity` (what [`resources`] reads back).
+pub fn request_bytes<'a>(
+    resources: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> std::collections::HashMap<String, Vec<u8>> {
+    resources
+        .into_iter()
+        .map(|(name, q)| {
+            let q = Quantity {
+                string: Some(q.to_string()),
+            };
+            (name.to_string(), q.encode_to_vec())
+        })
+        .collect()
+}
+
 /// The resource requests of `req` as (name, quantity) pairs: the bytes form first,
 /// then names only the deprecated map has.
 pub fn resources(req: &pb::ReplicaRequirements) -> Result<Vec<(String, String)>, TranslateError> {

@@ -3,8 +3,6 @@
 //! requests, with and without a node claim, equal the number of pods the placement
 //! engine then actually places, one by one.
 
-use std::collections::HashMap;
-
 use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -58,15 +56,7 @@ fn fragmented(s: &mut Scheduler) -> (Cluster, Ledger) {
 /// `ReplicaRequirements` as karmada-scheduler sends them: each quantity as the bytes
 /// of a protobuf `Quantity` (`resourceRequestBytes`).
 fn requirements(resources: &[(&str, &str)]) -> pb::ReplicaRequirements {
-    let bytes: HashMap<String, Vec<u8>> = resources
-        .iter()
-        .map(|(k, v)| {
-            let q = Quantity {
-                string: Some(v.to_string()),
-            };
-            (k.to_string(), q.encode_to_vec())
-        })
-        .collect();
+    let bytes = tessera_estimator::request_bytes(resources.iter().copied());
     pb::ReplicaRequirements {
         resource_request_bytes: bytes,
         namespace: "default".into(),

@@ -9,15 +9,12 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use prost::Message;
 use tessera_api::GpuNode;
 use tessera_core::allocation::ANNOTATION;
 use tessera_estimator::proto::k8s::io::api::core::v1 as core_v1;
-use tessera_estimator::proto::k8s::io::apimachinery::pkg::api::resource::Quantity;
 use tessera_estimator::{EstimatorClient, Service, pb};
 use tessera_k8s::convert;
 use tessera_k8s::estimator::{MirrorCapacity, replica_pod, serve};
@@ -148,15 +145,7 @@ fn requirements(
     resources: &[(&str, &str)],
     claim: Option<pb::NodeClaim>,
 ) -> pb::ReplicaRequirements {
-    let bytes: HashMap<String, Vec<u8>> = resources
-        .iter()
-        .map(|(k, v)| {
-            let q = Quantity {
-                string: Some(v.to_string()),
-            };
-            (k.to_string(), q.encode_to_vec())
-        })
-        .collect();
+    let bytes = tessera_estimator::request_bytes(resources.iter().copied());
     pb::ReplicaRequirements {
         resource_request_bytes: bytes,
         namespace: "default".into(),

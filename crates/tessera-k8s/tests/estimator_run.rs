@@ -7,30 +7,19 @@
 
 mod apiserver;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use apiserver::cluster::add_gpu_nodes;
 use apiserver::process::free_addr;
 use apiserver::{ApiServer, Config};
-use prost::Message;
-use tessera_estimator::proto::k8s::io::apimachinery::pkg::api::resource::Quantity;
 use tessera_estimator::{EstimatorClient, pb};
 use tessera_k8s::estimator::{self, RawEstimatorConfig};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn request(resources: &[(&str, &str)]) -> pb::MaxAvailableReplicasRequest {
-    let bytes: HashMap<String, Vec<u8>> = resources
-        .iter()
-        .map(|(k, v)| {
-            let q = Quantity {
-                string: Some(v.to_string()),
-            };
-            (k.to_string(), q.encode_to_vec())
-        })
-        .collect();
+    let bytes = tessera_estimator::request_bytes(resources.iter().copied());
     pb::MaxAvailableReplicasRequest {
         cluster: "member-1".into(),
         replica_requirements: Some(pb::ReplicaRequirements {

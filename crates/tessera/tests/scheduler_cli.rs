@@ -1,5 +1,6 @@
-//! `tessera scheduler` refuses bad configuration with exit code 64 and a
-//! message naming the setting, before connecting to anything.
+//! `tessera scheduler` and `tessera estimator` refuse bad configuration with
+//! exit code 64 and a message naming the setting, before binding or
+//! connecting to anything.
 
 use std::process::Command;
 
@@ -43,4 +44,67 @@ fn bad_rate_limits_and_gpu_equivalents_are_refused_by_name() {
         err.contains("gpu-equivalents") && err.contains("Z9"),
         "{err}"
     );
+}
+
+/// `tessera estimator`: each bad flag is named.
+#[test]
+fn bad_estimator_flags_are_refused_by_name_with_exit_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    let key = key.to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--signing-key-file", key], "cluster-name"),
+        (&["--cluster-name", "m1"], "signing-key-file"),
+        (
+            &[
+                "--cluster-name",
+                "m1",
+                "--signing-key-file",
+                key,
+                "--tls-cert",
+                "c.pem",
+            ],
+            "tls-key",
+        ),
+        (
+            &[
+                "--cluster-name",
+                "m1",
+                "--signing-key-file",
+                key,
+                "--listen",
+                "nowhere",
+            ],
+            "listen",
+        ),
+        (
+            &[
+                "--cluster-name",
+                "m1",
+                "--signing-key-file",
+                key,
+                "--policy",
+                "nope",
+            ],
+            "policy",
+        ),
+        (
+            &[
+                "--cluster-name",
+                "m1",
+                "--signing-key-file",
+                key,
+                "--gpu-equivalents",
+                "Z9=1",
+            ],
+            "gpu-equivalents",
+        ),
+    ];
+    for (args, flag) in cases {
+        let args = [&["estimator"][..], args].concat();
+        let (code, err) = run(&args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert!(err.contains(&format!("{flag}:")), "{args:?}: {err}");
+    }
 }

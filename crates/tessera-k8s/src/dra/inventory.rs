@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 
 use super::cel::{AttrValue, DeviceValue};
 use super::quantity::Quantity;
-use super::types::{CapacityRequestPolicy, DeviceTaint, ResourceClaim, ResourceSlice};
+use super::types::{
+    CapacityRequestPolicy, DeviceRequestAllocationResult, DeviceTaint, ResourceClaim, ResourceSlice,
+};
 pub use tessera_core::holdings::{DeviceKey, DeviceUse, Hold, Holdings};
 use tessera_core::ledger::Ledger;
 use tessera_core::model::Cluster;
@@ -253,6 +255,28 @@ pub trait UseOf {
     fn counters_left(&self, i: usize) -> i128;
 }
 
+/// The results of `claim`'s allocation that hold a device, each with its
+/// device's key (none when it is not allocated; admin access holds nothing).
+pub fn held_results(
+    claim: &ResourceClaim,
+) -> impl Iterator<Item = (DeviceKey, &DeviceRequestAllocationResult)> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .into_iter()
+        .flat_map(|a| &a.devices.results)
+        .filter(|r| r.admin_access != Some(true))
+        .map(|r| {
+            let key = DeviceKey {
+                driver: r.driver.clone(),
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+            };
+            (key, r)
+        })
+}
+
 /// What every allocated claim but `except_uid` holds, by device, in the
 /// core's one holdings model: a result with `consumedCapacity` is a share of
 /// those amounts, one without it takes the device whole (another allocator's
@@ -268,20 +292,7 @@ pub fn claims_holdings<'a>(
         if except_uid.is_some() && c.metadata.uid.as_deref() == except_uid {
             continue;
         }
-        let Some(alloc) = c.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
-            continue;
-        };
-        for r in alloc
-            .devices
-            .results
-            .iter()
-            .filter(|r| r.admin_access != Some(true))
-        {
-            let key = DeviceKey {
-                driver: r.driver.clone(),
-                pool: r.pool.clone(),
-                device: r.device.clone(),
-            };
+        for (key, r) in held_results(c) {
             if r.consumed_capacity.is_empty() {
                 h.hold(key, &Hold::Whole);
                 continue;

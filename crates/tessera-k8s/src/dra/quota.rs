@@ -20,7 +20,7 @@ use tessera_core::queue::GpuEquivalents;
 
 use super::DRIVER;
 use super::cel::AttrValue;
-use super::inventory::{DeviceKey, NodeDevice, NodeInventory};
+use super::inventory::{DeviceKey, NodeDevice, NodeInventory, held_results};
 use super::quantity::Quantity;
 use super::types::ResourceClaim;
 
@@ -132,21 +132,8 @@ impl<'a> Devices<'a> {
         ge: &GpuEquivalents,
         claim: &ResourceClaim,
     ) -> u64 {
-        let Some(alloc) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
-            return 0;
-        };
         let mut milli = 0;
-        for r in alloc
-            .devices
-            .results
-            .iter()
-            .filter(|r| r.admin_access != Some(true))
-        {
-            let key = DeviceKey {
-                driver: r.driver.clone(),
-                pool: r.pool.clone(),
-                device: r.device.clone(),
-            };
+        for (key, r) in held_results(claim) {
             let Some((inv, d)) = self.0.get(&key) else {
                 continue;
             };

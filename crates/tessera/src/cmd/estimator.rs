@@ -9,7 +9,7 @@ use tessera_k8s::estimator::{self, RawEstimatorConfig};
 use tessera_k8s::view::Connect;
 
 use super::EXIT_BAD_CONFIG;
-use super::scheduler::shutdown_signal;
+use super::scheduler::{init_logging, shutdown_signal};
 
 #[derive(Debug, clap::Args)]
 pub struct EstimatorArgs {
@@ -61,12 +61,7 @@ pub struct EstimatorArgs {
 }
 
 pub fn run(a: EstimatorArgs) -> anyhow::Result<ExitCode> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    init_logging();
     let raw = RawEstimatorConfig {
         listen: Some(a.listen),
         health_listen: Some(a.health_listen),

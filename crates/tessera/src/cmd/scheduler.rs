@@ -122,12 +122,7 @@ pub struct SchedulerArgs {
 }
 
 pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    init_logging();
     if !(a.kube_api_qps.is_finite() && a.kube_api_qps >= 0.0) || a.kube_api_burst == 0 {
         eprintln!(
             "error: configuration: kube-api-qps must be a number ≥ 0 and kube-api-burst at least 1 (got {} and {})",
@@ -191,6 +186,17 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         run_scheduler(config, client, shutdown_signal()).await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Logs to stdout at `info` unless `RUST_LOG` says otherwise (the scheduler's
+/// and the estimator's).
+pub(crate) fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
 }
 
 /// Resolves on SIGINT or SIGTERM.
