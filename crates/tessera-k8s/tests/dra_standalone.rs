@@ -13,13 +13,13 @@ mod apiserver;
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiserver::cluster::{node_of, ready_node};
+use apiserver::cluster::{Shape, node_of, pod, ready_node};
 use apiserver::dra::{claim, classes, pod_with_claims, slice, standalone_config};
 use apiserver::process::Process;
 use apiserver::{ApiServer, Config, Resource};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use serde_json::{Value, json};
-use tessera_api::{GpuQueue, GpuQueueSpec, QueueResources};
+use tessera_api::{GpuDevice, GpuNode, GpuNodeSpec, GpuQueue, GpuQueueSpec, QueueResources};
 use tessera_core::policy::{self, PolicyArgs};
 use tessera_k8s::binder::Binder;
 use tessera_k8s::dra::view::SharedDraView;
@@ -1485,4 +1485,130 @@ async fn a_claim_pod_is_learned_once_with_the_gpus_its_claim_asks() {
         l.standalone.flush().await;
     }
     assert_eq!(l.mirror.lock().learned().0, before + 3, "each pod once");
+}
+
+/// The standalone loop over `server`, whose node-a also has the `GpuNode` the
+/// node agent published before the node moved to DRA: `gpus` GPUs by the
+/// UUIDs its slice's devices carry ([`slice`]).
+fn loop_in_both_worlds(server: ApiServer, gpus: u32) -> Loop {
+    let inventory = GpuNode::new(
+        "node-a",
+        GpuNodeSpec {
+            node_name: "node-a".into(),
+            gpus: (0..gpus)
+                .map(|index| GpuDevice {
+                    index,
+                    uuid: format!("GPU-node-a-{index}"),
+                    model: "A100-80GB".into(),
+                    memory_mib: 81920,
+                    sm_count: 108,
+                    ..Default::default()
+                })
+                .collect(),
+        },
+    );
+    let policy = policy::by_name("binpack", &PolicyArgs::default()).unwrap();
+    let mirror = Mirror::from_objects(
+        policy,
+        KEY.to_vec(),
+        server.objects::<Node>(Resource::Nodes),
+        vec![inventory],
+        server.objects::<Pod>(Resource::Pods),
+    );
+    let (client, _session) = server.client();
+    loop_with(server, mirror, client)
+}
+
+/// GPUs granted to `tessera.io` pods, by position on their node (the ledger's
+/// allocations that count claims left out).
+fn granted_gpus(l: &Loop) -> Vec<u8> {
+    let mut m = l.mirror.lock();
+    let (_, grants) = m.grants();
+    let mut gpus: Vec<u8> = grants
+        .flat_map(|(_, p)| p.grants.iter().map(|g| g.gpu).collect::<Vec<_>>())
+        .collect();
+    gpus.sort_unstable();
+    gpus
+}
+
+/// A node whose GpuNode still lists its GPUs when its slices appear (moved to
+/// DRA without draining, issue 41 defect 9 on the scheduler's side): a GPU a
+/// `tessera.io/gpu` pod was granted is not given to a claim too. Of two
+/// one-GPU claim pods on a node with two GPUs, one of which the grant holds,
+/// exactly one claim is allocated, on the other GPU; the second pod waits.
+/// Fails if standalone's DRA decision does not add `grant_holdings` to what
+/// claims hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_granted_to_a_device_plugin_pod_is_not_given_to_a_claim() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2)]);
+    server
+        .create(
+            Resource::Pods,
+            &pod(NS, "granted", "tessera", Shape::Whole(1), 100, 128, 0),
+        )
+        .unwrap();
+    let mut l = loop_in_both_worlds(server, 2);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(bound_to(&l.server, "granted").as_deref(), Some("node-a"));
+    let granted: Pod = serde_json::from_value(get(&l.server, Resource::Pods, "granted")).unwrap();
+    l.mirror.lock().upsert_pod(granted);
+
+    for i in 1..=2 {
+        one_gpu_pod(&l.server, NS, &format!("p{i}"), &format!("c{i}"), |_| {});
+    }
+    let pods: Vec<Pod> = l.server.objects(Resource::Pods);
+    for p in pods {
+        l.mirror.lock().upsert_pod(p);
+    }
+    refresh(&l.server, &l.view);
+    for _ in 0..2 {
+        l.standalone.pass().await;
+        l.standalone.flush().await;
+        refresh(&l.server, &l.view);
+    }
+    let alloc: Vec<Vec<(String, String)>> = ["c1", "c2"]
+        .iter()
+        .map(|c| devices(&get(&l.server, Resource::Claims, c)))
+        .collect();
+    let given: Vec<&(String, String)> = alloc.iter().flatten().collect();
+    assert_eq!(given.len(), 1, "one GPU left for claims: {alloc:?}");
+    let bound: Vec<bool> = ["p1", "p2"]
+        .iter()
+        .map(|p| bound_to(&l.server, p).is_some())
+        .collect();
+    assert_eq!(bound.iter().filter(|b| **b).count(), 1, "{bound:?}");
+    // The claim got the GPU the grant does not hold.
+    let grants = granted_gpus(&l);
+    assert_eq!(grants.len(), 1, "{grants:?}");
+    assert_ne!(given[0].1, format!("gpu-{}", grants[0]), "{alloc:?}");
+}
+
+/// The other way round: on a node in both worlds, a GPU an allocated claim
+/// holds is counted in the ledger, so no `tessera.io` pod is granted it. With
+/// another scheduler's claim on gpu-0 of two GPUs, a pod asking two whole
+/// GPUs waits and a pod asking one gets gpu-1. Fails if the claims' holdings
+/// are not told to the mirror (`Mirror::set_claims_on_gpus`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_a_claim_holds_is_not_granted_to_a_device_plugin_pod() {
+    let server = ApiServer::new(Config::default());
+    cluster(&server, &[("node-a", 2)]);
+    let held = allocated_claim(NS, "held", "node-a", "gpu-0", "other", "uid-other");
+    server.create(Resource::Claims, &held).unwrap();
+    for (name, gpus) in [("two", 2), ("one", 1)] {
+        let p = pod(NS, name, "tessera", Shape::Whole(gpus), 100, 128, 0);
+        server.create(Resource::Pods, &p).unwrap();
+    }
+    let mut l = loop_in_both_worlds(server, 2);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    assert_eq!(bound_to(&l.server, "one").as_deref(), Some("node-a"));
+    assert_eq!(bound_to(&l.server, "two"), None, "only gpu-1 is free");
+    assert_eq!(granted_gpus(&l), [1], "the claim holds gpu-0");
+    // The claim is untouched.
+    assert_eq!(
+        devices(&get(&l.server, Resource::Claims, "held")),
+        [("node-a".to_string(), "gpu-0".to_string())]
+    );
 }

@@ -1104,3 +1104,91 @@ fn a_report_that_frees_gpus_counts_as_room_given_back() {
     assert_eq!(live.lock().released(), before + 1, "GPU-n-2 freed");
     assert_eq!(whole_gpus(&live, "n"), vec!["GPU-n-0".to_string()]);
 }
+
+/// Issue 41, one ledger for grants and claims: what allocated claims hold of
+/// GPUs the `GpuNode` lists is counted in the ledger (whole GPUs whole,
+/// shares by their memory and compute), is left out of the grants the DRA
+/// side reads, is freed when the claims go, and a claim on a GPU a grant holds
+/// already blocks the node instead of being counted twice.
+#[test]
+fn gpus_claims_hold_are_counted_in_the_ledger_and_conflicts_block_the_node() {
+    use tessera_core::holdings::GpuHold;
+    let nodes = vec![kube_node("n", "64", "512Gi")];
+    let inv = gpu_node("n", "A100-80GB", 81_920, 3);
+    let live = mirror("bestfit", nodes, vec![inv], vec![]);
+    let on = |uuid: &str, consumer: &str, share| GpuHold {
+        node: "n".into(),
+        uuid: uuid.into(),
+        consumer: consumer.into(),
+        share,
+    };
+    // A whole claim on GPU 0, and a 40 GiB, 500 ‰ share of GPU 1; a claim on
+    // a node the mirror does not know counts nothing.
+    live.lock().set_claims_on_gpus(vec![
+        on("GPU-n-0", "c0", None),
+        on("GPU-n-1", "c1", Some((40_960, 500))),
+        GpuHold {
+            node: "elsewhere".into(),
+            ..on("GPU-n-2", "c2", None)
+        },
+    ]);
+    assert_eq!(whole_gpus(&live, "n"), ["GPU-n-0"]);
+    {
+        let mut m = live.lock();
+        let use1 = m.usage()["n"].gpus[1];
+        assert_eq!(use1.free_memory_mib, 81_920 - 40_960, "{use1:?}");
+        let (_, grants) = m.grants();
+        assert_eq!(grants.count(), 0, "claims are not grants");
+    }
+    // Three whole GPUs do not fit; one does, on GPU 2.
+    assert!(rejection(&live, "n", "3").is_some());
+    assert!(rejection(&live, "n", "2").is_some());
+    assert_eq!(rejection(&live, "n", "1"), None);
+    let p = reserve_bound(
+        &live,
+        pod("ml", "a", "uid-a", &[("tessera.io/gpu", "1")]),
+        "n",
+    );
+    assert_eq!(grant_of(&p).gpus[0].uuid, "GPU-n-2");
+
+    // The claims go: their GPUs are free again, the grant stays.
+    let released = live.lock().released();
+    live.lock().set_claims_on_gpus(vec![]);
+    assert!(live.lock().released() > released, "room was given back");
+    assert_eq!(whole_gpus(&live, "n"), ["GPU-n-2"]);
+    assert_eq!(rejection(&live, "n", "2"), None);
+
+    // A claim on the granted GPU (two allocators raced): not counted twice,
+    // the node takes nothing more until it is resolved.
+    live.lock()
+        .set_claims_on_gpus(vec![on("GPU-n-2", "late", Some((1024, 100)))]);
+    let why = rejection(&live, "n", "1").expect("blocked");
+    assert!(why.contains("claim late"), "{why}");
+}
+
+/// A claim on a GPU in MIG mode (a MIG device of it, or the GPU) holds it
+/// whole in the ledger: every memory slice taken, no instance granted there.
+#[test]
+fn a_claim_on_a_mig_gpu_takes_every_instance_of_it() {
+    use tessera_core::holdings::GpuHold;
+    let (nodes, inv) = cluster();
+    let live = mirror("bestfit", nodes, inv, vec![]);
+    let mig = pod("ml", "m", "uid-m", &[("tessera.io/mig-3g.40gb", "1")]);
+    let fits = |m: &tessera_k8s::mirror::SharedMirror| {
+        let mut m = m.lock();
+        let out = m.filter(&mig, &["a100-2"]).expect("request parses");
+        out.reason("a100-2").map(str::to_string)
+    };
+    assert_eq!(fits(&live), None);
+    live.lock().set_claims_on_gpus(vec![GpuHold {
+        node: "a100-2".into(),
+        uuid: "GPU-a100-2-1".into(),
+        consumer: "mig-claim".into(),
+        share: Some((10_240, 140)),
+    }]);
+    assert!(fits(&live).is_some());
+    assert_eq!(
+        live.lock().usage()["a100-2"].gpus[1].mig_memory_slices,
+        0xff
+    );
+}

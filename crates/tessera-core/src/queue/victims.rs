@@ -21,7 +21,8 @@
 //!   still takes more pods of a budget than it allows is dropped
 //!   (kube-scheduler only prefers fewer violations; Tessera never violates
 //!   one).
-//! - **Across nodes** ([`Rank`], kube-scheduler's `pickOneNodeForPreemption`,
+//! - **Across nodes** ([`pick_node`] by [`Rank`], kube-scheduler's
+//!   `pickOneNodeForPreemption`,
 //!   its violation step being always 0 here): the lowest highest victim
 //!   priority, then the lowest sum of priorities (each offset by 2^31, as
 //!   there), then the fewest victims, then the latest start of the
@@ -111,6 +112,18 @@ impl Rank {
         r.earliest_start = Reverse(earliest.unwrap_or(0));
         r
     }
+}
+
+/// kube-scheduler's `pickOneNodeForPreemption` over per-node plans: the plan
+/// whose victims rank lowest ([`Rank`]), then the node that sorts first (so
+/// equal inputs give equal plans whatever order the nodes come in). `None`
+/// when there is no plan. A node where the pod fits without evicting anyone is
+/// the caller's to handle before: there is nothing to preempt.
+pub fn pick_node<N: Ord, P>(plans: impl IntoIterator<Item = (N, Rank, P)>) -> Option<(N, P)> {
+    plans
+        .into_iter()
+        .min_by(|(na, ra, _), (nb, rb, _)| ra.cmp(rb).then_with(|| na.cmp(nb)))
+        .map(|(n, _, p)| (n, p))
 }
 
 /// Spares victims one by one in `order`, each left out of the set when
@@ -278,6 +291,28 @@ mod tests {
         // the highest-priority victims' starts count.
         assert!(Rank::of([s(2, 500)]) < Rank::of([s(2, 100)]));
         assert!(Rank::of([s(2, 500), s(1, 1)]) < Rank::of([s(2, 100), s(1, 900)]));
+    }
+
+    #[test]
+    fn the_node_whose_victims_rank_lowest_wins_then_the_first_name() {
+        let s = |priority| Standing {
+            priority,
+            started_s: 0,
+        };
+        let plans = |order: &[(&'static str, i32)]| {
+            order
+                .iter()
+                .map(|&(n, p)| (n, Rank::of([s(p)]), n.len()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            pick_node(plans(&[("b", 3), ("a", 5), ("c", 1)])),
+            Some(("c", 1))
+        );
+        // A tie goes to the name that sorts first, whatever the order given.
+        assert_eq!(pick_node(plans(&[("b", 1), ("a", 1)])).unwrap().0, "a");
+        assert_eq!(pick_node(plans(&[("a", 1), ("b", 1)])).unwrap().0, "a");
+        assert_eq!(pick_node(plans(&[])), None);
     }
 
     #[test]

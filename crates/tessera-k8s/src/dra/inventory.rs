@@ -14,9 +14,10 @@ use super::quantity::Quantity;
 use super::types::{
     CapacityRequestPolicy, DeviceRequestAllocationResult, DeviceTaint, ResourceClaim, ResourceSlice,
 };
-pub use tessera_core::holdings::{DeviceKey, DeviceUse, Hold, Holdings};
-use tessera_core::ledger::Ledger;
+pub use tessera_core::holdings::{DeviceKey, DeviceUse, GpuHold, Hold, Holdings};
+use tessera_core::ledger::AllocId;
 use tessera_core::model::Cluster;
+use tessera_core::placement::Placement;
 
 /// How a consumable capacity rounds what is asked of it (KEP-5075).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,6 +278,25 @@ pub fn held_results(
         })
 }
 
+/// The consumer a claim's holdings are kept under in [`Holdings`]: its UID
+/// (`namespace/name` for an object without one, which the API never serves).
+pub fn claim_consumer(c: &ResourceClaim) -> String {
+    match c.metadata.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid.to_string(),
+        _ => format!(
+            "{}/{}",
+            c.metadata.namespace.as_deref().unwrap_or(""),
+            c.metadata.name.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+/// The consumer a `tessera.io` grant's holdings are kept under: its
+/// allocation in the ledger (no claim UID looks like it).
+pub fn grant_consumer(id: AllocId) -> String {
+    format!("tessera.io grant {}", id.0)
+}
+
 /// What every allocated claim but `except_uid` holds, by device, in the
 /// core's one holdings model: a result with `consumedCapacity` is a share of
 /// those amounts, one without it takes the device whole (another allocator's
@@ -292,9 +312,10 @@ pub fn claims_holdings<'a>(
         if except_uid.is_some() && c.metadata.uid.as_deref() == except_uid {
             continue;
         }
+        let consumer = claim_consumer(c);
         for (key, r) in held_results(c) {
             if r.consumed_capacity.is_empty() {
-                h.hold(key, &Hold::Whole);
+                h.hold(&consumer, key, Hold::Whole);
                 continue;
             }
             let amounts: Result<BTreeMap<String, Quantity>, String> = r
@@ -303,8 +324,9 @@ pub fn claims_holdings<'a>(
                 .map(|(name, v)| Ok((name.clone(), Quantity::parse(v).map_err(|e| e.to_string())?)))
                 .collect();
             match amounts {
-                Ok(a) => h.hold(key, &Hold::Share(a)),
+                Ok(a) => h.hold(&consumer, key, Hold::Share(a)),
                 Err(err) => h.hold_unverifiable(
+                    &consumer,
                     key,
                     format!(
                         "claim {}: {}: {err}",
@@ -318,16 +340,17 @@ pub fn claims_holdings<'a>(
     h
 }
 
-/// What the `tessera.io` grants in `ledger` hold of the devices in
+/// What the `tessera.io` grants (a ledger's allocations, less those that
+/// count claims: [`crate::mirror::Mirror::grants`]) hold of the devices in
 /// `inventories`, in the same holdings model as claims: a grant on a GPU holds
 /// every device published for that GPU (the whole GPU, by `uuid`; its MIG
 /// placements, by `parentUUID`). A share of a shareable whole GPU holds its
 /// memory and compute; anything else holds the device whole. So a node whose
 /// slices appear while device-plugin pods still hold its GPUs (moved to DRA
 /// without draining, issue 41 defect 9) gives no claim that room a second time.
-pub fn grant_holdings(
+pub fn grant_holdings<'a>(
     cluster: &Cluster,
-    ledger: &Ledger,
+    grants: impl IntoIterator<Item = (AllocId, &'a Placement)>,
     inventories: &BTreeMap<String, NodeInventory>,
 ) -> Holdings {
     let mut h = Holdings::default();
@@ -335,7 +358,8 @@ pub fn grant_holdings(
         Some(AttrValue::String(s)) => Some(s.clone()),
         _ => None,
     };
-    for (_, p) in ledger.allocations() {
+    for (id, p) in grants {
+        let consumer = grant_consumer(id);
         let node = cluster.node(p.node);
         let Some(inv) = inventories.get(&node.name) else {
             continue;
@@ -367,9 +391,65 @@ pub fn grant_holdings(
                     }
                     _ => Hold::Whole,
                 };
-                h.hold(d.key.clone(), &hold);
+                h.hold(&consumer, d.key.clone(), hold);
             }
         }
     }
     h
+}
+
+/// What `usage` holds of GPUs, by their UUIDs: the other way round from
+/// [`grant_holdings`], so the ledger of a node whose `GpuNode` still lists
+/// its GPUs counts what claims hold there
+/// ([`crate::mirror::Mirror::set_claims_on_gpus`]). A device published for a
+/// whole GPU is that GPU (`uuid`), a MIG device holds its GPU whole
+/// (`parentUUID`); a share of a whole GPU holds its memory (rounded up to MiB)
+/// and compute (per mille, the whole of it when the share does not say), and
+/// a share that names no memory, a whole holding or an unverifiable one holds
+/// the GPU whole. Devices no inventory lists, or that carry no UUID, hold
+/// nothing here.
+pub fn gpu_holds(usage: &Holdings, inventories: &BTreeMap<String, NodeInventory>) -> Vec<GpuHold> {
+    let devices: BTreeMap<&DeviceKey, (&str, &NodeDevice)> = inventories
+        .iter()
+        .flat_map(|(node, inv)| {
+            inv.devices
+                .iter()
+                .map(move |d| (&d.key, (node.as_str(), d)))
+        })
+        .collect();
+    let string = |d: &NodeDevice, name: &str| match d.attributes.get(name) {
+        Some(AttrValue::String(s)) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    for consumer in usage.consumers() {
+        for (key, hold) in usage.held_by(consumer) {
+            let Some((node, d)) = devices.get(key) else {
+                continue;
+            };
+            let (uuid, mig) = match (string(d, "uuid"), string(d, "parentUUID")) {
+                (_, Some(parent)) => (parent, true),
+                (Some(uuid), None) => (uuid, false),
+                (None, None) => continue,
+            };
+            let share = match hold {
+                Hold::Share(amounts) if !mig => amounts.get("memory").map(|m| {
+                    let bytes = u64::try_from(m.ceil_units().max(0)).unwrap_or(u64::MAX);
+                    let mib = bytes.div_ceil(1 << 20);
+                    let milli = amounts
+                        .get("compute")
+                        .map_or(1000, |c| c.ceil_units().clamp(1, 1000));
+                    (mib, milli as u32)
+                }),
+                _ => None,
+            };
+            out.push(GpuHold {
+                node: node.to_string(),
+                uuid,
+                consumer: consumer.to_string(),
+                share,
+            });
+        }
+    }
+    out
 }

@@ -20,7 +20,7 @@ use tessera_core::policy::Policy;
 use super::allocate::{NodeAllocation, allocate};
 use super::cel::Env;
 use super::choose::Host;
-use super::inventory::{DeviceKey, Hold, Holdings, NodeInventory};
+use super::inventory::{DeviceKey, Hold, Holdings, NodeInventory, claim_consumer};
 use super::pod::{PodClaim, Step};
 use crate::convert::NodeFacts;
 
@@ -66,17 +66,18 @@ impl NoPlan {
     }
 }
 
-/// Adds `alloc`'s devices to `usage`, as [`super::inventory::claims_holdings`]
-/// counts the claim once written: a result without consumed capacity holds its
-/// device whole.
-fn hold(usage: &mut Holdings, alloc: &NodeAllocation) {
+/// Adds `alloc`'s devices to `usage` as `claim`'s, as
+/// [`super::inventory::claims_holdings`] counts the claim once written: a
+/// result without consumed capacity holds its device whole.
+fn hold(usage: &mut Holdings, claim: &PodClaim, alloc: &NodeAllocation) {
+    let consumer = claim_consumer(&claim.claim);
     for c in alloc.results.iter().filter(|c| !c.admin_access) {
         let hold = if c.consumed.is_empty() {
             Hold::Whole
         } else {
             Hold::Share(c.consumed.clone())
         };
-        usage.hold(c.device.clone(), &hold);
+        usage.hold(&consumer, c.device.clone(), hold);
     }
 }
 
@@ -159,7 +160,7 @@ pub fn place(
                     continue 'nodes;
                 }
                 Ok(Ok(a)) => {
-                    hold(&mut used, &a);
+                    hold(&mut used, c, &a);
                     score += a.score;
                     allocations.push((i, a));
                 }

@@ -17,7 +17,7 @@
 //! shared with a pod that stays, or reserved for something that is not a pod,
 //! stays allocated. A claim the preemptor itself uses is never counted freed.
 //!
-//! Among nodes with a plan, the core's [`victims::Rank`]
+//! Among nodes with a plan, the core's [`victims::pick_node`]
 //! (kube-scheduler's `pickOneNodeForPreemption`: the lowest highest victim
 //! priority, the lowest sum, the fewest victims, the latest start), then the
 //! node whose name sorts first. Equal inputs give equal plans.
@@ -62,11 +62,11 @@ use crate::convert::NodeFacts;
 /// An allocated claim a candidate holds.
 #[derive(Debug, Clone)]
 pub struct HeldClaim {
+    /// Its UID: the consumer its holdings are kept under in
+    /// [`Situation::usage`] ([`super::inventory::claim_consumer`]).
     pub uid: String,
     /// The UIDs in its `reservedFor`, every kind of consumer.
     pub consumers: Vec<String>,
-    /// What its allocation holds ([`claims_holdings`] of the claim alone).
-    pub usage: Holdings,
 }
 
 /// A pod that may be evicted for the preemptor.
@@ -176,7 +176,8 @@ pub struct Victims {
     pub victims: Vec<String>,
 }
 
-/// `usage` less what the claims of `victims` free (see the module docs).
+/// `usage` once the claims `victims` free hold nothing (see the module docs):
+/// the core's [`Holdings::without`] those claims.
 fn freed(s: &Situation<'_>, victims: &[&Candidate]) -> Holdings {
     let gone: BTreeSet<&str> = victims.iter().map(|v| v.id.as_str()).collect();
     let own: BTreeSet<&str> = s
@@ -184,16 +185,10 @@ fn freed(s: &Situation<'_>, victims: &[&Candidate]) -> Holdings {
         .iter()
         .filter_map(|c| c.claim.metadata.uid.as_deref())
         .collect();
-    let mut counted: BTreeSet<&str> = BTreeSet::new();
-    let mut usage = s.usage.clone();
-    for c in victims.iter().flat_map(|v| &v.claims) {
-        let all_gone = c.consumers.iter().all(|u| gone.contains(u.as_str()));
-        if !all_gone || own.contains(c.uid.as_str()) || !counted.insert(&c.uid) {
-            continue;
-        }
-        usage.release(&c.usage);
-    }
-    usage
+    let released = victims.iter().flat_map(|v| &v.claims).filter(|c| {
+        c.consumers.iter().all(|u| gone.contains(u.as_str())) && !own.contains(c.uid.as_str())
+    });
+    s.usage.without(released.map(|c| c.uid.as_str()))
 }
 
 /// Where the pod's claims allocate on `node` once `victims` are gone, if
@@ -231,31 +226,22 @@ fn standing(c: &Candidate) -> Standing {
 /// candidates does; `None` also when the pod fits somewhere already (a normal
 /// pass places it).
 pub fn plan(s: &Situation<'_>) -> Option<Victims> {
-    let mut best: Option<((Rank, &str), Victims)> = None;
-    let mut nodes: Vec<&NodeFacts> = s.nodes.iter().collect();
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    for node in nodes {
+    let mut plans = Vec::new();
+    for node in s.nodes {
         let Some(victims) = select(s, node) else {
             continue;
         };
         if victims.is_empty() {
             return None;
         }
-        let key = (
-            Rank::of(victims.iter().map(|v| standing(v))),
-            node.name.as_str(),
-        );
-        if best.as_ref().is_none_or(|(k, _)| key < *k) {
-            best = Some((
-                key,
-                Victims {
-                    node: node.name.clone(),
-                    victims: victims.iter().map(|v| v.id.clone()).collect(),
-                },
-            ));
-        }
+        let rank = Rank::of(victims.iter().map(|v| standing(v)));
+        plans.push((node.name.as_str(), rank, victims));
     }
-    best.map(|(_, v)| v)
+    let (node, victims) = victims::pick_node(plans)?;
+    Some(Victims {
+        node: node.to_string(),
+        victims: victims.iter().map(|v| v.id.clone()).collect(),
+    })
 }
 
 /// The victims on `node`, the most important first, chosen by the core's
@@ -370,11 +356,23 @@ mod tests {
                 "reservedFor": reserved}))
             .unwrap(),
         );
+        CLAIMS.with(|all| all.borrow_mut().insert(uid.into(), c));
         HeldClaim {
             uid: uid.into(),
             consumers: consumers.iter().map(|u| u.to_string()).collect(),
-            usage: claims_holdings([&c], None),
         }
+    }
+
+    thread_local! {
+        /// The claims [`held`] made on this test's thread, by UID, from which
+        /// [`World::plan`] reads the usage.
+        static CLAIMS: std::cell::RefCell<BTreeMap<String, ResourceClaim>> =
+            std::cell::RefCell::default();
+    }
+
+    /// GPUs claim `uid` holds.
+    fn gpus_of(uid: &str) -> u64 {
+        CLAIMS.with(|all| claims_holdings(all.borrow().get(uid), None).devices.len() as u64)
     }
 
     /// Pod `id` on its node, holding `claims`, in no queue; it counts 1000
@@ -383,7 +381,7 @@ mod tests {
         let milli = claims
             .iter()
             .filter(|c| c.consumers.first().map(String::as_str) == Some(id))
-            .map(|c| 1000 * c.usage.devices.len() as u64)
+            .map(|c| 1000 * gpus_of(&c.uid))
             .sum();
         Candidate {
             id: id.into(),
@@ -487,10 +485,10 @@ mod tests {
             for c in &self.others {
                 all.insert(&c.uid, c);
             }
-            let mut usage = Holdings::default();
-            for c in all.values() {
-                usage.add(&c.usage);
-            }
+            let usage = CLAIMS.with(|claims| {
+                let claims = claims.borrow();
+                claims_holdings(all.keys().filter_map(|uid| claims.get(*uid)), None)
+            });
             let mut candidates: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
             for (n, c) in &self.candidates {
                 candidates.entry(n.to_string()).or_default().push(c.clone());

@@ -786,7 +786,7 @@ fn grants_hold_the_devices_of_their_gpus() {
     ledger
         .apply(&cluster, &place(vec![GpuGrant::shared(0, 61_440, 600)]))
         .unwrap();
-    let held = grant_holdings(&cluster, &ledger, &inventories);
+    let held = grant_holdings(&cluster, ledger.allocations(), &inventories);
     let ask = ClaimAsk::resolve(&claim("c", share("30Gi", "300"), json!([])), &classes()).unwrap();
     let inv = &inventories["n1"];
     let alloc = |h: &Holdings| allocate(&ask, inv, h, &*tessera(), &Env::new(), Host::PLENTY);
@@ -809,7 +809,7 @@ fn grants_hold_the_devices_of_their_gpus() {
     ledger
         .apply(&cluster, &place(vec![GpuGrant::whole(1, whole_mib)]))
         .unwrap();
-    let held = grant_holdings(&cluster, &ledger, &inventories);
+    let held = grant_holdings(&cluster, ledger.allocations(), &inventories);
     assert_eq!(held.of(&inv.devices[1].key).exclusive, 1);
     let two = ClaimAsk::resolve(&claim("e", gpus(2), json!([])), &classes()).unwrap();
     assert!(
@@ -819,8 +819,72 @@ fn grants_hold_the_devices_of_their_gpus() {
     );
     // A node without slices, or a grant on another node, holds nothing here.
     assert!(
-        grant_holdings(&cluster, &ledger, &Default::default())
+        grant_holdings(&cluster, ledger.allocations(), &Default::default())
             .devices
             .is_empty()
+    );
+}
+
+/// What claims hold, by GPU UUID, for the ledger of a node in both worlds: a
+/// whole device is its GPU whole, a share its memory (MiB, rounded up) and
+/// compute, a MIG device its parent GPU whole; a device without UUID or no
+/// inventory lists holds nothing there.
+#[test]
+fn claims_hold_gpus_by_uuid_whole_shared_or_through_mig() {
+    use crate::dra::inventory::{GpuHold, gpu_holds};
+
+    let shared = slice("n1", &[gpu("H100-80GB", true), gpu("H100-80GB", false)]);
+    let inventories = std::collections::BTreeMap::from([
+        ("n1".to_string(), node_inventory("n1", &[shared])),
+        (
+            "n2".to_string(),
+            node_inventory("n2", &[mig_slice("n2", 1)]),
+        ),
+    ]);
+    let result = |pool: &str, device: &str, consumed: Value| {
+        json!({"request": "g", "driver": "gpu.tessera.io", "pool": pool, "device": device,
+            "consumedCapacity": consumed})
+    };
+    let with = |uid: &str, results: Vec<Value>| -> ResourceClaim {
+        let mut c = claim(uid, gpus(1), json!([]));
+        c.status = Some(
+            serde_json::from_value(json!({"allocation": {"devices": {"results": results}}}))
+                .unwrap(),
+        );
+        c
+    };
+    let claims = [
+        // 30 GiB + 1 byte and 300 ‰ of gpu-0.
+        with(
+            "share",
+            vec![result(
+                "n1",
+                "gpu-0",
+                json!({"memory": "32212254721", "compute": "300"}),
+            )],
+        ),
+        // gpu-1 whole.
+        with("whole", vec![result("n1", "gpu-1", json!({}))]),
+        // A MIG placement of n2's gpu-0.
+        with("mig", vec![result("n2", "gpu-0-mig-1g10gb-0", json!({}))]),
+        // A device no inventory lists.
+        with("gone", vec![result("n3", "gpu-0", json!({}))]),
+    ];
+    let usage = claims_holdings(claims.iter(), None);
+    let mut got = gpu_holds(&usage, &inventories);
+    got.sort();
+    let hold = |node: &str, uuid: &str, consumer: &str, share| GpuHold {
+        node: node.into(),
+        uuid: uuid.into(),
+        consumer: consumer.into(),
+        share,
+    };
+    assert_eq!(
+        got,
+        [
+            hold("n1", "GPU-0", "share", Some((30 * 1024 + 1, 300))),
+            hold("n1", "GPU-1", "whole", None),
+            hold("n2", "GPU-0", "mig", None),
+        ]
     );
 }

@@ -305,8 +305,14 @@ impl DraView {
     /// What every claim holds (the overlay's writes included).
     pub fn usage(&self) -> Holdings {
         let mut u = claims_holdings(self.claims(), None);
-        for key in self.unread_holds.values().flatten() {
-            u.hold(key.clone(), &Hold::Unverifiable);
+        for (claim, keys) in &self.unread_holds {
+            for key in keys {
+                u.hold(
+                    &format!("unreadable claim {claim:?}"),
+                    key.clone(),
+                    Hold::Unverifiable,
+                );
+            }
         }
         u
     }

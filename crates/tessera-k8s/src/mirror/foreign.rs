@@ -187,7 +187,7 @@ fn held_positions(
 
 /// The UUID of the GPU in MIG mode that has the instance `uuid`, by the node's
 /// inventory.
-fn parent_of<'a>(gn: &'a tessera_api::GpuNode, uuid: &str) -> Option<&'a str> {
+pub(super) fn parent_of<'a>(gn: &'a tessera_api::GpuNode, uuid: &str) -> Option<&'a str> {
     gn.spec
         .gpus
         .iter()
@@ -198,7 +198,7 @@ fn parent_of<'a>(gn: &'a tessera_api::GpuNode, uuid: &str) -> Option<&'a str> {
 /// A grant that holds GPU `pos` of node `id` whole: the whole GPU, or on a GPU in
 /// MIG mode (the device held may be any of its instances) the profile spanning
 /// every memory slice, so no instance is granted there or planned in free space.
-fn held_whole(cluster: &Cluster, id: NodeId, pos: u8) -> Option<GpuGrant> {
+pub(super) fn held_whole(cluster: &Cluster, id: NodeId, pos: u8) -> Option<GpuGrant> {
     let gpu = &cluster.node(id).gpus[pos as usize];
     let spec = cluster.catalog.spec(gpu.model);
     if !gpu.mig_enabled {

@@ -51,6 +51,7 @@ use crate::convert::{self, NodeFacts};
 use crate::hostfit::{self, HostAsk};
 
 mod blocks;
+mod claim_holds;
 mod estimate;
 mod foreign;
 mod groups;
@@ -141,6 +142,11 @@ pub struct Mirror {
     stale: HashMap<String, Block>,
     /// No `GpuNode` can turn stale before this (a scan is skipped until then).
     next_liveness: Option<Instant>,
+    /// What allocated claims hold of GPUs, as the standalone loop last said
+    /// (see [`claim_holds`]).
+    claims_on_gpus: Vec<tessera_core::holdings::GpuHold>,
+    /// The ledger's allocations that count those, as of the last rebuild.
+    claim_allocs: HashSet<tessera_core::ledger::AllocId>,
 }
 
 impl Mirror {
@@ -192,6 +198,8 @@ impl Mirror {
             inventory_ttl: INVENTORY_TTL,
             stale: HashMap::new(),
             next_liveness: None,
+            claims_on_gpus: Vec::new(),
+            claim_allocs: HashSet::new(),
         };
         // A learning policy is built from the learned target (the cold-start prior
         // until pods arrive) from the start, whatever the caller built it from.
@@ -282,6 +290,8 @@ impl Mirror {
         }
         // GPUs held outside Tessera's grants, as the kubelet reports them.
         self.count_foreign();
+        // GPUs allocated ResourceClaims hold.
+        self.count_claims_on_gpus();
     }
 
     // ---- reads ---------------------------------------------------------------------------
@@ -307,12 +317,6 @@ impl Mirror {
     pub fn ledger(&mut self) -> &Ledger {
         self.refresh();
         &self.ledger
-    }
-
-    /// The cluster and its ledger together, refreshed.
-    pub fn state(&mut self) -> (&Cluster, &Ledger) {
-        self.refresh();
-        (&self.cluster, &self.ledger)
     }
 
     /// Per-node use, by node name (the comparable form of a ledger).

@@ -19,6 +19,13 @@
 //! pass and each decision, and at once for a decided pod), so queue usage,
 //! fair shares and borrowing count it, whoever allocated the claims.
 //!
+//! One ledger for grants and claims on a node in both worlds (its `GpuNode`
+//! still lists GPUs its slices publish, issue 41): a claim's decision counts
+//! what `tessera.io` grants hold of those GPUs
+//! ([`crate::dra::inventory::grant_holdings`]), and the mirror's ledger counts
+//! what claims hold of them ([`crate::dra::inventory::gpu_holds`], told at
+//! `count_claims`), so neither side gives a GPU the other holds.
+//!
 //! Applying, in the background: each claim's write in the pod's order
 //! (`status.allocation` + `reservedFor`, or `reservedFor` alone for a claim
 //! allocated already), each with the claim's resourceVersion as precondition;
@@ -65,7 +72,7 @@ use crate::binder::{BindError, Binder};
 use crate::convert;
 use crate::dra::cel::Env;
 use crate::dra::choose::Host;
-use crate::dra::inventory::{NodeInventory, grant_holdings};
+use crate::dra::inventory::{NodeInventory, gpu_holds, grant_holdings};
 use crate::dra::place::Plan;
 use crate::dra::place::place;
 use crate::dra::pod::{NotReady, PodClaim, Step, learned_ask, pod_claims};
@@ -268,8 +275,8 @@ pub(super) fn decide_dra_locked(
     let inventories = v.inventories().clone();
     // What claims hold, and what device-plugin grants hold of the same GPUs.
     let mut usage = v.usage();
-    let (cluster, ledger) = m.state();
-    usage.add(&grant_holdings(cluster, ledger, &inventories));
+    let (cluster, grants) = m.grants();
+    usage.add(&grant_holdings(cluster, grants, &inventories));
     let (nodes, policy) = m
         .host_fitting(&req, &host, |facts| {
             node_allows(pod, facts).and_then(|()| nominated.check(pod, &facts.name))
@@ -392,6 +399,10 @@ pub(super) fn count_claims(m: &mut Mirror, v: &mut DraView) {
     let (claims, inventories) = v.claims_and_inventories();
     let held = pod_holdings(&catalog, m.gpu_equivalents(), inventories, claims);
     m.set_claim_holdings(held);
+    // What they hold of GPUs a `GpuNode` may still list: the ledger counts it,
+    // so no `tessera.io` pod is granted those GPUs too.
+    let usage = v.usage();
+    m.set_claims_on_gpus(gpu_holds(&usage, v.inventories()));
 }
 
 /// What the view finds wrong, once per pass: counted in

@@ -44,7 +44,7 @@ use super::{Standalone, node_allows, selector_matches};
 use crate::convert::{self, NodeFacts};
 use crate::dra::DRIVER;
 use crate::dra::cel::Env;
-use crate::dra::inventory::{claims_holdings, grant_holdings};
+use crate::dra::inventory::{claim_consumer, grant_holdings};
 use crate::dra::place::Plan;
 use crate::dra::pod::pod_claims;
 use crate::dra::preempt::{Candidate, HeldClaim, Mode, Quota, Quotas, Situation, plan};
@@ -107,9 +107,8 @@ fn claims_by_consumer(v: &mut DraView) -> BTreeMap<String, Vec<HeldClaim>> {
             continue;
         }
         let held = HeldClaim {
-            uid: c.metadata.uid.clone().unwrap_or_default(),
+            uid: claim_consumer(c),
             consumers: status.reserved_for.iter().map(|r| r.uid.clone()).collect(),
-            usage: claims_holdings([c], None),
         };
         for r in status.reserved_for.iter().filter(|r| r.resource == "pods") {
             out.entry(r.uid.clone()).or_default().push(held.clone());
@@ -161,8 +160,8 @@ fn plan_for(
     let inventories = v.inventories().clone();
     // What claims hold, and what device-plugin grants hold of the same GPUs.
     let mut usage = v.usage();
-    let (cluster, ledger) = m.state();
-    usage.add(&grant_holdings(cluster, ledger, &inventories));
+    let (cluster, grants) = m.grants();
+    usage.add(&grant_holdings(cluster, grants, &inventories));
     let me = convert::pod_uid(pod);
     let my_priority = priority(pod);
     // Its claims only add to the ask: a queue that borrows without them

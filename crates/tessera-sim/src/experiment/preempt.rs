@@ -534,10 +534,6 @@ impl Totals {
     }
 }
 
-/// `pickOneNodeForPreemption`'s order ([`victims::Rank`]), then the node:
-/// smallest wins.
-type NodeKey = (Rank, NodeId);
-
 /// kube-scheduler's preemption over totals (see the module docs): the node and its
 /// victims, or `None` when no node's totals can be made to cover the request.
 fn kube_like_victims(
@@ -562,7 +558,8 @@ fn kube_like_victims(
             by_node.entry(p.node).or_default().push((r, p));
         }
     }
-    let mut best: Option<(NodeKey, Vec<AllocId>)> = None;
+    // `pickOneNodeForPreemption` by the core's one rule ([`victims::pick_node`]).
+    let mut plans = Vec::new();
     for (node, mut pods) in by_node {
         let n = cluster.node(node);
         let used = state.ledger.node(node);
@@ -612,14 +609,12 @@ fn kube_like_victims(
             Some(kept) if !kept.is_empty() => kept,
             _ => continue,
         };
-        let key = (Rank::of(kept.iter().map(|&i| standing(pods[i].0))), node);
-        if best.as_ref().is_none_or(|(b, _)| key < *b) {
-            let mut ids: Vec<AllocId> = kept.iter().map(|&i| pods[i].0.alloc).collect();
-            ids.sort_unstable();
-            best = Some((key, ids));
-        }
+        let rank = Rank::of(kept.iter().map(|&i| standing(pods[i].0)));
+        let mut ids: Vec<AllocId> = kept.iter().map(|&i| pods[i].0.alloc).collect();
+        ids.sort_unstable();
+        plans.push((node, rank, ids));
     }
-    best.map(|((_, node), v)| (node, v))
+    victims::pick_node(plans)
 }
 
 /// How a running pod ranks as a victim.
