@@ -117,6 +117,10 @@ pub enum CheckState {
     Retry,
     /// Will not pass: the workload is evicted and deactivated.
     Rejected,
+    /// A state this version does not know (Kueue's CRD allows only the four
+    /// above): read without failing the whole list, never written.
+    #[serde(other)]
+    Unknown,
 }
 
 impl CheckState {
@@ -126,6 +130,7 @@ impl CheckState {
             CheckState::Ready => "Ready",
             CheckState::Retry => "Retry",
             CheckState::Rejected => "Rejected",
+            CheckState::Unknown => "Unknown",
         }
     }
 }
@@ -241,5 +246,30 @@ impl kube::Resource for AdmissionCheck {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_check_entry_keeps_what_it_does_not_type_and_reads_an_unknown_state() {
+        let v = json!({
+            "name": "prov", "state": "Retry", "message": "Retrying after failure",
+            "lastTransitionTime": "2026-12-07T10:00:00Z", "retryCount": 2,
+            "requeueAfterSeconds": 60,
+            "podSetUpdates": [{"name": "main", "nodeSelector": {"pool": "spot"}}]
+        });
+        let e: AdmissionCheckState = serde_json::from_value(v.clone()).expect("reads");
+        assert_eq!(e.state, CheckState::Retry);
+        // Written back whole: the patch replaces the list.
+        assert_eq!(serde_json::to_value(&e).expect("writes"), v);
+        let odd: AdmissionCheckState = serde_json::from_value(json!({
+            "name": "x", "state": "Paused", "message": "", "lastTransitionTime": ""
+        }))
+        .expect("an unknown state fails no list");
+        assert_eq!(odd.state, CheckState::Unknown);
     }
 }

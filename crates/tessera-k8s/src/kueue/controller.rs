@@ -365,6 +365,14 @@ fn select<'o>(o: &'o KueueObjects, ours: &[String]) -> (Vec<&'o Workload>, Vec<&
 /// Pending, or `None` when every such entry says so already.
 pub fn check_patch(w: &Workload, ours: &[String], decision: &Decision, at: &str) -> Option<Value> {
     let status = w.status.as_ref()?;
+    if status
+        .admission_checks
+        .iter()
+        .any(|e| e.state == CheckState::Unknown)
+    {
+        // The whole list is written back: never with a state we could not read.
+        return None;
+    }
     let mut changed = false;
     let mut entries = status.admission_checks.clone();
     for e in &mut entries {
