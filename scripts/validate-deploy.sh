@@ -773,6 +773,8 @@ SCENARIOS = {
         "enabled": True, "clusterName": "gpu-east", "tls": {"secretName": "estimator-tls", "verifyClients": True},
         "service": {"type": "LoadBalancer"}, "replicas": 2, "priorityClassName": "system-cluster-critical",
         "extraArgs": ["--gpu-equivalents=H100-80GB=1,T4=0.1"]}},
+    "Kueue admission check, trusted Kueue admission": {"kueue": {
+        "trustAdmission": True, "admissionCheck": {"enabled": True, "extraArgs": ["--interval=30"]}}},
     "everything set": {"scheduler": {"leaderElection": False, "replicas": 1, "priorityClassName": "",
                                      "nodeSelector": {"kubernetes.io/os": "linux"},
                                      "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
@@ -1322,6 +1324,19 @@ RBAC_NEEDS = {
         ("scheduling.x-k8s.io", "podgroups"): {"list", "watch"},
         ("events.k8s.io", "events"): {"create", "patch"},
     },
+    # tessera kueue-admission (crates/tessera-k8s/src/kueue/controller.rs: the placement
+    # watches, Kueue's two kinds, merge patches of their status and a re-read on 409).
+    "kueue-admission": {
+        ("", "nodes"): {"list", "watch"},
+        ("", "pods"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+        ("tessera.io", "gpunodes"): {"list", "watch"},
+        ("tessera.io", "gpuqueues"): {"list", "watch"},
+        ("kueue.x-k8s.io", "workloads"): {"list", "watch"},
+        ("kueue.x-k8s.io", "admissionchecks"): {"list", "watch"},
+        ("kueue.x-k8s.io", "workloads/status"): {"get", "patch"},
+        ("kueue.x-k8s.io", "admissionchecks/status"): {"get", "patch"},
+    },
     # tessera estimator (crates/tessera-k8s/src/run: watch_placement_state).
     "estimator": {
         ("", "nodes"): {"list", "watch"},
@@ -1366,7 +1381,8 @@ def granted_verbs(roles):
 
 def check_rbac(objs, where):
     """Every verb the code needs is granted by the component's ClusterRole."""
-    workloads = {"node-agent": "DaemonSet", "scheduler": "Deployment", "estimator": "Deployment"}
+    workloads = {"node-agent": "DaemonSet", "scheduler": "Deployment", "estimator": "Deployment",
+                 "kueue-admission": "Deployment"}
     for component, needs in RBAC_NEEDS.items():
         if not any(o["kind"] == workloads[component]
                    and (o["metadata"]["name"].endswith(f"-{component}")
@@ -1462,6 +1478,38 @@ def check_estimator(objs, where, values):
         path = flag(f)
         if not path or not mounted_secret(path):
             fail(where, f"{describe(dep)}: --{f}={path!r} is not in a mounted Secret")
+
+
+def check_kueue_admission(objs, where, values):
+    """kueue.admissionCheck.enabled: one Deployment of one replica runs `tessera
+    kueue-admission` with the signing key mounted; kueue.trustAdmission: the scheduler
+    gets --trust-kueue-admission; nothing of either otherwise."""
+    kq = values.get("kueue") or {}
+    deps = [o for o in objs if o["kind"] == "Deployment"
+            and (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "kueue-admission"]
+    if not (kq.get("admissionCheck") or {}).get("enabled"):
+        if deps:
+            fail(where, "kueue.admissionCheck.enabled is false, but its Deployment renders")
+    elif len(deps) != 1:
+        fail(where, f"kueue.admissionCheck.enabled renders {len(deps)} Deployments")
+    else:
+        dep = deps[0]
+        if dep["spec"].get("replicas") != 1:
+            fail(where, f"{describe(dep)}: {dep['spec'].get('replicas')} replicas; two would judge the same room twice")
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        args = c.get("args") or []
+        if args[:1] != ["kueue-admission"]:
+            fail(where, f"{describe(dep)}: runs {args[:1]}, not `tessera kueue-admission`")
+        mounts = {m["mountPath"] for m in c.get("volumeMounts") or []}
+        key = next((a.split("=", 1)[1] for a in args if a.startswith("--signing-key-file=")), "")
+        if key.rsplit("/", 1)[0] not in mounts:
+            fail(where, f"{describe(dep)}: --signing-key-file={key!r} is not in a mounted volume")
+    trusted = any("--trust-kueue-admission" in (c.get("args") or [])
+                  for o in objs if o["kind"] == "Deployment"
+                  for c in o["spec"]["template"]["spec"]["containers"])
+    if trusted != bool(kq.get("trustAdmission")):
+        fail(where, f"kueue.trustAdmission is {bool(kq.get('trustAdmission'))}, the scheduler's "
+                    f"--trust-kueue-admission {'is' if trusted else 'is not'} set")
 
 
 def check_agent_update_strategy(objs, where, values):
@@ -1933,7 +1981,7 @@ def check_chart():
     helps = {}
     if TESSERA_BIN:
         helps = {"scheduler": help_flags("scheduler"), "node-agent": help_flags("node-agent"),
-                 "estimator": help_flags("estimator")}
+                 "estimator": help_flags("estimator"), "kueue-admission": help_flags("kueue-admission")}
         print(f"flags: checked against {TESSERA_BIN}")
     else:
         print("flags: SKIP (no tessera binary: set TESSERA_BIN or build -p tessera)")
@@ -1985,6 +2033,7 @@ def check_chart():
         check_agent_update_strategy(objs, where, values)
         check_rbac(objs, where)
         check_estimator(objs, where, values)
+        check_kueue_admission(objs, where, values)
         check_dra(objs, where, values)
         check_dra_extended_resource(objs, where, values)
         if name.startswith("GPU Operator coexistence"):

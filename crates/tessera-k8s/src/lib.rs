@@ -22,6 +22,7 @@ pub mod explain;
 pub mod extender;
 pub mod gate;
 pub mod hostfit;
+pub mod kueue;
 pub mod leader;
 pub mod metrics;
 pub mod mirror;

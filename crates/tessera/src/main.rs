@@ -34,6 +34,8 @@ enum Command {
     Scheduler(cmd::scheduler::SchedulerArgs),
     /// Serve Karmada's scheduler-estimator for this cluster (replicas that fit, from the live cluster).
     Estimator(cmd::estimator::EstimatorArgs),
+    /// Answer Kueue's admission check tessera.io/placement: Ready once every pod of a workload can be placed.
+    KueueAdmission(cmd::kueue_admission::KueueAdmissionArgs),
     /// Run the node agent (kubelet device plugin, inventory, health, metrics).
     NodeAgent(cmd::node_agent::NodeAgentArgs),
     /// Explain where a pod went and why, or why it is pending.
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Command::Bench(c) => cmd::bench::run(c),
         Command::Scheduler(a) => cmd::scheduler::run(a),
         Command::Estimator(a) => cmd::estimator::run(a),
+        Command::KueueAdmission(a) => cmd::kueue_admission::run(a),
         Command::NodeAgent(a) => cmd::node_agent::run(a),
         Command::Explain(a) => cmd::explain::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),

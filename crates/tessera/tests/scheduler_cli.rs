@@ -108,3 +108,32 @@ fn bad_estimator_flags_are_refused_by_name_with_exit_64() {
         assert!(err.contains(&format!("{flag}:")), "{args:?}: {err}");
     }
 }
+
+/// `tessera kueue-admission`: each bad flag is named, exit 64, before it
+/// connects to anything.
+#[test]
+fn bad_kueue_admission_flags_are_refused_by_name_with_exit_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    let key = key.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&[], "signing-key-file"),
+        (&["--signing-key-file", key, "--interval", "0"], "interval"),
+        (
+            &["--signing-key-file", key, "--health-listen", "nowhere"],
+            "health-listen",
+        ),
+        (&["--signing-key-file", key, "--policy", "nope"], "policy"),
+        (
+            &["--signing-key-file", key, "--gpu-equivalents", "Z9=1"],
+            "gpu-equivalents",
+        ),
+    ];
+    for (args, flag) in cases {
+        let args = [&["kueue-admission"][..], args].concat();
+        let (code, err) = run(&args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert!(err.contains(&format!("{flag}:")), "{args:?}: {err}");
+    }
+}

@@ -16,6 +16,14 @@
 //!   together (a cycle, an unknown parent, children guaranteed more than their
 //!   parent), is reported as a problem and the last tree that held is kept:
 //!   a typo in one queue never lifts every quota.
+//! - Where Kueue admits workloads (`--trust-kueue-admission`), a pod of a
+//!   workload Kueue admitted ([`crate::kueue::admitted_by_kueue`]) is not
+//!   judged again by its `GpuQueue`'s quota, since Kueue's ClusterQueue
+//!   already reserved that quota for it: it is admitted (as borrowing when
+//!   beyond the queue's guarantee or over its quota), and what it holds still
+//!   counts in its queue's usage, so the queue's other pods see it. Without
+//!   the flag both gates apply, which refuses a pod Kueue admitted once its
+//!   GpuQueue is full (counted twice, by two quotas).
 
 use std::collections::BTreeMap;
 
@@ -56,6 +64,9 @@ pub(super) struct Queues {
     /// Milli GPU-equivalents the pods' DRA claims hold, by pod uid (see
     /// [`Mirror::set_claim_holdings`]).
     claims: BTreeMap<String, u64>,
+    /// Pods of workloads Kueue admitted pass the quota gate (see
+    /// [`Mirror::set_trust_kueue`]).
+    trust_kueue: bool,
 }
 
 /// Recent usage per queue, blended into the usage the fair order reads.
@@ -215,6 +226,12 @@ impl Mirror {
     pub fn set_gpu_equivalents(&mut self, ge: GpuEquivalents) {
         self.queues.ge = ge;
         self.queues.usage = None;
+    }
+
+    /// Whether pods of workloads Kueue admitted pass the quota gate (off
+    /// until set; see the module's documentation).
+    pub fn set_trust_kueue(&mut self, trust: bool) {
+        self.queues.trust_kueue = trust;
     }
 
     /// How GPU models count against quotas.
@@ -543,7 +560,15 @@ impl Mirror {
         );
         let capacity = self.queues.ge.capacity(&self.cluster);
         let name = tree.spec(queue).name.clone();
-        match admit(tree, &usage, &capacity, queue, &ask) {
+        let admission = admit(tree, &usage, &capacity, queue, &ask);
+        if self.queues.trust_kueue && crate::kueue::admitted_by_kueue(pod) {
+            // Kueue's quota admitted it; ours only counts it.
+            return QuotaCheck::Admitted {
+                queue: name,
+                borrowing: admission != Admission::Guaranteed,
+            };
+        }
+        match admission {
             Admission::Guaranteed => QuotaCheck::Admitted {
                 queue: name,
                 borrowing: false,

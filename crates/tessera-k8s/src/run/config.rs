@@ -77,6 +77,10 @@ pub struct RawConfig {
     /// How long a GpuNode whose agent heartbeats may stay unchanged before its
     /// node takes no new pods (default [`crate::mirror::INVENTORY_TTL`]).
     pub gpunode_ttl: Option<Duration>,
+    /// Pods of workloads Kueue admitted pass the `GpuQueue` quota gate (still
+    /// counted in usage): Kueue's ClusterQueue holds their quota
+    /// (`--trust-kueue-admission`; see [`crate::kueue`]).
+    pub trust_kueue_admission: Option<bool>,
 }
 
 /// A configuration field that is wrong, by name.
@@ -135,6 +139,8 @@ pub struct Config {
     pub dra: bool,
     /// Staleness TTL of heartbeating GpuNodes (`--gpunode-ttl`).
     pub gpunode_ttl: Duration,
+    /// `--trust-kueue-admission`.
+    pub trust_kueue_admission: bool,
 }
 
 impl RawConfig {
@@ -425,6 +431,7 @@ impl RawConfig {
             usage_history,
             dra,
             gpunode_ttl,
+            trust_kueue_admission: self.trust_kueue_admission.unwrap_or(false),
         })
     }
 }

@@ -246,6 +246,7 @@ pub async fn run(
     let mut m = Mirror::new(policy, keys);
     m.set_gpu_equivalents(config.gpu_equivalents.clone());
     m.set_inventory_ttl(config.gpunode_ttl);
+    m.set_trust_kueue(config.trust_kueue_admission);
     if let Some((half_life, weight)) = config.usage_history {
         m.set_usage_history(half_life, weight);
     }

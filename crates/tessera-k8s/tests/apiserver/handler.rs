@@ -343,7 +343,8 @@ fn dispatch(st: &mut State, req: &Req<'_>, watching: bool) -> Reply {
     let result = match (req.method, &req.name, req.sub.as_deref()) {
         ("GET", None, None) if watching => return watch_start(st, req),
         ("GET", None, None) => list(st, req),
-        ("GET", Some(n), None) => get(st, req, n),
+        // The status subresource reads as the object (file-less: kube's `get_status`).
+        ("GET", Some(n), None | Some("status")) => get(st, req, n),
         ("POST", None, None) => create_at(st, req),
         ("POST", Some(n), Some("binding")) if req.resource == Resource::Pods => {
             pods::bind(st, req, n).map(|v| (201, v))
@@ -449,6 +450,7 @@ pub fn create(st: &mut State, resource: Resource, obj: &Value) -> Result<Arc<Val
         Resource::Events => events::validate(&obj)?,
         Resource::Slices => super::validation::slice(&obj, None)?,
         Resource::PodDisruptionBudgets => pods::pdb_defaults(&mut obj),
+        Resource::Workloads | Resource::AdmissionChecks => super::kueue::prepare_create(&mut obj),
         _ => {}
     }
     let k = key_of(&obj);

@@ -52,6 +52,9 @@
 //!   status: results, request names, `shareID`, no new consumer once being
 //!   deleted). Objects other than pods that finalizers hold stay, with a
 //!   `deletionTimestamp`, until the last one is removed (the generic store).
+//! - `kueue.x-k8s.io/v1beta1` Workloads and AdmissionChecks, as custom
+//!   resources with a status subresource: the generic rules above, and the
+//!   apiextensions server's status strategy ([`kueue`]).
 //!
 //! Beyond the real server: per-request latency (seeded, uniform in a range,
 //! half before and half after the write, plus a per-item cost for LISTs so a
@@ -80,6 +83,7 @@ pub mod dra;
 pub mod dra_check;
 mod events;
 mod handler;
+pub mod kueue;
 pub mod leases;
 mod list;
 pub mod patch;

@@ -44,6 +44,11 @@ pub enum Resource {
     /// scheduling.k8s.io/v1 PriorityClasses (cluster-scoped), which the
     /// Priority admission plugin resolves on pod create ([`super::pods::admit_priority`]).
     PriorityClasses,
+    /// kueue.x-k8s.io/v1beta1 Workloads (namespaced) and AdmissionChecks
+    /// (cluster-scoped), custom resources with a `status` subresource: see
+    /// [`super::kueue`].
+    Workloads,
+    AdmissionChecks,
 }
 
 impl Resource {
@@ -61,6 +66,8 @@ impl Resource {
             ("resource.k8s.io", "v1", "resourceslices") => Resource::Slices,
             ("resource.k8s.io", "v1", "deviceclasses") => Resource::DeviceClasses,
             ("scheduling.k8s.io", "v1", "priorityclasses") => Resource::PriorityClasses,
+            ("kueue.x-k8s.io", "v1beta1", "workloads") => Resource::Workloads,
+            ("kueue.x-k8s.io", "v1beta1", "admissionchecks") => Resource::AdmissionChecks,
             _ => return None,
         })
     }
@@ -78,6 +85,8 @@ impl Resource {
             Resource::Slices => "resourceslices",
             Resource::DeviceClasses => "deviceclasses",
             Resource::PriorityClasses => "priorityclasses",
+            Resource::Workloads => "workloads",
+            Resource::AdmissionChecks => "admissionchecks",
         }
     }
 
@@ -89,6 +98,7 @@ impl Resource {
             Resource::Events => "events.k8s.io",
             Resource::Claims | Resource::Slices | Resource::DeviceClasses => "resource.k8s.io",
             Resource::PriorityClasses => "scheduling.k8s.io",
+            Resource::Workloads | Resource::AdmissionChecks => "kueue.x-k8s.io",
             _ => "",
         }
     }
@@ -106,6 +116,8 @@ impl Resource {
             Resource::Slices => "ResourceSlice",
             Resource::DeviceClasses => "DeviceClass",
             Resource::PriorityClasses => "PriorityClass",
+            Resource::Workloads => "Workload",
+            Resource::AdmissionChecks => "AdmissionCheck",
         }
     }
 
@@ -117,6 +129,7 @@ impl Resource {
             Resource::Events => "events.k8s.io/v1",
             Resource::Claims | Resource::Slices | Resource::DeviceClasses => "resource.k8s.io/v1",
             Resource::PriorityClasses => "scheduling.k8s.io/v1",
+            Resource::Workloads | Resource::AdmissionChecks => "kueue.x-k8s.io/v1beta1",
             _ => "v1",
         }
     }
@@ -130,6 +143,7 @@ impl Resource {
                 | Resource::Slices
                 | Resource::DeviceClasses
                 | Resource::PriorityClasses
+                | Resource::AdmissionChecks
         )
     }
 

@@ -97,6 +97,9 @@ pub fn update_object(
         Resource::Leases => leases::check_times(&new)?,
         Resource::Claims => super::dra::prepare_claim_update(old, &mut new, req.sub.as_deref())?,
         Resource::Slices => super::validation::slice(&new, Some(old))?,
+        Resource::Workloads | Resource::AdmissionChecks => {
+            super::kueue::prepare_update(old, &mut new, req.sub.as_deref())
+        }
         Resource::PodDisruptionBudgets => {
             pods::prepare_pdb_update(old, &mut new, req.sub.as_deref())
         }

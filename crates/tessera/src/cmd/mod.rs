@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod estimator;
 pub mod explain;
 pub mod kubectl;
+pub mod kueue_admission;
 pub mod node_agent;
 pub mod place;
 mod progress;

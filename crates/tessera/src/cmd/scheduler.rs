@@ -111,6 +111,12 @@ pub struct SchedulerArgs {
     /// heartbeats). Measured on the scheduler's clock from the last change it saw.
     #[arg(long)]
     pub gpunode_ttl: Option<u64>,
+    /// Pods of workloads Kueue admitted (label kueue.x-k8s.io/podset) pass the
+    /// GpuQueue quota gate, still counted in their queue's usage: Kueue's
+    /// ClusterQueue holds their quota. Only where Kueue manages the namespaces
+    /// (any pod can carry the label).
+    #[arg(long)]
+    pub trust_kueue_admission: bool,
     /// Requests a second to the API server, client-side (kube-scheduler's
     /// --kube-api-qps; its default is 50). 0, the default, leaves it to the API
     /// server's priority and fairness: a limit of 50 would cap binds at about 50 a second.
@@ -167,6 +173,7 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         queue_usage_weight: a.queue_usage_weight,
         dra: Some(a.dra),
         gpunode_ttl: a.gpunode_ttl.map(std::time::Duration::from_secs),
+        trust_kueue_admission: Some(a.trust_kueue_admission),
         ..RawConfig::default()
     };
     let config = match raw.resolve() {
