@@ -111,8 +111,6 @@ pub struct Held {
 pub struct Holdings {
     /// Per device, what its holdings add up to.
     pub devices: BTreeMap<DeviceKey, DeviceUse>,
-    /// Holdings that could not be verified, and why (their devices held whole).
-    pub unreadable: Vec<String>,
     by: BTreeMap<Consumer, Held>,
 }
 
@@ -131,7 +129,6 @@ impl Holdings {
     /// why.
     pub fn hold_unverifiable(&mut self, consumer: &str, key: DeviceKey, why: String) {
         self.hold(consumer, key, Hold::Unverifiable);
-        self.unreadable.push(why.clone());
         self.by
             .entry(consumer.to_string())
             .or_default()
@@ -150,7 +147,6 @@ impl Holdings {
         for (key, hold) in &held.holds {
             self.hold(consumer, key.clone(), hold.clone());
         }
-        self.unreadable.extend(held.unverifiable.iter().cloned());
         self.by
             .entry(consumer.to_string())
             .or_default()
@@ -174,6 +170,15 @@ impl Holdings {
     /// What `consumer` holds (nothing: empty).
     pub fn held_by(&self, consumer: &str) -> &[(DeviceKey, Hold)] {
         self.by.get(consumer).map_or(&[], |h| &h.holds)
+    }
+
+    /// Why the holdings that could not be verified could not (their devices
+    /// are held whole).
+    pub fn unreadable(&self) -> impl Iterator<Item = &str> {
+        self.by
+            .values()
+            .flat_map(|h| &h.unverifiable)
+            .map(String::as_str)
     }
 
     /// Every consumer holding something.
@@ -266,10 +271,10 @@ mod tests {
         let mut h = Holdings::default();
         h.hold_unverifiable("c", key("gpu-0"), "claim c: gpu-0: bad quantity".into());
         assert_eq!(h.of(&key("gpu-0")).exclusive, 1);
-        assert_eq!(h.unreadable.len(), 1);
+        assert_eq!(h.unreadable().count(), 1);
         // The reason leaves with its consumer.
-        assert!(h.without(["c"]).unreadable.is_empty());
-        assert_eq!(h.without(["other"]).unreadable.len(), 1);
+        assert_eq!(h.without(["c"]).unreadable().count(), 0);
+        assert_eq!(h.without(["other"]).unreadable().count(), 1);
 
         let huge = Hold::Share(BTreeMap::from([(
             "memory".to_string(),

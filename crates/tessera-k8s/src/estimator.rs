@@ -32,8 +32,6 @@ use std::task::{Context, Poll};
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
-use tessera_core::policy::{self, PolicyArgs};
-use tessera_core::queue::GpuEquivalents;
 use tessera_estimator::proto::k8s::io::api::core::v1 as core_v1;
 use tessera_estimator::{Capacity, Service, TranslateError, pb};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -43,8 +41,8 @@ use tonic::Status;
 
 use crate::convert;
 use crate::gate::SyncGate;
-use crate::mirror::{Mirror, SharedMirror};
-use crate::run::{ConfigError, RawConfig};
+use crate::mirror::SharedMirror;
+use crate::run::{ConfigError, MirrorConfig, RawMirrorConfig};
 use crate::standalone::node_allows;
 use crate::tls::{self, TlsListener};
 
@@ -67,10 +65,8 @@ pub struct RawEstimatorConfig {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,
-    pub policy: Option<String>,
-    pub signing_key_file: Option<PathBuf>,
-    pub verify_key_dir: Option<PathBuf>,
-    pub gpu_equivalents: Option<String>,
+    /// The flags the scheduler shares: policy, keys, GPU-equivalents.
+    pub mirror: RawMirrorConfig,
     pub replica_limit: Option<u32>,
 }
 
@@ -85,10 +81,7 @@ pub struct EstimatorConfig {
     /// TLS on `listen` (HTTP/2 by ALPN, as gRPC clients demand), with client
     /// certificates required when a client CA was given.
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    pub policy: String,
-    pub signing_key: Vec<u8>,
-    pub verify_keys: Vec<Vec<u8>>,
-    pub gpu_equivalents: GpuEquivalents,
+    pub mirror: MirrorConfig,
     pub replica_limit: u32,
 }
 
@@ -160,27 +153,12 @@ impl RawEstimatorConfig {
                 format!("{replica_limit}: must be between 1 and {}", i32::MAX),
             ));
         }
-        // The policy, keys and GPU-equivalents mean what they mean to the
-        // scheduler, checked by the scheduler's own rules (the names of the
-        // fields are the flags both commands share).
-        let base = RawConfig {
-            policy: self.policy,
-            signing_key_file: self.signing_key_file,
-            verify_key_dir: self.verify_key_dir,
-            gpu_equivalents: self.gpu_equivalents,
-            leader_elect: Some(false),
-            ..RawConfig::default()
-        }
-        .resolve()?;
         Ok(EstimatorConfig {
             listen,
             health_listen,
             cluster_name: cluster_name.trim().to_string(),
             tls,
-            policy: base.policy,
-            signing_key: base.signing_key,
-            verify_keys: base.verify_keys,
-            gpu_equivalents: base.gpu_equivalents,
+            mirror: self.mirror.resolve()?,
             replica_limit,
         })
     }
@@ -373,13 +351,7 @@ pub async fn run(
     let addr = config.listen;
     let listener = bind(addr).await?;
     let health_listener = bind(config.health_listen).await?;
-    let policy = policy::by_name(&config.policy, &PolicyArgs::default())
-        .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
-    let keys = tessera_core::allocation::KeyRing::new(config.signing_key.clone())
-        .with_verify_only(config.verify_keys.clone());
-    let mut m = Mirror::new(policy, keys);
-    m.set_gpu_equivalents(config.gpu_equivalents.clone());
-    let mirror = SharedMirror::new(m);
+    let mirror = SharedMirror::new(config.mirror.mirror());
     let gate = SyncGate::new();
     let wake = Arc::new(Notify::new());
     let mut tasks = tokio::task::JoinSet::new();
@@ -401,7 +373,7 @@ pub async fn run(
         health = %config.health_listen,
         cluster = %config.cluster_name,
         tls = config.tls.is_some(),
-        policy = %config.policy,
+        policy = %config.mirror.policy,
         "serving Karmada's scheduler-estimator"
     );
     let service = Service::new(

@@ -528,7 +528,10 @@ mod tls {
             tls_cert: Some(file("tls.crt", &server.cert)),
             tls_key: Some(file("tls.key", &server.key)),
             tls_client_ca: Some(file("ca.crt", &ca_cert.pem())),
-            signing_key_file: Some(file("key", "0123456789abcdef0123")),
+            mirror: tessera_k8s::run::RawMirrorConfig {
+                signing_key_file: Some(file("key", "0123456789abcdef0123")),
+                ..Default::default()
+            },
             ..Default::default()
         }
         .resolve()

@@ -58,7 +58,10 @@ async fn unavailable_while_listing_then_answers_for_the_listed_cluster() {
         listen: Some(listen.to_string()),
         health_listen: Some(health.to_string()),
         cluster_name: Some("member-1".into()),
-        signing_key_file: Some(key),
+        mirror: tessera_k8s::run::RawMirrorConfig {
+            signing_key_file: Some(key),
+            ..Default::default()
+        },
         ..Default::default()
     }
     .resolve()

@@ -679,9 +679,11 @@ async fn the_controller_answers_once_its_own_watchers_have_listed_the_cluster() 
     std::fs::write(&key, "kueue-run-test-signing-key").expect("key");
     let config = controller::RawKueueConfig {
         health_listen: Some(apiserver::process::free_addr().to_string()),
-        signing_key_file: Some(key),
+        mirror: tessera_k8s::run::RawMirrorConfig {
+            signing_key_file: Some(key),
+            ..Default::default()
+        },
         interval_s: Some(1),
-        ..Default::default()
     }
     .resolve()
     .expect("valid configuration");

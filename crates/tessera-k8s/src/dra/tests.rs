@@ -630,7 +630,7 @@ fn a_whole_or_unreadable_holding_of_a_shareable_gpu_blocks_shares() {
         .results[0]
         .consumed_capacity = [("memory".to_string(), "lots".to_string())].into();
     let u = claims_holdings([&bad], None);
-    assert_eq!(u.unreadable.len(), 1, "{u:?}");
+    assert_eq!(u.unreadable().count(), 1, "{u:?}");
     assert!(run(&small, &s, &[bad], &*tessera()).unwrap().is_err());
     assert!(
         run(&claim("g", gpus(1), json!([])), &s, &[whole], &*tessera())

@@ -29,7 +29,6 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::{Value, json};
-use tessera_core::policy::{self, PolicyArgs};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
@@ -37,8 +36,8 @@ use super::CONTROLLER_NAME;
 use super::api::{AdmissionCheck, CheckState, Condition, Workload};
 use super::check::{self, Decision, Started};
 use crate::gate::SyncGate;
-use crate::mirror::{Mirror, SharedMirror};
-use crate::run::{ConfigError, RawConfig};
+use crate::mirror::SharedMirror;
+use crate::run::{ConfigError, MirrorConfig, RawMirrorConfig};
 
 /// `/healthz` and `/readyz`.
 pub const DEFAULT_HEALTH_LISTEN: &str = "0.0.0.0:10361";
@@ -54,10 +53,8 @@ const CONFLICT_ROUNDS: usize = 3;
 #[derive(Debug, Clone, Default)]
 pub struct RawKueueConfig {
     pub health_listen: Option<String>,
-    pub policy: Option<String>,
-    pub signing_key_file: Option<std::path::PathBuf>,
-    pub verify_key_dir: Option<std::path::PathBuf>,
-    pub gpu_equivalents: Option<String>,
+    /// The flags the scheduler shares: policy, keys, GPU-equivalents.
+    pub mirror: RawMirrorConfig,
     /// Seconds between passes when nothing changes.
     pub interval_s: Option<u64>,
 }
@@ -66,10 +63,7 @@ pub struct RawKueueConfig {
 #[derive(Clone)]
 pub struct KueueConfig {
     pub health_listen: SocketAddr,
-    pub policy: String,
-    pub signing_key: Vec<u8>,
-    pub verify_keys: Vec<Vec<u8>>,
-    pub gpu_equivalents: tessera_core::queue::GpuEquivalents,
+    pub mirror: MirrorConfig,
     pub interval: Duration,
 }
 
@@ -93,23 +87,9 @@ impl RawKueueConfig {
             }
             Some(s) => Duration::from_secs(s),
         };
-        // The policy, keys and GPU-equivalents mean what they mean to the
-        // scheduler, checked by its own rules.
-        let base = RawConfig {
-            policy: self.policy,
-            signing_key_file: self.signing_key_file,
-            verify_key_dir: self.verify_key_dir,
-            gpu_equivalents: self.gpu_equivalents,
-            leader_elect: Some(false),
-            ..RawConfig::default()
-        }
-        .resolve()?;
         Ok(KueueConfig {
             health_listen,
-            policy: base.policy,
-            signing_key: base.signing_key,
-            verify_keys: base.verify_keys,
-            gpu_equivalents: base.gpu_equivalents,
+            mirror: self.mirror.resolve()?,
             interval,
         })
     }
@@ -482,13 +462,7 @@ pub async fn run(
     let health_listener = TcpListener::bind(addr)
         .await
         .map_err(|source| KueueError::Bind { addr, source })?;
-    let policy = policy::by_name(&config.policy, &PolicyArgs::default())
-        .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
-    let keys = tessera_core::allocation::KeyRing::new(config.signing_key.clone())
-        .with_verify_only(config.verify_keys.clone());
-    let mut m = Mirror::new(policy, keys);
-    m.set_gpu_equivalents(config.gpu_equivalents.clone());
-    let mirror = SharedMirror::new(m);
+    let mirror = SharedMirror::new(config.mirror.mirror());
     let gate = SyncGate::new();
     let wake = Arc::new(Notify::new());
     let objects: SharedObjects = Arc::default();
@@ -507,7 +481,7 @@ pub async fn run(
         })
         .into_future(),
     );
-    tracing::info!(health = %addr, controller = CONTROLLER_NAME, policy = %config.policy, "answering Kueue admission checks");
+    tracing::info!(health = %addr, controller = CONTROLLER_NAME, policy = %config.mirror.policy, "answering Kueue admission checks");
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {

@@ -453,6 +453,62 @@ fn peer_url(text: &str) -> Result<String, String> {
     Ok(format!("http://{authority}"))
 }
 
+/// The flags a command keeping a read-only mirror of the cluster (`tessera
+/// estimator`, `tessera kueue-admission`) shares with the scheduler, every
+/// field optional: they mean what they mean to the scheduler and are checked
+/// by its rules ([`RawConfig::resolve`]).
+#[derive(Debug, Clone, Default)]
+pub struct RawMirrorConfig {
+    pub policy: Option<String>,
+    pub signing_key_file: Option<PathBuf>,
+    pub verify_key_dir: Option<PathBuf>,
+    pub gpu_equivalents: Option<String>,
+}
+
+/// [`RawMirrorConfig`] checked, its key files read.
+#[derive(Clone)]
+pub struct MirrorConfig {
+    pub policy: String,
+    pub signing_key: Vec<u8>,
+    pub verify_keys: Vec<Vec<u8>>,
+    pub gpu_equivalents: tessera_core::queue::GpuEquivalents,
+}
+
+impl RawMirrorConfig {
+    /// Checks the policy and the GPU-equivalents and reads the key files.
+    pub fn resolve(self) -> Result<MirrorConfig, ConfigError> {
+        let base = RawConfig {
+            policy: self.policy,
+            signing_key_file: self.signing_key_file,
+            verify_key_dir: self.verify_key_dir,
+            gpu_equivalents: self.gpu_equivalents,
+            leader_elect: Some(false),
+            ..RawConfig::default()
+        }
+        .resolve()?;
+        Ok(MirrorConfig {
+            policy: base.policy,
+            signing_key: base.signing_key,
+            verify_keys: base.verify_keys,
+            gpu_equivalents: base.gpu_equivalents,
+        })
+    }
+}
+
+impl MirrorConfig {
+    /// An empty mirror deciding with the policy, verifying grants with the
+    /// keys and weighing quotas with the GPU-equivalents.
+    pub fn mirror(&self) -> crate::mirror::Mirror {
+        let policy = policy::by_name(&self.policy, &PolicyArgs::default())
+            .unwrap_or_else(|_| unreachable!("policy validated in resolve"));
+        let keys = tessera_core::allocation::KeyRing::new(self.signing_key.clone())
+            .with_verify_only(self.verify_keys.clone());
+        let mut m = crate::mirror::Mirror::new(policy, keys);
+        m.set_gpu_equivalents(self.gpu_equivalents.clone());
+        m
+    }
+}
+
 /// `MODEL=FACTOR,…` (e.g. `H100-80GB=1,A100-80GB=0.6,T4=0.1`) against the
 /// built-in catalog; models not named count 1. Errors name the item.
 pub fn parse_gpu_equivalents(text: &str) -> Result<tessera_core::queue::GpuEquivalents, String> {

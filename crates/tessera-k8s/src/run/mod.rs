@@ -29,8 +29,8 @@ use crate::webhook::{self};
 
 mod config;
 pub use config::{
-    Config, ConfigError, Mode, RawConfig, VerifyKeyError, WebhookServe, parse_gpu_equivalents,
-    read_verify_keys,
+    Config, ConfigError, MirrorConfig, Mode, RawConfig, RawMirrorConfig, VerifyKeyError,
+    WebhookServe, parse_gpu_equivalents, read_verify_keys,
 };
 
 /// Why the scheduler stopped.

@@ -72,7 +72,7 @@ use crate::binder::{BindError, Binder};
 use crate::convert;
 use crate::dra::cel::Env;
 use crate::dra::choose::Host;
-use crate::dra::inventory::{NodeInventory, gpu_holds, grant_holdings};
+use crate::dra::inventory::{Holdings, NodeInventory, gpu_holds, grant_holdings};
 use crate::dra::place::Plan;
 use crate::dra::place::place;
 use crate::dra::pod::{NotReady, PodClaim, Step, learned_ask, pod_claims};
@@ -265,7 +265,7 @@ pub(super) fn decide_dra_locked(
     }
     let now = Instant::now();
     v.expire(now);
-    count_claims(m, v);
+    let mut usage = count_claims(m, v);
     let classes = v.classes();
     let claims = pod_claims(pod, |ns, n| v.claim(ns, n), &classes).map_err(|e| match e {
         NotReady::Wait(m) => (m, "waiting for claims".to_string()),
@@ -274,7 +274,6 @@ pub(super) fn decide_dra_locked(
     m.learn_claim_pod(pod, learned_ask(&claims));
     let inventories = v.inventories().clone();
     // What claims hold, and what device-plugin grants hold of the same GPUs.
-    let mut usage = v.usage();
     let (cluster, grants) = m.grants();
     usage.add(&grant_holdings(cluster, grants, &inventories));
     let (nodes, policy) = m
@@ -393,8 +392,10 @@ pub(super) fn decide_dra_locked(
 }
 
 /// Tells the mirror what the allocated claims hold, per pod, so queues count
-/// them in their usage. Called with the mirror's lock held, then the view's.
-pub(super) fn count_claims(m: &mut Mirror, v: &mut DraView) {
+/// them in their usage, and of GPUs, so its ledger counts them; returns what
+/// they hold by device ([`DraView::usage`]), for the caller's decision. Called
+/// with the mirror's lock held, then the view's.
+pub(super) fn count_claims(m: &mut Mirror, v: &mut DraView) -> Holdings {
     let catalog = m.cluster().catalog.clone();
     let (claims, inventories) = v.claims_and_inventories();
     let held = pod_holdings(&catalog, m.gpu_equivalents(), inventories, claims);
@@ -403,6 +404,7 @@ pub(super) fn count_claims(m: &mut Mirror, v: &mut DraView) {
     // so no `tessera.io` pod is granted those GPUs too.
     let usage = v.usage();
     m.set_claims_on_gpus(gpu_holds(&usage, v.inventories()));
+    usage
 }
 
 /// What the view finds wrong, once per pass: counted in

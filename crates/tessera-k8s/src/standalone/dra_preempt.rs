@@ -155,11 +155,10 @@ fn plan_for(
     let claims = pod_claims(pod, |ns, n| v.claim(ns, n), &classes).ok()?;
     // Queue usage from the claims as the view shows them now, the same
     // claims the candidates' weights are read from.
-    count_claims(m, v);
+    let mut usage = count_claims(m, v);
     let held = claims_by_consumer(v);
     let inventories = v.inventories().clone();
     // What claims hold, and what device-plugin grants hold of the same GPUs.
-    let mut usage = v.usage();
     let (cluster, grants) = m.grants();
     usage.add(&grant_holdings(cluster, grants, &inventories));
     let me = convert::pod_uid(pod);

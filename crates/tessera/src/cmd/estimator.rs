@@ -6,10 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tessera_k8s::estimator::{self, RawEstimatorConfig};
-use tessera_k8s::view::Connect;
 
-use super::EXIT_BAD_CONFIG;
-use super::scheduler::{init_logging, shutdown_signal};
+use super::mirror_args::{self, MirrorArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct EstimatorArgs {
@@ -35,66 +33,26 @@ pub struct EstimatorArgs {
     /// karmada-scheduler's --scheduler-estimator-cert-file. Clients without one are refused.
     #[arg(long)]
     pub tls_client_ca: Option<PathBuf>,
-    /// Placement policy: the scheduler's (--policy of `tessera scheduler`).
-    #[arg(long, default_value = "tessera")]
-    pub policy: String,
-    /// File holding the HMAC key the scheduler signs allocation annotations with:
-    /// the estimator verifies them to count what bound pods hold.
-    #[arg(long)]
-    pub signing_key_file: Option<PathBuf>,
-    /// Directory whose `verify*` files are keys that also verify annotations (a key rotation).
-    #[arg(long, value_name = "DIR")]
-    pub verify_key_dir: Option<PathBuf>,
-    /// How GPU models count against queue quotas: the scheduler's --gpu-equivalents.
-    #[arg(long)]
-    pub gpu_equivalents: Option<String>,
     /// Most replicas one answer counts (each costs one placement on a scratch ledger).
     #[arg(long, default_value_t = estimator::DEFAULT_REPLICA_LIMIT)]
     pub replica_limit: u32,
-    /// Path to the kubeconfig of the cluster to answer for (default: $KUBECONFIG,
-    /// ~/.kube/config, then the in-cluster service account).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use.
-    #[arg(long)]
-    pub context: Option<String>,
+    // Policy, keys, GPU-equivalents and kubeconfig, as `tessera kueue-admission`'s.
+    #[command(flatten)]
+    pub mirror: MirrorArgs,
 }
 
 pub fn run(a: EstimatorArgs) -> anyhow::Result<ExitCode> {
-    init_logging();
-    let raw = RawEstimatorConfig {
+    let (mirror, connect) = a.mirror.split();
+    let config = RawEstimatorConfig {
         listen: Some(a.listen),
         health_listen: Some(a.health_listen),
         cluster_name: a.cluster_name,
         tls_cert: a.tls_cert,
         tls_key: a.tls_key,
         tls_client_ca: a.tls_client_ca,
-        policy: Some(a.policy),
-        signing_key_file: a.signing_key_file,
-        verify_key_dir: a.verify_key_dir,
-        gpu_equivalents: a.gpu_equivalents,
+        mirror,
         replica_limit: Some(a.replica_limit),
-    };
-    let config = match raw.resolve() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: configuration: {e}");
-            return Ok(ExitCode::from(EXIT_BAD_CONFIG));
-        }
-    };
-    let connect = Connect {
-        kubeconfig: a.kubeconfig,
-        context: a.context,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
-        let (client, _) = connect
-            .client()
-            .await
-            .map_err(|e| anyhow::anyhow!("connecting to the Kubernetes API: {e}"))?;
-        estimator::run(config, client, shutdown_signal()).await?;
-        Ok(ExitCode::SUCCESS)
-    })
+    }
+    .resolve();
+    mirror_args::run(config, connect, estimator::run)
 }

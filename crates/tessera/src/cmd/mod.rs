@@ -11,6 +11,7 @@ pub mod estimator;
 pub mod explain;
 pub mod kubectl;
 pub mod kueue_admission;
+mod mirror_args;
 pub mod node_agent;
 pub mod place;
 mod progress;

@@ -1,15 +1,18 @@
 //! `tessera scheduler`: the Kubernetes scheduler, as a kube-scheduler extender
 //! or standalone. Bad configuration exits 64 before any socket is bound.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::ExitCode;
 
 use clap::ArgAction;
 use tessera_k8s::client::connect_limited;
 use tessera_k8s::client::ratelimit::RateLimit;
-use tessera_k8s::run::{RawConfig, run as run_scheduler};
+use tessera_k8s::run::{ConfigError, RawConfig, run as run_scheduler};
 
 use super::EXIT_BAD_CONFIG;
+use super::mirror_args::PolicyKeyArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct SchedulerArgs {
@@ -34,16 +37,8 @@ pub struct SchedulerArgs {
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_listen: String,
-    /// Placement policy.
-    #[arg(long, default_value = "tessera")]
-    pub policy: String,
-    /// File holding the HMAC key that signs allocation annotations (the Secret shared with the node agents).
-    #[arg(long)]
-    pub signing_key_file: Option<PathBuf>,
-    /// Directory whose `verify*` files are keys that verify allocation annotations but
-    /// never sign (a key rotation's previous or next key; the Secret mounted whole).
-    #[arg(long, value_name = "DIR")]
-    pub verify_key_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub keys: PolicyKeyArgs,
     /// The schedulerName this scheduler owns (standalone mode; webhook mutation).
     #[arg(long, default_value = "tessera")]
     pub scheduler_name: String,
@@ -154,9 +149,9 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         serve_scheduler_names: a.serve_scheduler_names,
         lease_role: a.lease_role,
         advertise_url: a.advertise_url,
-        policy: Some(a.policy),
-        signing_key_file: a.signing_key_file,
-        verify_key_dir: a.verify_key_dir,
+        policy: Some(a.keys.policy),
+        signing_key_file: a.keys.signing_key_file,
+        verify_key_dir: a.keys.verify_key_dir,
         scheduler_name: Some(a.scheduler_name),
         leader_elect: Some(a.leader_elect),
         lease_namespace: Some(a.lease_namespace),
@@ -176,7 +171,31 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         trust_kueue_admission: Some(a.trust_kueue_admission),
         ..RawConfig::default()
     };
-    let config = match raw.resolve() {
+    serve_until_signal(
+        raw.resolve(),
+        async move { connect_limited(limit).await },
+        run_scheduler,
+    )
+}
+
+/// How every long-running command ends its start: exits 64 on a
+/// configuration that did not resolve (before any socket is bound), then
+/// builds the runtime, connects with `connect` and runs `serve(config,
+/// client, shutdown)` until SIGINT or SIGTERM. Logging is the caller's to
+/// start (the scheduler logs its own refusals first).
+pub(crate) fn serve_until_signal<C, CF, CE, F, Fut, E>(
+    config: Result<C, ConfigError>,
+    connect: CF,
+    serve: F,
+) -> anyhow::Result<ExitCode>
+where
+    CF: Future<Output = Result<kube::Client, CE>>,
+    CE: std::fmt::Display,
+    F: FnOnce(C, kube::Client, Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let config = match config {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: configuration: {e}");
@@ -187,10 +206,10 @@ pub fn run(a: SchedulerArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let client = connect_limited(limit)
+        let client = connect
             .await
             .map_err(|e| anyhow::anyhow!("connecting to the Kubernetes API: {e}"))?;
-        run_scheduler(config, client, shutdown_signal()).await?;
+        serve(config, client, Box::pin(shutdown_signal())).await?;
         Ok(ExitCode::SUCCESS)
     })
 }
