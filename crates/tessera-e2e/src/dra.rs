@@ -54,6 +54,38 @@ pub async fn start_dra_node(
     let dir = plane.dir.path().join(format!("node-{name}"));
     std::fs::create_dir_all(&dir)?;
     let kubelet = Kubelet::start(admin.clone(), name, &dir)?;
+    let start = Instant::now();
+    let node = start_driver(plane, name, dir, kubelet, gpus_yaml, features).await?;
+    node.wait_slices(plane, start, Duration::from_secs(60))
+        .await?;
+    Ok(node)
+}
+
+/// Starts the DRA driver on a node the device-plugin agent of `gpu` serves
+/// already: the same GPUs (`gpus_yaml`), the same kubelet stand-in (whose
+/// PodResources name the pods the device plugin served), what labelling a node
+/// for DRA does. Registers it; does not wait for slices (while device-plugin
+/// pods run there are none).
+pub async fn start_dra_beside(
+    plane: &mut ControlPlane,
+    gpu: crate::tessera::GpuNode,
+    gpus_yaml: &str,
+    features: &str,
+) -> Result<DraNode> {
+    let dir = plane.dir.path().join(format!("node-{}/dra", gpu.name));
+    std::fs::create_dir_all(&dir)?;
+    start_driver(plane, &gpu.name, dir, gpu.kubelet, gpus_yaml, features).await
+}
+
+/// Spawns and registers the driver of node `name` in `dir` beside `kubelet`.
+async fn start_driver(
+    plane: &mut ControlPlane,
+    name: &str,
+    dir: PathBuf,
+    kubelet: Kubelet,
+    gpus_yaml: &str,
+    features: &str,
+) -> Result<DraNode> {
     std::fs::write(dir.join("gpus.yaml"), gpus_yaml)?;
     let (registry_dir, plugin_dir, cdi_dir) = (
         dir.join("plugins_registry"),
@@ -76,36 +108,6 @@ pub async fn start_dra_node(
     let start = Instant::now();
     node.spawn_driver(plane)?;
     node.register(plane, start).await?;
-    // Its slices, accepted by the API server.
-    loop {
-        let out = plane.kubectl(
-            &[
-                "get",
-                "resourceslices",
-                "--field-selector",
-                &format!("spec.nodeName={name}"),
-                "-o",
-                "name",
-            ],
-            None,
-        )?;
-        if !out.trim().is_empty() {
-            println!(
-                "node {name}: DRA driver registered, slices {} after {:.1} s",
-                out.split_whitespace().collect::<Vec<_>>().join(" "),
-                start.elapsed().as_secs_f64()
-            );
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            bail!(
-                "node {name}: no ResourceSlice within 60 s; log:\n{}",
-                plane.log(&node.proc_name())
-            );
-        }
-        plane.check_alive()?;
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
     Ok(node)
 }
 
@@ -199,6 +201,53 @@ impl DraNode {
         .await?;
         self.endpoint = PathBuf::from(&info.endpoint);
         Ok(())
+    }
+
+    /// The names of the node's ResourceSlices the API server holds.
+    pub fn slices(&self, plane: &ControlPlane) -> Result<Vec<String>> {
+        let out = plane.kubectl(
+            &[
+                "get",
+                "resourceslices",
+                "--field-selector",
+                &format!("spec.nodeName={}", self.name),
+                "-o",
+                "name",
+            ],
+            None,
+        )?;
+        Ok(out.split_whitespace().map(str::to_string).collect())
+    }
+
+    /// Waits until the node has a ResourceSlice, `within` of `start`.
+    pub async fn wait_slices(
+        &self,
+        plane: &ControlPlane,
+        start: Instant,
+        within: Duration,
+    ) -> Result<()> {
+        loop {
+            let slices = self.slices(plane)?;
+            if !slices.is_empty() {
+                println!(
+                    "node {}: DRA driver registered, slices {} after {:.1} s",
+                    self.name,
+                    slices.join(" "),
+                    start.elapsed().as_secs_f64()
+                );
+                return Ok(());
+            }
+            if start.elapsed() > within {
+                bail!(
+                    "node {}: no ResourceSlice within {} s; log:\n{}",
+                    self.name,
+                    within.as_secs(),
+                    plane.log(&self.proc_name())
+                );
+            }
+            plane.check_alive()?;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     /// `kill -9` of the node's DRA driver; `true` if it was running.

@@ -93,30 +93,8 @@ pub async fn start_gpu_node(
     let dir = plane.dir.path().join(format!("node-{name}"));
     std::fs::create_dir_all(&dir)?;
     let kubelet = Kubelet::start(admin.clone(), name, &dir)?;
-    let cfg = dir.join("gpus.yaml");
-    std::fs::write(&cfg, gpus_yaml)?;
-    let metrics = free_port();
-    let mut cmd = Command::new(tessera_bin());
-    cmd.env("KUBECONFIG", plane.kubeconfig(Identity::NodeAgent))
-        .env("RUST_LOG", log_filter())
-        .args(["node-agent", "--backend", "fake", "--node-name", name])
-        .arg("--fake-config")
-        .arg(&cfg)
-        .arg("--device-plugin-dir")
-        .arg(kubelet.device_plugin_dir())
-        .arg("--pod-resources-socket")
-        .arg(kubelet.pod_resources_socket())
-        .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
-        .arg("--allocation-key-file")
-        .arg(key)
-        .arg("--mig-state")
-        .arg(dir.join("mig.json"))
-        .arg("--allocate-state")
-        .arg(dir.join("allocate.json"))
-        .arg("--mps-root")
-        .arg(dir.join("mps"))
-        .args(extra);
-    plane.spawn(&format!("node-agent-{name}"), &mut cmd)?;
+    std::fs::write(dir.join("gpus.yaml"), gpus_yaml)?;
+    let metrics = spawn_gpu_agent(plane, name, &kubelet, key, extra)?;
     let start = Instant::now();
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(admin);
     loop {
@@ -154,6 +132,44 @@ pub async fn start_gpu_node(
         kubelet,
         metrics,
     })
+}
+
+/// Spawns `tessera node-agent --backend fake` for node `name` beside
+/// `kubelet` (its fake GPUs in `gpus.yaml` of the node's directory), as the
+/// node agent's service account: what [`start_gpu_node`] starts, and what a
+/// restart of the agent starts again. Returns its metrics port.
+pub fn spawn_gpu_agent(
+    plane: &mut ControlPlane,
+    name: &str,
+    kubelet: &Kubelet,
+    key: &std::path::Path,
+    extra: &[&str],
+) -> Result<u16> {
+    let dir = plane.dir.path().join(format!("node-{name}"));
+    let cfg = dir.join("gpus.yaml");
+    let metrics = free_port();
+    let mut cmd = Command::new(tessera_bin());
+    cmd.env("KUBECONFIG", plane.kubeconfig(Identity::NodeAgent))
+        .env("RUST_LOG", log_filter())
+        .args(["node-agent", "--backend", "fake", "--node-name", name])
+        .arg("--fake-config")
+        .arg(&cfg)
+        .arg("--device-plugin-dir")
+        .arg(kubelet.device_plugin_dir())
+        .arg("--pod-resources-socket")
+        .arg(kubelet.pod_resources_socket())
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
+        .arg("--allocation-key-file")
+        .arg(key)
+        .arg("--mig-state")
+        .arg(dir.join("mig.json"))
+        .arg("--allocate-state")
+        .arg(dir.join("allocate.json"))
+        .arg("--mps-root")
+        .arg(dir.join("mps"))
+        .args(extra);
+    plane.spawn(&format!("node-agent-{name}"), &mut cmd)?;
+    Ok(metrics)
 }
 
 /// A running `tessera scheduler`.

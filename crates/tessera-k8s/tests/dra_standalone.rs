@@ -1612,3 +1612,43 @@ async fn a_gpu_a_claim_holds_is_not_granted_to_a_device_plugin_pod() {
         [("node-a".to_string(), "gpu-0".to_string())]
     );
 }
+
+/// Both kinds decided in one pass, before any watch shows the other's write
+/// (found on a real 1.36 control plane by the e2e `dra_handover`: a claim and
+/// a `tessera.io` share were both given GPU 0). On a node in both worlds with
+/// one GPU, a one-GPU claim pod and a one-GPU `tessera.io` pod, created in
+/// either order and tried in the same pass: exactly one of them holds the
+/// GPU. Fails if a DRA decision does not tell the mirror the allocation it
+/// just assumed (the ledger then grants the claim's GPU), or if a grant
+/// reserved in the pass is not in what the next claim decision counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_pod_and_a_device_plugin_pod_tried_in_one_pass_do_not_share_a_gpu() {
+    for claim_first in [true, false] {
+        let server = ApiServer::new(Config::default());
+        cluster(&server, &[("node-a", 1)]);
+        let plugin = || pod(NS, "plugin", "tessera", Shape::Whole(1), 100, 128, 0);
+        if !claim_first {
+            server.create(Resource::Pods, &plugin()).unwrap();
+        }
+        one_gpu_pod(&server, NS, "claimer", "c1", |_| {});
+        if claim_first {
+            server.create(Resource::Pods, &plugin()).unwrap();
+        }
+        let mut l = loop_in_both_worlds(server, 1);
+        refresh(&l.server, &l.view);
+        l.standalone.pass().await;
+        l.standalone.flush().await;
+        let claimed = devices(&get(&l.server, Resource::Claims, "c1"));
+        let granted = granted_gpus(&l);
+        let bound: Vec<&str> = ["claimer", "plugin"]
+            .into_iter()
+            .filter(|p| bound_to(&l.server, p).is_some())
+            .collect();
+        assert_eq!(
+            claimed.len() + granted.len(),
+            1,
+            "claim first: {claim_first}: one GPU, held once: claim {claimed:?}, grants {granted:?}, bound {bound:?}"
+        );
+        assert_eq!(bound.len(), 1, "claim first: {claim_first}: {bound:?}");
+    }
+}

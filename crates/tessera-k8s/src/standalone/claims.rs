@@ -380,6 +380,10 @@ pub(super) fn decide_dra_locked(
             }
         }
     }
+    // What the allocations just assumed hold of GPUs a `GpuNode` lists, told
+    // to the ledger at once: a `tessera.io` pod tried next in this pass is not
+    // granted them (found on a real 1.36 control plane, e2e `dra_handover`).
+    m.set_claims_on_gpus(gpu_holds(&v.usage(), v.inventories()));
     // Counted in the queue's usage at once, as the mirror's hold counts
     // a grant: the next decision and the queue report see it.
     if ask > 0 {
