@@ -114,3 +114,60 @@ pub async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> 
     }
     t.elapsed()
 }
+
+/// Waits until `pods` lists none, for at most `within`.
+pub async fn wait_pods_gone(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, within: Duration) {
+    let t = Instant::now();
+    loop {
+        let n = pods
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+        if n == 0 {
+            return;
+        }
+        assert!(t.elapsed() < within, "{n} pods not gone");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every pod (grace 0) and claim in `default` deleted, and gone: the
+/// resourceclaim controller deallocates a claim and lifts its delete
+/// protection once its pod is gone (pods within 60 s, claims within 90 s of
+/// the start).
+pub async fn delete_pods_and_claims(admin: &kube::Client) {
+    use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), "default");
+    let claims: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), "default", &crate::fill::claims_resource());
+    let t = Instant::now();
+    pods.delete_collection(
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+        &ListParams::default(),
+    )
+    .await
+    .unwrap();
+    wait_pods_gone(&pods, Duration::from_secs(60)).await;
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    loop {
+        let n = claims
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+        if n == 0 {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(90), "{n} claims not gone");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 use tessera_e2e::SERIAL;
+use tessera_e2e::claims::{delete_pods_and_claims, wait_pods_gone};
 use tessera_e2e::cluster::{decision, gpu_pod, node_of, phase};
 use tessera_e2e::dra::{dra_plane, env_at_least, start_dra_beside};
 use tessera_e2e::fill::{GPU_MIB, TracePod, claim, claims_resource, next, pod};
@@ -57,18 +58,6 @@ fn trace_pod(name: &str, whole: bool) -> TracePod {
         memory_mib: 128,
         gpus: u64::from(whole),
         share_milli: if whole { 0 } else { 500 },
-    }
-}
-
-async fn wait_gone(pods: &Api<Pod>, within: Duration) {
-    let t = Instant::now();
-    loop {
-        let n = pods.list(&ListParams::default()).await.unwrap().items.len();
-        if n == 0 {
-            return;
-        }
-        assert!(t.elapsed() < within, "{n} pods not gone");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -264,7 +253,7 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
     )
     .await
     .unwrap();
-    wait_gone(&pods, Duration::from_secs(60)).await;
+    wait_pods_gone(&pods, Duration::from_secs(60)).await;
     dra.wait_slices(&plane, drained, Duration::from_secs(60))
         .await
         .unwrap();
@@ -337,7 +326,7 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
         total_plugin += r.bound_plugin;
         total_results += r.results;
         total_grants += r.grants;
-        clean(&admin).await;
+        delete_pods_and_claims(&admin).await;
     }
     let failed = dra.kubelet.failed();
     assert!(failed.is_empty(), "refused at admission: {failed:?}");
@@ -431,41 +420,5 @@ async fn round(admin: &kube::Client, seed: u64) -> Round {
         grants,
         results,
         held,
-    }
-}
-
-/// Every pod and claim deleted, and gone (the resourceclaim controller
-/// deallocates a claim and lifts its delete protection once its pod is gone).
-async fn clean(admin: &kube::Client) {
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let claims: Api<DynamicObject> =
-        Api::namespaced_with(admin.clone(), "default", &claims_resource());
-    pods.delete_collection(
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..DeleteParams::default()
-        },
-        &ListParams::default(),
-    )
-    .await
-    .unwrap();
-    wait_gone(&pods, Duration::from_secs(60)).await;
-    claims
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .unwrap();
-    let t = Instant::now();
-    loop {
-        let n = claims
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len();
-        if n == 0 {
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(90), "{n} claims not gone");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

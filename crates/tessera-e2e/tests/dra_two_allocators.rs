@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::Value;
 use tessera_e2e::SERIAL;
+use tessera_e2e::claims::delete_pods_and_claims;
 use tessera_e2e::dra::{DraNode, dra_plane, env_at_least, start_dra_nodes};
 use tessera_e2e::fill::{
     DEFAULT_KUBE_SCHEDULER, GPU_MIB, TracePod, audit_claims, claim, claims_resource, next, pod,
@@ -193,43 +194,7 @@ async fn round(s: &Setup, seed: u64) -> Round {
 }
 
 async fn clean(s: &Setup) {
-    let claims = claims_api(&s.admin);
-    let pods: Api<Pod> = Api::namespaced(s.admin.clone(), "default");
-    let dp = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..DeleteParams::default()
-    };
-    pods.delete_collection(&dp, &ListParams::default())
-        .await
-        .unwrap();
-    let t = Instant::now();
-    loop {
-        let n = pods.list(&ListParams::default()).await.unwrap().items.len();
-        if n == 0 {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "{n} pods not gone");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // Claims: the resourceclaim controller deallocates them (and removes the
-    // delete-protection finalizer) once their pods are gone.
-    claims
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .unwrap();
-    loop {
-        let n = claims
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len();
-        if n == 0 {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(90), "{n} claims not gone");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    delete_pods_and_claims(&s.admin).await;
 }
 
 #[tokio::test]
