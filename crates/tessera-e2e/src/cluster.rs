@@ -221,15 +221,40 @@ impl Cluster {
             .filter(|s| !s.is_empty())
     }
 
-    /// `kill -9` of the replica holding the Lease; returns its identity.
-    pub fn kill_leader(&mut self) -> Option<String> {
+    /// The process name of the replica holding the Lease, with its identity.
+    fn leader_proc(&self) -> Option<(String, String)> {
         let holder = self.lease_holder()?;
-        let proc_name = self
-            .replicas
+        self.replicas
             .iter()
             .find(|(id, _)| *id == holder)
-            .map(|(_, s)| s.proc_name.clone())?;
+            .map(|(_, s)| (holder, s.proc_name.clone()))
+    }
+
+    /// `kill -9` of the replica holding the Lease; returns its identity.
+    pub fn kill_leader(&mut self) -> Option<String> {
+        let (holder, proc_name) = self.leader_proc()?;
         (self.plane.kill(&proc_name) > 0).then_some(holder)
+    }
+
+    /// `SIGSTOP` of the replica holding the Lease (a hung pod: connections to
+    /// it are accepted and never answered); returns its identity.
+    pub fn freeze_leader(&mut self) -> Option<String> {
+        let (holder, proc_name) = self.leader_proc()?;
+        (self.plane.signal(&proc_name, "STOP") > 0).then_some(holder)
+    }
+
+    /// `SIGCONT` of the replica `identity`: it resumes where it was frozen,
+    /// with whatever it had read, decided or been sent meanwhile.
+    pub fn thaw(&mut self, identity: &str) -> bool {
+        let Some(proc_name) = self
+            .replicas
+            .iter()
+            .find(|(id, _)| id == identity)
+            .map(|(_, s)| s.proc_name.clone())
+        else {
+            return false;
+        };
+        self.plane.signal(&proc_name, "CONT") > 0
     }
 
     /// Starts the Tessera scheduler again on the same ports and waits for its

@@ -418,6 +418,26 @@ impl ControlPlane {
         n
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to every live process named
+    /// `name` with kill(1); returns how many got it. `STOP` freezes a process
+    /// the way a hung node or a long pause does: its sockets stay open and the
+    /// kernel still accepts connections on them, but nothing answers.
+    pub fn signal(&mut self, name: &str, signal: &str) -> usize {
+        let mut n = 0;
+        for p in self.procs.iter_mut().filter(|p| p.name == name) {
+            if p.child.try_wait().ok().flatten().is_some() {
+                continue;
+            }
+            let sent = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(p.child.id().to_string())
+                .status()
+                .is_ok_and(|s| s.success());
+            n += usize::from(sent);
+        }
+        n
+    }
+
     /// `kubectl` as the admin, with `stdin`; its stdout, or an error with stderr.
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
         use std::io::Write;

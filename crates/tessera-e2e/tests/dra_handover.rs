@@ -5,12 +5,14 @@
 //! kinds of pods:
 //!
 //! 1. two `tessera.io/gpu` pods run on it; the DRA driver is started beside
-//!    the device-plugin agent (the same GPUs, the same kubelet): it publishes
-//!    no ResourceSlice while they run and says why in a Node event;
-//! 2. once they are deleted it publishes, and it has retired the node's
-//!    GpuNode; the device-plugin agent, restarted (a crash loop, a DaemonSet
-//!    not yet updated), publishes it again: the node is in both worlds, the
-//!    GpuNode's GPUs and the slices' devices the same GPUs;
+//!    the device-plugin agent (the same GPUs, the same kubelet): it retires
+//!    the node's GpuNode at its start, publishes no ResourceSlice while the
+//!    pods run and says why in a Node event;
+//! 2. the device-plugin agent restarts during the drain (a crash loop, a
+//!    DaemonSet not yet updated): no slice serves the node yet, so it
+//!    publishes its GpuNode again; once the pods are deleted the driver
+//!    publishes, and the node is in both worlds (the driver retires only at
+//!    its start): the GpuNode's GPUs and the slices' devices are the same GPUs;
 //! 3. device-plugin pods and claim pods are submitted at once, whole GPUs and
 //!    halves in a seeded mix, about twice what the node holds, in 5 rounds:
 //!    per GPU (by UUID), what the grants on the stored pods and the
@@ -18,7 +20,10 @@
 //!    and compute, and both kinds got GPUs. (Before the fix of commit "DRA
 //!    decisions tell the ledger at once" a claim and a `tessera.io` share
 //!    decided in one pass were both given GPU 0: 122880 MiB, 1500 per mille.)
-
+//! 4. the GpuNode deleted, the agent restarted once more, now that slices
+//!    serve the node: it writes no GpuNode and says why in a Node event
+//!    (`GpusServedThroughDRA`), so a restart after the handover does not put
+//!    the node in both worlds.
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -218,21 +223,7 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
             "a ResourceSlice was published while device-plugin pods run"
         );
         if event.is_empty() {
-            event = plane
-                .kubectl(
-                    &[
-                        "get",
-                        "events",
-                        "-n",
-                        "default",
-                        "--field-selector",
-                        &format!("involvedObject.name={NODE},reason=DevicePluginPodsRunning"),
-                        "-o",
-                        "jsonpath={.items[0].message}",
-                    ],
-                    None,
-                )
-                .unwrap_or_default();
+            event = node_event(&plane, "DevicePluginPodsRunning");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -241,8 +232,23 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
         event.contains("default/before-0") && event.contains("default/before-1"),
         "a Node event names the pods that hold the GPUs: {event:?}"
     );
+    assert!(
+        !has_gpunode(&plane),
+        "the DRA driver retires the node's GpuNode at its start"
+    );
 
-    // 2. Drained: the driver publishes; the node is in both worlds.
+    // 2. The agent restarts during the drain: no slice yet, so it publishes its
+    // GpuNode again; drained, the driver publishes; the node is in both worlds.
+    plane.kill(&format!("node-agent-{NODE}"));
+    spawn_gpu_agent(&mut plane, NODE, &dra.kubelet, &key, &[]).unwrap();
+    let t = Instant::now();
+    while !has_gpunode(&plane) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the agent restarted before any slice published no GpuNode"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let drained = Instant::now();
     pods.delete_collection(
         &DeleteParams {
@@ -258,31 +264,13 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
         .await
         .unwrap();
     assert!(
-        plane
-            .kubectl(&["get", "gpunodes.tessera.io", NODE, "-o", "name"], None)
-            .is_err(),
-        "the DRA driver retires the node's GpuNode"
+        has_gpunode(&plane),
+        "the GpuNode written during the drain stays"
     );
     println!(
-        "drained: slices published {:.1} s after the delete; the GpuNode retired",
+        "drained: slices published {:.1} s after the delete; the node is in both worlds",
         drained.elapsed().as_secs_f64()
     );
-    // The device-plugin agent restarted (a crash loop, a DaemonSet not yet
-    // updated): it publishes its GpuNode again, so Tessera sees the same GPUs
-    // in a GpuNode and in the slices.
-    plane.kill(&format!("node-agent-{NODE}"));
-    spawn_gpu_agent(&mut plane, NODE, &dra.kubelet, &key, &[]).unwrap();
-    let t = Instant::now();
-    while plane
-        .kubectl(&["get", "gpunodes.tessera.io", NODE, "-o", "name"], None)
-        .is_err()
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the restarted agent published no GpuNode"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
     // Its GPUs known to the scheduler before the round (its mirror's watch).
     tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -334,7 +322,71 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
         "handover, seeds {SEEDS:?}: {total_bound} pods bound in both worlds ({total_plugin} device-plugin pods with {total_grants} grants, {} claim pods with {total_results} allocated results), 0 GPUs held beyond what they allow, 0 refused at admission",
         total_bound - total_plugin
     );
+
+    // 4. A restart after the handover: slices serve the node, so the agent
+    // writes no GpuNode and says why.
+    plane.kill(&format!("node-agent-{NODE}"));
+    plane
+        .kubectl(
+            &["delete", "gpunodes.tessera.io", NODE, "--wait=false"],
+            None,
+        )
+        .unwrap();
+    let t = Instant::now();
+    while has_gpunode(&plane) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the GpuNode is not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    spawn_gpu_agent(&mut plane, NODE, &dra.kubelet, &key, &[]).unwrap();
+    let t = Instant::now();
+    let mut event = String::new();
+    while t.elapsed() < Duration::from_secs(12) {
+        assert!(
+            !has_gpunode(&plane),
+            "an agent restarted after the handover published the GpuNode again"
+        );
+        if event.is_empty() {
+            event = node_event(&plane, "GpusServedThroughDRA");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "an agent restarted after the handover: no GpuNode for 12 s; the Node's event: {event}"
+    );
+    assert!(
+        event.contains("the DRA driver serves its GPUs") && event.contains("ResourceSlices"),
+        "a Node event says why the agent does not serve the node: {event:?}"
+    );
     drop(plane);
+}
+
+/// Whether the node has a `GpuNode`.
+fn has_gpunode(plane: &ControlPlane) -> bool {
+    plane
+        .kubectl(&["get", "gpunodes.tessera.io", NODE, "-o", "name"], None)
+        .is_ok()
+}
+
+/// The message of the first event on the node with `reason` ("" if none yet).
+fn node_event(plane: &ControlPlane, reason: &str) -> String {
+    plane
+        .kubectl(
+            &[
+                "get",
+                "events",
+                "-n",
+                "default",
+                "--field-selector",
+                &format!("involvedObject.name={NODE},reason={reason}"),
+                "-o",
+                "jsonpath={.items[0].message}",
+            ],
+            None,
+        )
+        .unwrap_or_default()
 }
 
 /// Seeds of the mixed rounds.

@@ -141,6 +141,30 @@ impl Leadership {
         }
     }
 
+    /// Resolves once this replica leads, or the Lease names a leader other
+    /// than the one at `endpoint`. A call forwarded to `endpoint` and not yet
+    /// answered may then be given up and made again where the lead is now:
+    /// the replica at `endpoint` no longer holds the Lease, so by its
+    /// deadline it no longer writes (a hung or frozen leader whose socket
+    /// still accepts, issue 41 defect 12).
+    pub async fn moved_from(&self, endpoint: &str) {
+        let mut lead = self.0.lead.subscribe();
+        let mut peer = self.0.peer.subscribe();
+        loop {
+            let elsewhere = peer
+                .borrow_and_update()
+                .as_deref()
+                .is_some_and(|e| e != endpoint);
+            if self.is_leader() || elsewhere {
+                return;
+            }
+            tokio::select! {
+                r = lead.changed() => if r.is_err() { return std::future::pending().await },
+                r = peer.changed() => if r.is_err() { return std::future::pending().await },
+            }
+        }
+    }
+
     /// Election errors so far.
     pub fn errors(&self) -> u64 {
         self.0.errors.load(Ordering::Relaxed)

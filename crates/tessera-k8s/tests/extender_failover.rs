@@ -310,3 +310,85 @@ async fn kill_the_leader_mid_stream(lease: Duration) {
         "first bind {first_after:?} after the kill"
     );
 }
+
+/// Issue 41, defect 12: a leader that hangs rather than dies (a frozen
+/// process, a node that stopped answering): its socket still accepts, so a
+/// follower's forwarded bind is never answered. The follower used to wait on
+/// it for its whole window (the Lease plus two reads), past the moment it
+/// took the Lease itself, and then answered the bind with an error; every
+/// bind that reached it in the gap failed (on a real cluster, "timed out
+/// after kube-scheduler's 10 s"). Now a forwarded bind follows the lead: once
+/// this replica leads (the hung one's Lease has lapsed, so by its deadline
+/// it no longer writes) it binds the pod itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_forwarded_to_a_hung_leader_is_bound_once_the_follower_leads() {
+    let lease = Duration::from_secs(2);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, KEY).expect("key file");
+    let server = ApiServer::new(Config::default());
+    let nodes = add_gpu_nodes(&server, 1, 8);
+    let p = pod("work", "p-00", "tessera", Shape::Whole(1), 100, 256, 0);
+    let p = server.create(Resource::Pods, &p).expect("pod");
+    // The hung leader: a listening socket nobody accepts on (the kernel
+    // completes the handshake and buffers the request; nothing answers).
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("a socket");
+    let hung_url = format!("http://{}", hung.local_addr().unwrap());
+    // MicroTime: six fractional digits, as the API server wants them.
+    let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ");
+    server
+        .create(
+            Resource::Leases,
+            &json!({
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": LEASE_NAME,
+                    "namespace": LEASE_NAMESPACE,
+                    "annotations": {tessera_k8s::leader::PEER_ANNOTATION: hung_url},
+                },
+                "spec": {
+                    "holderIdentity": "hung",
+                    "leaseDurationSeconds": lease.as_secs(),
+                    "acquireTime": now.to_string(),
+                    "renewTime": now.to_string(),
+                },
+            }),
+        )
+        .expect("the hung leader's Lease");
+    let b = Process::start(&server, replica("b", &key_file, free_addr(), lease), &[]);
+    let svc = Service::new(vec![b.addr]);
+    until("the follower ready", Duration::from_secs(10), || {
+        svc.ready.lock().unwrap()[0]
+    })
+    .await;
+    assert_eq!(
+        holder(&server).as_deref(),
+        Some("hung"),
+        "the hung replica leads"
+    );
+    let body = json!({
+        "PodName": "p-00",
+        "PodNamespace": "work",
+        "PodUID": p["metadata"]["uid"],
+        "Node": nodes[0],
+    })
+    .to_string();
+    let sent = Instant::now();
+    let (status, answer) = svc
+        .call(b.addr, "POST", "/bind", Body::from(body))
+        .await
+        .expect("the follower answers");
+    let took = sent.elapsed();
+    eprintln!(
+        "bind forwarded to a hung leader: answered after {took:?} (Lease {lease:?}): {answer}; Lease now held by {:?}",
+        holder(&server)
+    );
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["Error"], "", "the bind failed: {answer}");
+    assert_eq!(holder(&server).as_deref(), Some("b"));
+    let bound = server.count(Resource::Pods, |p| node_of(p).is_some());
+    assert_eq!(bound, 1, "the pod is bound");
+    drop(hung);
+    drop(b);
+}

@@ -314,6 +314,24 @@ impl Inventory {
         }
     }
 
+    /// The `gpu.tessera.io` ResourceSlices that serve this node (see
+    /// [`crate::dra::apiserver::driver_slices_on`]); empty without DRA.
+    pub async fn dra_slices(&self) -> Result<Vec<String>, kube::Error> {
+        crate::dra::apiserver::driver_slices_on(&self.client, &self.node).await
+    }
+
+    /// A Warning event on this node (see [`crate::dra::handover::node_warning`]).
+    pub async fn warn_on_node(&self, reason: &str, message: &str) -> Result<(), kube::Error> {
+        crate::dra::handover::node_warning(
+            &self.client,
+            &self.node,
+            reason,
+            message,
+            "tessera-node-agent",
+        )
+        .await
+    }
+
     /// Applies the `GpuNode` status.
     pub async fn publish_status(&self, status: &api::GpuNodeStatus) -> Result<(), InventoryError> {
         let api: Api<api::GpuNode> = Api::all(self.client.clone());

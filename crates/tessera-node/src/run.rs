@@ -33,6 +33,8 @@ const POD_RESOURCES_REFRESH: Duration = Duration::from_secs(10);
 /// How long after an `Allocate` answer the kubelet is asked again: it records
 /// the devices once it has the answer.
 const AFTER_ALLOCATE: Duration = Duration::from_millis(300);
+/// How often an agent that found its node served through DRA looks again.
+pub const DRA_RECHECK: Duration = Duration::from_secs(10);
 
 /// The agent's settings (validated by the binary).
 #[derive(Debug, Clone)]
@@ -162,6 +164,19 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
+
+    // A node the DRA driver serves is not offered again through a GpuNode and
+    // device plugins (a restarted agent after a handover, a DaemonSet not yet
+    // rolled): wait until its slices are gone.
+    let mut shutdown = Box::pin(shutdown);
+    if let Some(inv) = &deps.inventory
+        && !yield_to_dra(inv, &mut shutdown).await
+    {
+        if let Some(t) = &settings_task {
+            t.abort();
+        }
+        return Ok(());
+    }
 
     // Inventory: spec and labels once, status on every health change.
     if let Some(inv) = &deps.inventory {
@@ -548,6 +563,50 @@ pub async fn run(
     }
     plugin_result?;
     Ok(())
+}
+
+/// Why the agent does not serve this node yet, if the DRA driver does (or
+/// that cannot be told); `None` when it may.
+pub async fn dra_serves(inv: &Inventory) -> Option<String> {
+    match inv.dra_slices().await {
+        Ok(names) if names.is_empty() => None,
+        Ok(names) => Some(format!(
+            "not publishing this node's GpuNode nor serving device plugins: the DRA driver serves its GPUs (ResourceSlices {}); stop the device-plugin agent on this node, or stop the DRA driver and delete its slices to hand the node back",
+            names.join(", ")
+        )),
+        Err(e) => Some(format!(
+            "not publishing this node's GpuNode nor serving device plugins: cannot tell whether the DRA driver serves its GPUs (listing gpu.tessera.io ResourceSlices: {e})"
+        )),
+    }
+}
+
+/// Waits while the DRA driver serves this node ([`dra_serves`]), saying why
+/// once per change in the log and in a Warning event on the Node, and looking
+/// again every [`DRA_RECHECK`]. `false` when `shutdown` came first.
+async fn yield_to_dra(
+    inv: &Inventory,
+    shutdown: &mut std::pin::Pin<Box<impl Future<Output = ()>>>,
+) -> bool {
+    let mut said: Option<String> = None;
+    loop {
+        let Some(why) = dra_serves(inv).await else {
+            if said.is_some() {
+                tracing::info!("no DRA slice serves this node any more: serving it");
+            }
+            return true;
+        };
+        if said.as_deref() != Some(why.as_str()) {
+            tracing::warn!("{why}");
+            if let Err(e) = inv.warn_on_node("GpusServedThroughDRA", &why).await {
+                tracing::warn!(error = %e, "event not written");
+            }
+            said = Some(why);
+        }
+        tokio::select! {
+            _ = shutdown.as_mut() => return false,
+            _ = tokio::time::sleep(DRA_RECHECK) => {}
+        }
+    }
 }
 
 /// What `--once --print-inventory` prints: the discovered GPUs, the GpuNode spec,

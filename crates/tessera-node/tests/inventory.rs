@@ -199,6 +199,10 @@ async fn status_carries_pod_resources_from_the_kubelet() {
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
             let path = req.uri().path().to_string();
+            if let Some(r) = common::unserved_dra(&path) {
+                send.send_response(r);
+                continue;
+            }
             let body = body_json(req).await;
             let mut reply = body.clone();
             reply["metadata"]["name"] = "node-a".into();
@@ -387,6 +391,108 @@ async fn quiet_agent_heartbeats_once_per_period() {
     }
 }
 
+/// Issue 41: a device-plugin agent started on a node the DRA driver already
+/// serves (restarted after the handover, or a DaemonSet not yet rolled) would
+/// publish the node's `GpuNode` again, and the same GPUs would be offered
+/// twice: through the `GpuNode` to Tessera's extender and through the slices
+/// to kube-scheduler's DRA plugin, neither seeing the other's grants. So
+/// while `gpu.tessera.io` slices serve the node the agent writes no `GpuNode`
+/// (nor anything else), says why in a Warning event on the Node, and looks
+/// again; once the slices are gone it serves the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_writes_no_gpunode_while_the_dra_driver_serves_its_node() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    let fake = Fake::from_yaml(GPUS, "t").unwrap();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "default");
+    let serving = Arc::new(AtomicBool::new(true));
+    let (seen_tx, mut seen) =
+        tokio::sync::mpsc::unbounded_channel::<(String, String, serde_json::Value)>();
+    let dra = serving.clone();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path().to_string();
+            let query = req.uri().query().unwrap_or_default().to_string();
+            // A list has no body.
+            let bytes = req.into_body().collect_bytes().await.unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            let reply = if path == "/apis/resource.k8s.io/v1/resourceslices" {
+                // A 1.34+ server's list, with the driver's slice while it serves.
+                let items = if dra.load(Ordering::SeqCst) {
+                    serde_json::json!([{
+                        "metadata": {"name": "node-a-gpu.tessera.io-0", "uid": "u-1", "resourceVersion": "7"},
+                        "spec": {"driver": "gpu.tessera.io", "nodeName": "node-a", "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}, "devices": []}
+                    }])
+                } else {
+                    serde_json::json!([])
+                };
+                serde_json::json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1", "metadata": {"resourceVersion": "9"}, "items": items})
+            } else {
+                let mut reply = body.clone();
+                reply["metadata"]["name"] = "node-a".into();
+                reply
+            };
+            send.send_response(Response::new(Body::from(
+                serde_json::to_vec(&reply).unwrap(),
+            )));
+            let _ = seen_tx.send((path, query, body));
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = agent_config(dir.path(), tessera_api::gpunode::HEARTBEAT_PERIOD);
+    let agent = RunningAgent::start(config, &fake, client, None);
+    let wait = Duration::from_secs(20);
+    let mut next = async || {
+        tokio::time::timeout(wait, seen.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    // First it asks which slices serve its node, by field selector.
+    let (path, query, _) = next().await;
+    assert_eq!(path, "/apis/resource.k8s.io/v1/resourceslices");
+    assert!(
+        query.contains("fieldSelector=spec.nodeName%3Dnode-a%2Cspec.driver%3Dgpu.tessera.io"),
+        "{query}"
+    );
+    // Then it says why it waits, on the Node.
+    let (path, _, event) = next().await;
+    assert_eq!(path, "/api/v1/namespaces/default/events", "{event}");
+    assert_eq!(event["reason"], "GpusServedThroughDRA");
+    assert_eq!(event["involvedObject"]["kind"], "Node");
+    assert_eq!(event["involvedObject"]["name"], "node-a");
+    let message = event["message"].as_str().unwrap();
+    assert!(
+        message.contains("ResourceSlices node-a-gpu.tessera.io-0"),
+        "{message}"
+    );
+    // The driver stops and its slices go: the agent's next request is its
+    // next look (it wrote no GpuNode while they were there), then it serves.
+    serving.store(false, Ordering::SeqCst);
+    let mut after: Vec<String> = Vec::new();
+    let spec = loop {
+        let (path, _, body) = next().await;
+        if path.starts_with("/apis/tessera.io/") && !path.ends_with("/status") {
+            break body;
+        }
+        after.push(path);
+    };
+    // The slices gone, the GpuNode is published at the next look.
+    assert_eq!(
+        after,
+        vec!["/apis/resource.k8s.io/v1/resourceslices".to_string()]
+    );
+    assert_eq!(
+        spec["spec"]["gpus"].as_array().map(Vec::len),
+        Some(2),
+        "{spec}"
+    );
+    agent.stop(wait).await;
+}
+
 /// The agent of these tests: node `node-a`, plugin sockets in `dir`, fast health
 /// checks, heartbeats every `heartbeat_period`.
 fn agent_config(
@@ -437,6 +543,10 @@ fn echo_api() -> (kube::Client, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
         while let Some((req, send)) = handle.next_request().await {
             let at = tokio::time::Instant::now();
             let (path, method) = (req.uri().path().to_string(), req.method().clone());
+            if let Some(r) = common::unserved_dra(&path) {
+                send.send_response(r);
+                continue;
+            }
             let body = body_json(req).await;
             let mut reply = body.clone();
             reply["metadata"]["name"] = "node-a".into();

@@ -28,6 +28,10 @@ async fn gpunode_shows_the_layout_the_agent_made() {
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
             let path = req.uri().path().to_string();
+            if let Some(r) = common::unserved_dra(&path) {
+                send.send_response(r);
+                continue;
+            }
             let bytes = req.into_body().collect_bytes().await.unwrap();
             let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             let mut reply = body.clone();

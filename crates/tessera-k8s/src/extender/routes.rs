@@ -405,7 +405,17 @@ async fn bind_anywhere(
                 r => return r.err().map_or(String::new(), |e| e.to_string()),
             }
         } else if let Some(endpoint) = st.leader.leader_endpoint() {
-            match peers.forward(&endpoint, body, left).await {
+            // A leader that hangs (its socket accepts, nothing answers) would
+            // hold the call for all of `left`, past kube-scheduler's
+            // httpTimeout, though the lead moved meanwhile: follow the lead.
+            let forwarded = tokio::select! {
+                r = peers.forward(&endpoint, body, left) => r,
+                () = st.leader.moved_from(&endpoint) => {
+                    tracing::info!(pod = %args.pod_name, from = %endpoint, "the lead moved while a forwarded bind was unanswered; asking where it is now");
+                    continue;
+                }
+            };
+            match forwarded {
                 Ok(Forwarded::Answered(answer)) => {
                     return match serde_json::from_slice::<ExtenderBindingResult>(&answer) {
                         Ok(r) => r.error,

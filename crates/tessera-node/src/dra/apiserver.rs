@@ -149,6 +149,36 @@ pub struct SlicePublisher {
     version: Option<&'static str>,
 }
 
+/// The names of `gpu.tessera.io` ResourceSlices that serve `node`, in the
+/// first `resource.k8s.io` version the server serves; empty when it serves
+/// none (a cluster without DRA). The device-plugin agent asks this before it
+/// publishes a `GpuNode`: a node the DRA driver serves is not offered twice.
+pub async fn driver_slices_on(
+    client: &kube::Client,
+    node: &str,
+) -> Result<Vec<String>, kube::Error> {
+    let lp =
+        ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={DRIVER_NAME}"));
+    for version in VERSIONS {
+        let ar = resource(version, "ResourceSlice", "resourceslices");
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        match api.list(&lp).await {
+            Ok(list) => {
+                let mut names: Vec<String> = list
+                    .items
+                    .into_iter()
+                    .filter_map(|o| o.metadata.name)
+                    .collect();
+                names.sort();
+                return Ok(names);
+            }
+            Err(e) if not_served(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Vec::new())
+}
+
 impl SlicePublisher {
     pub fn new(client: kube::Client, node: String) -> Self {
         SlicePublisher {

@@ -58,10 +58,30 @@ pub async fn check(kubelet: &dyn KubeletPods) -> Result<(), String> {
 
 /// A Warning event on the Node saying why no slice is published.
 pub async fn report(client: &kube::Client, node: &str, reason: &str) -> Result<(), kube::Error> {
+    node_warning(
+        client,
+        node,
+        "DevicePluginPodsRunning",
+        reason,
+        "tessera-node-agent-dra",
+    )
+    .await
+}
+
+/// A Warning event on the Node `node`: `reason` (CamelCase), `message`, from
+/// `component`. Shared by the DRA driver and the device-plugin agent, each of
+/// which says with it why it does not serve the node's GPUs yet.
+pub async fn node_warning(
+    client: &kube::Client,
+    node: &str,
+    reason: &str,
+    message: &str,
+    component: &str,
+) -> Result<(), kube::Error> {
     let now = k8s_openapi::jiff::Timestamp::now();
     let event = Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{node}.dra-handover.")),
+            generate_name: Some(format!("{node}.handover.")),
             namespace: Some("default".into()),
             ..ObjectMeta::default()
         },
@@ -71,11 +91,11 @@ pub async fn report(client: &kube::Client, node: &str, reason: &str) -> Result<(
             name: Some(node.into()),
             ..ObjectReference::default()
         },
-        reason: Some("DevicePluginPodsRunning".into()),
-        message: Some(reason.into()),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
         type_: Some("Warning".into()),
         source: Some(EventSource {
-            component: Some("tessera-node-agent-dra".into()),
+            component: Some(component.into()),
             host: Some(node.into()),
         }),
         first_timestamp: Some(Time(now)),

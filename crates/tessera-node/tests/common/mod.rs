@@ -463,3 +463,14 @@ impl Agent {
         self.kubelet.admitting(&find(name), &before);
     }
 }
+
+/// What an API server that serves no `resource.k8s.io` version (1.28 with
+/// DRA off) answers for its paths: a plain-text 404 (kube reads it as an API
+/// error with code 404). `None` for any other path.
+pub fn unserved_dra(path: &str) -> Option<http::Response<kube::client::Body>> {
+    path.starts_with("/apis/resource.k8s.io/").then(|| {
+        let mut r = http::Response::new(kube::client::Body::from(b"404 page not found\n".to_vec()));
+        *r.status_mut() = http::StatusCode::NOT_FOUND;
+        r
+    })
+}
