@@ -27,8 +27,11 @@
 //! tolerations (the core's nodes carry no taints), the priority class, namespace
 //! quota. The Kubernetes capacity reads tolerations and the namespace's queue quota
 //! too. Assumed in-flight workloads are ignored by both.
-//! `MaxAvailableComponentSets` answers `UNIMPLEMENTED`.
+//! `MaxAvailableComponentSets` answers `UNIMPLEMENTED`. `GetUnschedulableReplicas`
+//! is the adapter's ([`Capacity::unschedulable_replicas`]; 0 for [`CoreCapacity`]).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
 
 use prost::Message;
@@ -262,9 +265,14 @@ pub trait Capacity: Send + Sync + 'static {
     fn max_available(&self, req: &pb::ReplicaRequirements) -> Result<u32, Status>;
     /// Replicas of the workload `resource` unschedulable for longer than
     /// `threshold_ns` (a Go `time.Duration`, as Karmada sends it). The core knows no
-    /// workloads: 0 unless an adapter knows better.
-    fn unschedulable_replicas(&self, _resource: &pb::ObjectReference, _threshold_ns: i64) -> u32 {
-        0
+    /// workloads: 0 unless an adapter knows better (`tessera estimator` reads the
+    /// workload's pods from the API server).
+    fn unschedulable_replicas<'a>(
+        &'a self,
+        _resource: &'a pb::ObjectReference,
+        _threshold_ns: i64,
+    ) -> Pin<Box<dyn Future<Output = Result<u32, Status>> + Send + 'a>> {
+        Box::pin(async { Ok(0) })
     }
 }
 
@@ -418,7 +426,8 @@ impl<C: Capacity> Estimator for Service<C> {
         };
         let n = self
             .capacity
-            .unschedulable_replicas(&resource, r.unschedulable_threshold);
+            .unschedulable_replicas(&resource, r.unschedulable_threshold)
+            .await?;
         Ok(Response::new(pb::UnschedulableReplicasResponse {
             unschedulable_replicas: i32::try_from(n).unwrap_or(i32::MAX),
         }))

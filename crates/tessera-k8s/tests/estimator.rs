@@ -676,3 +676,161 @@ async fn readyz_is_ready_exactly_when_the_rpcs_answer() {
     }
     assert_eq!(get("/readyz").await.0, 200);
 }
+
+/// `GetUnschedulableReplicas` over a real TCP gRPC connection, the workload
+/// read from an API double (tower-test) answering as the API server does:
+/// of a Deployment's pods, those of its new ReplicaSet (same template but
+/// for `pod-template-hash`, controlled by it) whose `PodScheduled` is False
+/// with reason `Unschedulable` for longer than the threshold count, as in
+/// Karmada's estimator; an old ReplicaSet's pods, another owner's, a recent
+/// one, a scheduled one and a gated one do not. Another kind is refused
+/// (UNIMPLEMENTED), a missing Deployment is NOT_FOUND.
+#[tokio::test]
+async fn unschedulable_replicas_are_the_new_replica_sets_pods_waiting_past_the_threshold() {
+    use http::{Request, Response, StatusCode};
+    use kube::client::Body;
+    use serde_json::json;
+
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let ago = |s: i64| {
+        now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
+            .unwrap()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    let owner = |kind: &str, name: &str, uid: &str| json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]);
+    let template = |image: &str, hash: Option<&str>| {
+        let mut labels = json!({"app": "train"});
+        if let Some(h) = hash {
+            labels["pod-template-hash"] = h.into();
+        }
+        json!({"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": image}]}})
+    };
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "train", "namespace": "ml", "uid": "d-1"},
+        "spec": {"selector": {"matchLabels": {"app": "train"}}, "template": template("train:v2", None)},
+    });
+    let rs = |name: &str, uid: &str, owner_uid: &str, image: &str, hash: &str, created: i64| {
+        json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": uid, "creationTimestamp": ago(created),
+                         "ownerReferences": owner("Deployment", "train", owner_uid)},
+            "spec": {"selector": {"matchLabels": {"app": "train", "pod-template-hash": hash}},
+                     "template": template(image, Some(hash))},
+        })
+    };
+    let sets = json!({"apiVersion": "apps/v1", "kind": "ReplicaSetList", "metadata": {"resourceVersion": "5"}, "items": [
+        rs("train-old", "rs-old", "d-1", "train:v1", "aaa", 900),
+        rs("train-new", "rs-new", "d-1", "train:v2", "bbb", 300),
+        // The same template under another owner: not the Deployment's.
+        rs("train-other", "rs-other", "d-9", "train:v2", "ccc", 600),
+    ]});
+    let pod = |name: &str, rs_uid: &str, status: &str, reason: &str, since: i64| {
+        json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"), "labels": {"app": "train"},
+                         "ownerReferences": owner("ReplicaSet", "x", rs_uid)},
+            "spec": {"containers": [{"name": "c", "image": "train"}]},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": status, "reason": reason, "lastTransitionTime": ago(since)}
+            ]},
+        })
+    };
+    let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "6"}, "items": [
+        pod("waits-long", "rs-new", "False", "Unschedulable", 600),
+        pod("waits-long-2", "rs-new", "False", "Unschedulable", 120),
+        pod("waits-short", "rs-new", "False", "Unschedulable", 10),
+        pod("scheduled", "rs-new", "True", "", 600),
+        pod("gated", "rs-new", "False", "SchedulingGated", 600),
+        pod("old-rs", "rs-old", "False", "Unschedulable", 600),
+        pod("other-owner", "rs-other", "False", "Unschedulable", 600),
+    ]});
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let uri = req.uri().to_string();
+            let (status, body) = match req.uri().path() {
+                "/apis/apps/v1/namespaces/ml/deployments/train" => {
+                    (StatusCode::OK, deployment.clone())
+                }
+                "/apis/apps/v1/namespaces/ml/replicasets" => (StatusCode::OK, sets.clone()),
+                "/api/v1/namespaces/ml/pods" => (StatusCode::OK, pods.clone()),
+                // As the API server words a missing object.
+                _ => (
+                    StatusCode::NOT_FOUND,
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "message": "deployments.apps \"gone\" not found",
+                    "reason": "NotFound", "details": {"name": "gone", "group": "apps", "kind": "deployments"}, "code": 404}),
+                ),
+            };
+            let mut r = Response::new(Body::from(serde_json::to_vec(&body).unwrap()));
+            *r.status_mut() = status;
+            send.send_response(r);
+            let _ = seen_tx.send(uri);
+        }
+    });
+    let kube_client = kube::Client::new(mock, "default");
+    let capacity =
+        MirrorCapacity::new(listed(), SyncGate::synced(), 10_000).with_client(kube_client);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        listener,
+        None,
+        Service::new("member-1", capacity),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut client = EstimatorClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let ask = |kind: &str, name: &str, threshold_s: i64| pb::UnschedulableReplicasRequest {
+        cluster: "member-1".into(),
+        resource: Some(pb::ObjectReference {
+            api_version: "apps/v1".into(),
+            kind: kind.into(),
+            namespace: "ml".into(),
+            name: name.into(),
+        }),
+        unschedulable_threshold: threshold_s * 1_000_000_000,
+    };
+    let n = client
+        .get_unschedulable_replicas(ask("Deployment", "train", 60))
+        .await
+        .unwrap()
+        .into_inner()
+        .unschedulable_replicas;
+    assert_eq!(n, 2, "waits-long and waits-long-2, past 60 s");
+    let n = client
+        .get_unschedulable_replicas(ask("Deployment", "train", 300))
+        .await
+        .unwrap()
+        .into_inner()
+        .unschedulable_replicas;
+    assert_eq!(n, 1, "only waits-long, past 300 s");
+    let mut uris = Vec::new();
+    while let Ok(u) = seen.try_recv() {
+        uris.push(u);
+    }
+    assert!(
+        uris.iter().any(
+            |u| u.starts_with("/apis/apps/v1/namespaces/ml/replicasets?")
+                && u.contains("labelSelector=app%3Dtrain")
+        ),
+        "ReplicaSets listed by the Deployment's selector: {uris:?}"
+    );
+    let e = client
+        .get_unschedulable_replicas(ask("StatefulSet", "train", 60))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{}", e.message());
+    let e = client
+        .get_unschedulable_replicas(ask("Deployment", "gone", 60))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
+    let _ = stop_tx.send(());
+    server.await.unwrap().unwrap();
+}

@@ -46,6 +46,8 @@ use crate::run::{ConfigError, MirrorConfig, RawMirrorConfig};
 use crate::standalone::node_allows;
 use crate::tls::{self, TlsListener};
 
+pub mod unschedulable;
+
 /// Karmada's estimator port (karmada-scheduler's `--scheduler-estimator-port`).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:10352";
 
@@ -297,6 +299,9 @@ pub struct MirrorCapacity {
     mirror: SharedMirror,
     gate: SyncGate,
     limit: u32,
+    /// Where `GetUnschedulableReplicas` reads workloads and their pods
+    /// ([`unschedulable`]); `None`: it answers 0.
+    client: Option<kube::Client>,
 }
 
 impl MirrorCapacity {
@@ -305,7 +310,14 @@ impl MirrorCapacity {
             mirror,
             gate,
             limit,
+            client: None,
         }
+    }
+
+    /// Answers `GetUnschedulableReplicas` from the API server behind `client`.
+    pub fn with_client(mut self, client: kube::Client) -> MirrorCapacity {
+        self.client = Some(client);
+        self
     }
 }
 
@@ -332,6 +344,19 @@ impl Capacity for MirrorCapacity {
             .estimate(&pod, &req, &host, |f| node_allows(&pod, f), self.limit)
             .map_err(|e| Status::internal(format!("ledger: {e}")))?;
         Ok(estimate.replicas)
+    }
+
+    fn unschedulable_replicas<'a>(
+        &'a self,
+        resource: &'a pb::ObjectReference,
+        threshold_ns: i64,
+    ) -> Pin<Box<dyn Future<Output = Result<u32, Status>> + Send + 'a>> {
+        Box::pin(async move {
+            match &self.client {
+                Some(c) => unschedulable::unschedulable_replicas(c, resource, threshold_ns).await,
+                None => Ok(0),
+            }
+        })
     }
 }
 
@@ -378,7 +403,7 @@ pub async fn run(
     );
     let service = Service::new(
         config.cluster_name,
-        MirrorCapacity::new(mirror, gate, config.replica_limit),
+        MirrorCapacity::new(mirror, gate, config.replica_limit).with_client(client.clone()),
     );
     let served = serve(listener, config.tls, service, shutdown).await;
     let _ = stop_tx.send(true);
