@@ -303,28 +303,14 @@ pub async fn run_driver_with_claims(
         ..Default::default()
     });
 
-    // The node's GpuNode, if the device-plugin agent left one: Tessera's
+    // The node's GpuNode, if the device-plugin agent left one or writes one
+    // later (an agent started before the slices were published): Tessera's
     // scheduler must not place pods here by it (it would count GPUs the DRA
-    // allocator hands out). Retried until it is gone or was never there.
+    // allocator hands out). Deleted whenever the watch of that one object
+    // shows it, retried until it is gone.
     let retire = client.clone().map(|c| {
-        let inventory = crate::inventory::Inventory::new(c, config.node_name.clone());
-        tokio::spawn(async move {
-            let mut pause = Duration::from_secs(5);
-            loop {
-                match inventory.retire().await {
-                    Ok(true) => {
-                        tracing::info!("GpuNode deleted: this node is served through DRA");
-                        return;
-                    }
-                    Ok(false) => return,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "GpuNode of this node not deleted; retrying")
-                    }
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(300));
-            }
-        })
+        let node = config.node_name.clone();
+        tokio::spawn(keep_retired(c, node))
     });
 
     // Slices: published at start and on every change of the view.
@@ -487,4 +473,40 @@ pub async fn run_driver_with_claims(
         let _ = p.await;
     }
     Ok(result?)
+}
+
+/// Keeps `node` free of a `GpuNode` while the driver runs: a watch of that
+/// one object (field selector on its name), and each time it shows one, the
+/// delete of [`crate::inventory::Inventory::retire`] (on the object read,
+/// with its UID and resourceVersion as preconditions), retried with a growing
+/// pause until it is gone.
+async fn keep_retired(client: kube::Client, node: String) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let inventory = crate::inventory::Inventory::new(client.clone(), node.clone());
+    let api: kube::Api<tessera_api::GpuNode> = kube::Api::all(client);
+    let config = crate::pods::watch_cache_config(&format!("metadata.name={node}"));
+    let stream = watcher(api, config).default_backoff().applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        if let Err(e) = event {
+            tracing::warn!(error = %e, "GpuNode watch failed; retrying");
+            continue;
+        }
+        let mut pause = Duration::from_secs(1);
+        loop {
+            match inventory.retire().await {
+                Ok(true) => {
+                    tracing::info!("GpuNode deleted: this node is served through DRA");
+                    break;
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "GpuNode of this node not deleted; retrying")
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(60));
+        }
+    }
 }
