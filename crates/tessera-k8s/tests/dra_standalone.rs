@@ -1652,3 +1652,64 @@ async fn a_claim_pod_and_a_device_plugin_pod_tried_in_one_pass_do_not_share_a_gp
         assert_eq!(bound.len(), 1, "claim first: {claim_first}: {bound:?}");
     }
 }
+
+/// Found by `dra_crash_restart` (seed 24, under load): a claim whose first
+/// write failed with its outcome unknown is written again when its pod is
+/// tried next. That second write was not assumed: only the entry of unknown
+/// outcome counted the devices, and it ends once the watch shows the claim
+/// changed since it was read, which the second write's own delete
+/// protection does. So while that second write's status patch was on its
+/// way, another claim was given the same GPU, and both were allocated.
+/// Here: every request takes 200 ms; p1's first write (its delete
+/// protection) is answered 500; p1 is tried again, and 300 ms later, when
+/// the protection has landed and the allocation is still on its way, the
+/// view catches up with the server and a second pod asks for the GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_written_again_keeps_its_gpu_while_the_write_is_on_its_way() {
+    use apiserver::Fault;
+    let server = ApiServer::new(Config {
+        latency: (Duration::from_millis(200), Duration::from_millis(200)),
+        ..Config::default()
+    });
+    cluster(&server, &[("node-a", 1)]);
+    one_gpu_pod(&server, NS, "p1", "c1", |_| {});
+    let (client, session) = server.client();
+    let mirror = mirror_of(&server);
+    let mut l = loop_with(server, mirror, client);
+    // The first write of the pass: p1's claim's delete protection, refused
+    // with a 500 (nothing written, outcome unknown to the client).
+    session.fault(session.writes() + 1, Fault::Fail);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let failed: Vec<String> = l
+        .server
+        .writes()
+        .iter()
+        .filter(|w| w.status == 500)
+        .map(|w| format!("{} {}/{}", w.method, w.resource, w.name))
+        .collect();
+    assert_eq!(
+        failed,
+        vec!["PATCH resourceclaims/c1".to_string()],
+        "the fault hit p1's claim"
+    );
+    assert!(devices(&get(&l.server, Resource::Claims, "c1")).is_empty());
+    // p1 again, after its backoff: its claim is written again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    l.standalone.pass().await;
+    // Its protection has landed (200 ms), its allocation is on its way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    one_gpu_pod(&l.server, NS, "p2", "c2", |_| {});
+    let p2: Pod = serde_json::from_value(get(&l.server, Resource::Pods, "p2")).unwrap();
+    l.mirror.lock().upsert_pod(p2);
+    refresh(&l.server, &l.view);
+    l.standalone.pass().await;
+    l.standalone.flush().await;
+    let c1 = devices(&get(&l.server, Resource::Claims, "c1"));
+    let c2 = devices(&get(&l.server, Resource::Claims, "c2"));
+    assert_eq!(c1.len(), 1, "p1's claim is allocated in the end: {c1:?}");
+    assert!(
+        c2.is_empty(),
+        "the GPU of p1's claim went to p2's too: c1 {c1:?}, c2 {c2:?}"
+    );
+}

@@ -353,6 +353,14 @@ pub(super) fn decide_dra_locked(
                 let read = v.watched(&c.claim).cloned();
                 let allocation = c.claim.status.as_ref().and_then(|s| s.allocation.clone());
                 if let (Some(claim), Some(allocation)) = (read, allocation) {
+                    // Assumed again, in flight: its devices stay taken while
+                    // this write goes, whatever the watch shows meanwhile. An
+                    // entry of unknown outcome ends once the watch shows the
+                    // claim changed, and the first write's delete protection
+                    // landing is such a change: without this, another claim
+                    // was given the devices while this write was on its way
+                    // (both allocated, seen in `dra_crash_restart` seed 24).
+                    v.assume(as_written(&claim, &allocation, &who), now);
                     writes.push(ClaimWrite {
                         claim,
                         allocation: Some(allocation),
@@ -461,11 +469,16 @@ pub(super) fn claims_milli(
 /// Drops what was assumed for `writes` (none of them was written). Exact:
 /// a claim is assumed only when the view showed it unallocated, so no earlier
 /// assumption of the same claim is dropped with it. A write again of an
-/// allocation whose first write may have landed drops nothing: that one's
-/// assumption stays until the watch settles it.
+/// allocation whose first write may have landed is not dropped: it goes back
+/// to its outcome being unknown, so its devices stay taken until the watch
+/// shows the claim changed since it was read.
 fn unassume(v: &mut DraView, writes: &[ClaimWrite]) {
-    for w in writes.iter().filter(|w| w.allocation.is_some() && !w.again) {
-        v.forget(uid_of(&w.claim));
+    for w in writes.iter().filter(|w| w.allocation.is_some()) {
+        if w.again {
+            v.unknown(&w.claim);
+        } else {
+            v.forget(uid_of(&w.claim));
+        }
     }
 }
 
