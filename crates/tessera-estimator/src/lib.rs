@@ -26,7 +26,8 @@
 //! translated by [`CoreCapacity`] (the answer ignores them, which may overcount):
 //! tolerations (the core's nodes carry no taints), the priority class, namespace
 //! quota. The Kubernetes capacity reads tolerations and the namespace's queue quota
-//! too. Assumed in-flight workloads are ignored by both.
+//! too. Assumed in-flight workloads (`assumedWorkloads`) are placed first by the
+//! Kubernetes capacity and ignored by [`CoreCapacity`].
 //! `MaxAvailableComponentSets` answers `UNIMPLEMENTED`. `GetUnschedulableReplicas`
 //! is the adapter's ([`Capacity::unschedulable_replicas`]; 0 for [`CoreCapacity`]).
 
@@ -252,6 +253,30 @@ pub fn translate(
     )?)
 }
 
+/// Karmada's in-flight workloads (`assumedWorkloads`: sent to this cluster,
+/// no pods yet) as the replicas they will make: each component's
+/// requirements, in the workload's namespace, and its replica count.
+pub fn assumed_replicas(assumed: &[pb::AssumedWorkload]) -> Vec<(pb::ReplicaRequirements, u32)> {
+    assumed
+        .iter()
+        .flat_map(|w| {
+            w.components.iter().filter_map(move |c| {
+                let r = c.replica_requirements.as_ref()?;
+                let replicas = u32::try_from(c.replicas).ok().filter(|n| *n > 0)?;
+                #[allow(deprecated)]
+                let reqs = pb::ReplicaRequirements {
+                    node_claim: r.node_claim.clone(),
+                    resource_request: r.resource_request.clone(),
+                    namespace: w.namespace.clone(),
+                    priority_class_name: r.priority_class_name.clone(),
+                    resource_request_bytes: r.resource_request_bytes.clone(),
+                };
+                Some((reqs, replicas))
+            })
+        })
+        .collect()
+}
+
 /// What the service answers from.
 pub trait Capacity: Send + Sync + 'static {
     /// Whether the state is complete enough to answer from: `Err` (`UNAVAILABLE`,
@@ -260,9 +285,15 @@ pub trait Capacity: Send + Sync + 'static {
     fn ready(&self) -> Result<(), Status> {
         Ok(())
     }
-    /// Replicas of one `ReplicaRequirements` the scheduler would place now.
+    /// Replicas of one `ReplicaRequirements` the scheduler would place now,
+    /// once the `assumed` ones (Karmada's in-flight workloads, as
+    /// [`assumed_replicas`] reads them: requirements and a count) are placed.
     /// `INVALID_ARGUMENT` for a request that cannot be read.
-    fn max_available(&self, req: &pb::ReplicaRequirements) -> Result<u32, Status>;
+    fn max_available(
+        &self,
+        req: &pb::ReplicaRequirements,
+        assumed: &[(pb::ReplicaRequirements, u32)],
+    ) -> Result<u32, Status>;
     /// Replicas of the workload `resource` unschedulable for longer than
     /// `threshold_ns` (a Go `time.Duration`, as Karmada sends it). The core knows no
     /// workloads: 0 unless an adapter knows better (`tessera estimator` reads the
@@ -345,7 +376,13 @@ impl CoreCapacity {
 }
 
 impl Capacity for CoreCapacity {
-    fn max_available(&self, reqs: &pb::ReplicaRequirements) -> Result<u32, Status> {
+    /// The assumed workloads are not placed here first (a cluster without
+    /// in-flight workloads, as the simulator and tests have).
+    fn max_available(
+        &self,
+        reqs: &pb::ReplicaRequirements,
+        _assumed: &[(pb::ReplicaRequirements, u32)],
+    ) -> Result<u32, Status> {
         let req =
             translate(reqs, &self.catalog).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let nodes = self.admitted(reqs.node_claim.as_ref())?;
@@ -398,7 +435,8 @@ impl<C: Capacity> Estimator for Service<C> {
         let Some(reqs) = r.replica_requirements else {
             return Err(Status::invalid_argument("replicaRequirements: missing"));
         };
-        let n = self.capacity.max_available(&reqs)?;
+        let assumed = assumed_replicas(&r.assumed_workloads);
+        let n = self.capacity.max_available(&reqs, &assumed)?;
         Ok(Response::new(pb::MaxAvailableReplicasResponse {
             max_replicas: i32::try_from(n).unwrap_or(i32::MAX),
         }))

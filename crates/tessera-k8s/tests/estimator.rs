@@ -834,3 +834,120 @@ async fn unschedulable_replicas_are_the_new_replica_sets_pods_waiting_past_the_t
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
 }
+
+/// Replicas of `reqs` placed one by one (the scheduler's own path) after the
+/// `assumed` replicas were placed the same way, as far as they fit.
+fn placed_after(
+    assumed: &[(&pb::ReplicaRequirements, u32)],
+    reqs: &pb::ReplicaRequirements,
+) -> i32 {
+    let m = listed();
+    for (k, (r, n)) in assumed.iter().enumerate() {
+        let template = replica_pod(r).expect("a readable assumed request");
+        for i in 0..*n {
+            let mut p = template.clone();
+            p.metadata.name = Some(format!("assumed-{k}-{i}"));
+            p.metadata.uid = Some(format!("uid-assumed-{k}-{i}"));
+            if place(&m, p).is_none() {
+                break;
+            }
+        }
+    }
+    let template = replica_pod(reqs).expect("a readable request");
+    let mut n = 0;
+    loop {
+        let mut p = template.clone();
+        p.metadata.name = Some(format!("replica-{n}"));
+        p.metadata.uid = Some(format!("uid-replica-{n}"));
+        if place(&m, p).is_none() {
+            return n;
+        }
+        n += 1;
+        assert!(n < 10_000, "runaway placement");
+    }
+}
+
+/// Karmada's `assumedWorkloads` (replicas it has just sent here that are no
+/// pods yet) are placed first: the answer equals the pods the scheduler then
+/// places one by one after placing the assumed ones, whole GPUs and shares,
+/// and it is smaller than the answer without them.
+#[tokio::test]
+async fn assumed_workloads_are_placed_before_the_count() {
+    let capacity = MirrorCapacity::new(listed(), SyncGate::synced(), 10_000);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        listener,
+        None,
+        Service::new("member-1", capacity),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut client = EstimatorClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let whole = requirements(
+        &[("cpu", "4"), ("memory", "16Gi"), ("nvidia.com/gpu", "1")],
+        None,
+    );
+    let share = requirements(
+        &[
+            ("cpu", "1"),
+            ("tessera.io/gpu", "1"),
+            ("tessera.io/gpu-milli", "700"),
+        ],
+        None,
+    );
+    let component = |r: &pb::ReplicaRequirements, replicas: i32| pb::Component {
+        name: "worker".into(),
+        replica_requirements: Some(pb::ComponentReplicaRequirements {
+            node_claim: r.node_claim.clone(),
+            resource_request_bytes: r.resource_request_bytes.clone(),
+            ..Default::default()
+        }),
+        replicas,
+    };
+    let with = |assumed: Vec<pb::AssumedWorkload>| pb::MaxAvailableReplicasRequest {
+        cluster: "member-1".into(),
+        replica_requirements: Some(whole.clone()),
+        assumed_workloads: assumed,
+    };
+    let alone = client
+        .max_available_replicas(with(Vec::new()))
+        .await
+        .unwrap()
+        .into_inner()
+        .max_replicas;
+    assert_eq!(alone, placed_after(&[], &whole));
+    let cases: [(&str, Vec<(&pb::ReplicaRequirements, u32)>); 3] = [
+        ("3 whole GPUs", vec![(&whole, 3)]),
+        ("2 shares of 0.7 GPU", vec![(&share, 2)]),
+        ("1 whole and 1 share", vec![(&whole, 1), (&share, 1)]),
+    ];
+    for (what, assumed) in cases {
+        let workload = pb::AssumedWorkload {
+            namespace: "default".into(),
+            components: assumed
+                .iter()
+                .map(|(r, n)| component(r, *n as i32))
+                .chain([component(&share, 0)]) // no replicas: takes nothing
+                .collect(),
+        };
+        let got = client
+            .max_available_replicas(with(vec![workload]))
+            .await
+            .unwrap()
+            .into_inner()
+            .max_replicas;
+        let want = placed_after(&assumed, &whole);
+        println!(
+            "whole GPUs after {what} assumed: {got} (alone {alone}), placed one by one {want}"
+        );
+        assert_eq!(got, want, "after {what} assumed");
+        assert!(got < alone, "after {what} assumed: {got}, alone {alone}");
+    }
+    let _ = stop_tx.send(());
+    server.await.unwrap().unwrap();
+}

@@ -41,7 +41,7 @@ use tonic::Status;
 
 use crate::convert;
 use crate::gate::SyncGate;
-use crate::mirror::SharedMirror;
+use crate::mirror::{Assumed, SharedMirror};
 use crate::run::{ConfigError, MirrorConfig, RawMirrorConfig};
 use crate::standalone::node_allows;
 use crate::tls::{self, TlsListener};
@@ -330,18 +330,55 @@ impl Capacity for MirrorCapacity {
         }
     }
 
-    fn max_available(&self, reqs: &pb::ReplicaRequirements) -> Result<u32, Status> {
-        let pod = replica_pod(reqs).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    fn max_available(
+        &self,
+        reqs: &pb::ReplicaRequirements,
+        assumed: &[(pb::ReplicaRequirements, u32)],
+    ) -> Result<u32, Status> {
         let mut m = self.mirror.lock();
-        let asks = convert::pod_asks(&pod, &m.cluster().catalog);
-        let req = asks
-            .request
-            .map_err(|e| Status::invalid_argument(format!("replicaRequirements: {e}")))?;
-        let host = asks
-            .host
-            .map_err(|e| Status::invalid_argument(format!("replicaRequirements: {e}")))?;
+        let catalog = m.cluster().catalog.clone();
+        let read = |what: &str, r: &pb::ReplicaRequirements| {
+            let pod =
+                replica_pod(r).map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+            let asks = convert::pod_asks(&pod, &catalog);
+            let req = asks
+                .request
+                .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+            let host = asks
+                .host
+                .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+            Ok::<_, Status>((pod, req, host))
+        };
+        let (pod, req, host) = read("replicaRequirements", reqs)?;
+        let before: Vec<_> = assumed
+            .iter()
+            .enumerate()
+            .map(|(i, (r, n))| read(&format!("assumedWorkloads component {i}"), r).map(|a| (a, *n)))
+            .collect::<Result<_, _>>()?;
+        // One node check per assumed pod (the same closure, so one type).
+        let allows: Vec<_> = before
+            .iter()
+            .map(|((p, _, _), _)| move |f: &crate::convert::NodeFacts| node_allows(p, f))
+            .collect();
+        let placed_first: Vec<Assumed<'_>> = before
+            .iter()
+            .zip(&allows)
+            .map(|(((_, req, host), n), allows)| Assumed {
+                req,
+                host,
+                eligible: allows,
+                replicas: *n,
+            })
+            .collect();
         let estimate = m
-            .estimate(&pod, &req, &host, |f| node_allows(&pod, f), self.limit)
+            .estimate_after(
+                &placed_first,
+                &pod,
+                &req,
+                &host,
+                |f| node_allows(&pod, f),
+                self.limit,
+            )
             .map_err(|e| Status::internal(format!("ledger: {e}")))?;
         Ok(estimate.replicas)
     }

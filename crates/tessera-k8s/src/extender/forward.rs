@@ -19,7 +19,10 @@
 //!   can take ([`Peers::with_lease`]: the Lease's duration plus two reads, 19 s
 //!   with the defaults; kube-scheduler's extender `httpTimeout` must be longer,
 //!   30 s in docs/kubernetes.md's "Existing kube-scheduler"), and binds itself if this replica takes
-//!   over meanwhile. A fixed wait shorter than the Lease failed every bind that
+//!   over meanwhile, also while a forwarded call is still unanswered: a leader
+//!   that hangs (its socket accepts, nothing answers) would otherwise hold the
+//!   bind for the whole wait and fail it (issue 41, defect 12;
+//!   [`crate::leader::Leadership::moved_from`]). A fixed wait shorter than the Lease failed every bind that
 //!   arrived in the first seconds after a leader crashed. Retrying is safe: the Binding carries the
 //!   pod's UID and resourceVersion as preconditions, so the API server binds a
 //!   pod once whatever reaches it twice.

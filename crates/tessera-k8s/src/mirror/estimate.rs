@@ -46,6 +46,15 @@ pub struct Scratch {
     generation: u64,
 }
 
+/// Replicas placed before an estimate ([`Mirror::estimate_after`]): `replicas`
+/// of one asking `req` and `host`, on the nodes `eligible` admits.
+pub struct Assumed<'a> {
+    pub req: &'a Request,
+    pub host: &'a HostAsk,
+    pub eligible: &'a dyn Fn(&NodeFacts) -> Result<(), String>,
+    pub replicas: u32,
+}
+
 /// What [`Mirror::estimate_on`] counted, and why the next replica did not fit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Counted {
@@ -69,6 +78,22 @@ impl Mirror {
         eligible: impl Fn(&NodeFacts) -> Result<(), String>,
         limit: u32,
     ) -> Result<Estimate, LedgerError> {
+        self.estimate_after(&[], pod, req, host, eligible, limit)
+    }
+
+    /// [`Mirror::estimate`] once the `assumed` replicas are placed first, on
+    /// the same scratch (Karmada's `assumedWorkloads`: replicas it has just
+    /// sent here that are no pods yet). Each assumed set is placed as far as
+    /// it fits; what does not fit takes nothing.
+    pub fn estimate_after(
+        &mut self,
+        assumed: &[Assumed<'_>],
+        pod: &Pod,
+        req: &Request,
+        host: &HostAsk,
+        eligible: impl Fn(&NodeFacts) -> Result<(), String>,
+        limit: u32,
+    ) -> Result<Estimate, LedgerError> {
         self.refresh();
         self.expire_reservations();
         self.follow_supply();
@@ -78,6 +103,9 @@ impl Mirror {
             Ok(Some(n)) => n.min(limit),
         };
         let mut scratch = self.scratch();
+        for a in assumed {
+            self.estimate_on(&mut scratch, a.req, a.host, |f| (a.eligible)(f), a.replicas)?;
+        }
         Ok(self
             .estimate_on(&mut scratch, req, host, eligible, limit)?
             .estimate)

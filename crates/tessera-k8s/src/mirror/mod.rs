@@ -65,7 +65,7 @@ mod shared;
 mod verdicts;
 
 pub use blocks::{Block, Unread};
-pub use estimate::{Counted, Scratch};
+pub use estimate::{Assumed, Counted, Scratch};
 pub use groups::gang_of;
 pub use learning::{Shape, WorkloadReport};
 pub use liveness::INVENTORY_TTL;
