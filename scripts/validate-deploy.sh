@@ -1310,6 +1310,10 @@ RBAC_NEEDS = {
         ("", "nodes"): {"patch", "list", "watch"},
         ("tessera.io", "gpunodes"): {"create", "patch"},
         ("tessera.io", "gpunodes/status"): {"patch"},
+        # Whether the DRA driver serves the node (tessera_node::run::yield_to_dra), and
+        # the Warning event that says so.
+        ("resource.k8s.io", "resourceslices"): {"list"},
+        ("", "events"): {"create"},
     },
     "scheduler": {
         ("", "nodes"): {"list", "watch"},
@@ -1337,13 +1341,16 @@ RBAC_NEEDS = {
         ("kueue.x-k8s.io", "workloads/status"): {"get", "patch"},
         ("kueue.x-k8s.io", "admissionchecks/status"): {"get", "patch"},
     },
-    # tessera estimator (crates/tessera-k8s/src/run: watch_placement_state).
+    # tessera estimator (crates/tessera-k8s/src/run: watch_placement_state; and
+    # estimator/unschedulable.rs: a Deployment and its ReplicaSets).
     "estimator": {
         ("", "nodes"): {"list", "watch"},
         ("", "pods"): {"list", "watch"},
         ("", "namespaces"): {"list", "watch"},
         ("tessera.io", "gpunodes"): {"list", "watch"},
         ("tessera.io", "gpuqueues"): {"list", "watch"},
+        ("apps", "deployments"): {"get"},
+        ("apps", "replicasets"): {"list"},
     },
 }
 READ_VERBS = {"get", "list", "watch"}

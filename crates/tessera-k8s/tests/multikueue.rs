@@ -684,6 +684,7 @@ async fn the_controller_answers_once_its_own_watchers_have_listed_the_cluster() 
             ..Default::default()
         },
         interval_s: Some(1),
+        ..Default::default()
     }
     .resolve()
     .expect("valid configuration");
@@ -710,10 +711,155 @@ async fn the_controller_answers_once_its_own_watchers_have_listed_the_cluster() 
         (w[0].name.as_str(), w[0].subresource.as_str()),
         ("wl-train", "status")
     );
-    stop_tx.send(()).expect("still running");
+    stop_controller(stop_tx, running).await;
+}
+
+/// Resolves a running controller's shutdown and waits for its clean stop.
+async fn stop_controller(
+    stop: tokio::sync::oneshot::Sender<()>,
+    running: tokio::task::JoinHandle<Result<(), controller::KueueError>>,
+) {
+    stop.send(()).expect("still running");
     tokio::time::timeout(Duration::from_secs(30), running)
         .await
         .expect("stops on shutdown")
         .expect("task")
         .expect("clean stop");
+}
+
+/// `--leader-elect`: replicas of the controller over one API server elect
+/// one writer on the Lease `tessera-kueue-admission`. While another holds it
+/// (here a Lease of 30 s held by `x`), neither replica writes anything,
+/// though a workload waits; once it is free one of them takes it and only
+/// that one writes; when that one stops (and releases the Lease), the other
+/// takes over and judges the next workload. Without election both would
+/// judge the same room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_elect_one_writer_and_the_other_takes_over() {
+    let api = ApiServer::new(Config::default());
+    apiserver::cluster::add_gpu_nodes(&api, 2, 8);
+    let (kueue, _k) = api.client();
+    api.create(Resource::AdmissionChecks, &admission_check())
+        .unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    api.create(
+        Resource::Leases,
+        &json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": controller::LEASE_NAME, "namespace": "tessera-system"},
+            "spec": {"holderIdentity": "x", "leaseDurationSeconds": 30, "acquireTime": now, "renewTime": now},
+        }),
+    )
+    .expect("x's Lease");
+    let dir = tempfile::tempdir().expect("dir");
+    let key = dir.path().join("key");
+    std::fs::write(&key, "kueue-elect-test-signing-key").expect("key");
+    let replica = |identity: &str| {
+        controller::RawKueueConfig {
+            health_listen: Some(apiserver::process::free_addr().to_string()),
+            mirror: tessera_k8s::run::RawMirrorConfig {
+                signing_key_file: Some(key.clone()),
+                ..Default::default()
+            },
+            interval_s: Some(1),
+            leader_elect: true,
+            identity: Some(identity.into()),
+            lease_namespace: Some("tessera-system".into()),
+            lease_timings: Some((
+                Duration::from_secs(2),
+                Duration::from_millis(1400),
+                Duration::from_millis(400),
+            )),
+        }
+        .resolve()
+        .expect("valid configuration")
+    };
+    let holder = || {
+        api.get(Resource::Leases, "tessera-system", controller::LEASE_NAME)
+            .and_then(|l| {
+                l.pointer("/spec/holderIdentity")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+    };
+    let mut replicas = std::collections::BTreeMap::new();
+    for id in ["a", "b"] {
+        let (client, session) = api.client();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(controller::run(replica(id), client, async {
+            let _ = stop_rx.await;
+        }));
+        replicas.insert(id.to_string(), (session, stop_tx, running));
+    }
+    let ready = |name: &str| {
+        let name = name.to_string();
+        let api = api.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let c = stored_check(&api, "ml", &name);
+                if c["state"] == "Ready" {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{name} never Ready: {c}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let mut one = workload_spec("ml", "one", &[("main", 1, EIGHT)]);
+    one["metadata"]["name"] = json!("wl-one");
+    kueue_creates(&kueue, one, "Pending").await;
+    // x leads: a few passes of both replicas, and nothing written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (id, (session, _, _)) in &replicas {
+        let w = workload_writes(&api, session);
+        assert!(w.is_empty(), "{id} wrote while x leads: {w:?}");
+    }
+    assert_eq!(stored_check(&api, "ml", "wl-one")["state"], "Pending");
+    // x is gone: one replica takes the Lease and writes wl-one.
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(kueue.clone(), "tessera-system")
+        .delete(controller::LEASE_NAME, &Default::default())
+        .await
+        .expect("x's Lease deleted");
+    ready("wl-one").await;
+    let first = holder().expect("a holder");
+    let writers: Vec<&String> = replicas
+        .iter()
+        .filter(|(_, (s, _, _))| !workload_writes(&api, s).is_empty())
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(writers, vec![&first], "only the leader {first} wrote");
+    // The leader stops: it releases the Lease, the other takes it and judges the next.
+    let (_, stop, running) = replicas.remove(&first).expect("the leader");
+    stop_controller(stop, running).await;
+    let other = replicas.keys().next().expect("the other").clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while holder().as_deref() != Some(other.as_str()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{other} never took over: {:?}",
+            holder()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut two = workload_spec("ml", "two", &[("main", 1, EIGHT)]);
+    two["metadata"]["name"] = json!("wl-two");
+    kueue_creates(&kueue, two, "Pending").await;
+    ready("wl-two").await;
+    let (session, stop, running) = replicas.remove(&other).expect("the other");
+    let by_other: Vec<String> = workload_writes(&api, &session)
+        .iter()
+        .map(|w| w.name.clone())
+        .collect();
+    assert_eq!(
+        by_other,
+        vec!["wl-two".to_string()],
+        "{other} wrote only what came after it led"
+    );
+    stop_controller(stop, running).await;
 }

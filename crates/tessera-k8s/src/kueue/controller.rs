@@ -16,7 +16,12 @@
 //! means the object changed since it was read, so it is read again and the
 //! next pass judges the fresh object: a stale view never overwrites a newer one.
 //!
-//! One replica: two controllers would judge the same room twice.
+//! One writer: two controllers would judge the same room twice. With
+//! `--leader-elect` the replicas elect one on the Lease
+//! `tessera-kueue-admission` (kube-scheduler's timings, [`crate::leader`]):
+//! only the leader passes, and each write is made only while it still leads
+//! (leadership is a deadline, so a replica that stopped renewing stops
+//! writing before another may start). Without it, run one replica.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -36,6 +41,7 @@ use super::CONTROLLER_NAME;
 use super::api::{AdmissionCheck, CheckState, Condition, Workload};
 use super::check::{self, Decision, Started};
 use crate::gate::SyncGate;
+use crate::leader::{self, Leadership, LeaseConfig, LeaseRole};
 use crate::mirror::SharedMirror;
 use crate::run::{ConfigError, MirrorConfig, RawMirrorConfig};
 
@@ -57,7 +63,17 @@ pub struct RawKueueConfig {
     pub mirror: RawMirrorConfig,
     /// Seconds between passes when nothing changes.
     pub interval_s: Option<u64>,
+    /// Elect one writer among replicas on [`LEASE_NAME`] in `lease_namespace`.
+    pub leader_elect: bool,
+    /// This replica's identity on the Lease (the pod name; `$HOSTNAME`).
+    pub identity: Option<String>,
+    pub lease_namespace: Option<String>,
+    /// The Lease's timings (tests); kube-scheduler's by default.
+    pub lease_timings: Option<(Duration, Duration, Duration)>,
 }
+
+/// The Lease the replicas of `tessera kueue-admission` elect their writer on.
+pub const LEASE_NAME: &str = "tessera-kueue-admission";
 
 /// Validated configuration of `tessera kueue-admission`.
 #[derive(Clone)]
@@ -65,6 +81,8 @@ pub struct KueueConfig {
     pub health_listen: SocketAddr,
     pub mirror: MirrorConfig,
     pub interval: Duration,
+    /// `None`: one replica, always writing.
+    pub lease: Option<LeaseConfig>,
 }
 
 impl RawKueueConfig {
@@ -87,10 +105,32 @@ impl RawKueueConfig {
             }
             Some(s) => Duration::from_secs(s),
         };
+        let lease = if self.leader_elect {
+            let identity =
+                self.identity
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| ConfigError::Invalid {
+                        field: "identity",
+                        problem:
+                            "empty: --leader-elect needs this replica's name ($HOSTNAME in a pod)"
+                                .into(),
+                    })?;
+            let namespace = self
+                .lease_namespace
+                .unwrap_or_else(|| "tessera-system".into());
+            let mut l = LeaseConfig::new(&namespace, LEASE_NAME, &identity, LeaseRole::Elect);
+            if let Some((duration, renew, retry)) = self.lease_timings {
+                (l.duration, l.renew_deadline, l.retry_period) = (duration, renew, retry);
+            }
+            Some(l)
+        } else {
+            None
+        };
         Ok(KueueConfig {
             health_listen,
             mirror: self.mirror.resolve()?,
             interval,
+            lease,
         })
     }
 }
@@ -232,13 +272,25 @@ pub async fn pass(
     gate: &SyncGate,
     objects: &SharedObjects,
 ) -> PassReport {
+    pass_leading(client, mirror, gate, objects, &Leadership::always()).await
+}
+
+/// [`pass`] by a replica that writes only while `leader` says it leads
+/// (checked before the pass and before each write).
+pub async fn pass_leading(
+    client: &kube::Client,
+    mirror: &SharedMirror,
+    gate: &SyncGate,
+    objects: &SharedObjects,
+    leader: &Leadership,
+) -> PassReport {
     let mut report = PassReport::default();
-    if !gate.is_synced() || !lock(objects).listed() {
+    if !gate.is_synced() || !lock(objects).listed() || !leader.is_leader() {
         return report;
     }
     activate(client, objects, &mut report).await;
     for _ in 0..CONFLICT_ROUNDS {
-        let conflicts = judge_and_write(client, mirror, objects, &mut report).await;
+        let conflicts = judge_and_write(client, mirror, objects, leader, &mut report).await;
         if conflicts == 0 {
             break;
         }
@@ -382,6 +434,7 @@ async fn judge_and_write(
     client: &kube::Client,
     mirror: &SharedMirror,
     objects: &SharedObjects,
+    leader: &Leadership,
     report: &mut PassReport,
 ) -> usize {
     let writes: Vec<(String, String, Value, CheckState)> = {
@@ -419,6 +472,10 @@ async fn judge_and_write(
     };
     let mut conflicts = 0;
     for (ns, name, patch, state) in writes {
+        if !leader.is_leader() {
+            tracing::info!("no longer leading: the rest of this pass is not written");
+            break;
+        }
         let api = Api::<Workload>::namespaced(client.clone(), &ns);
         match api
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -481,22 +538,43 @@ pub async fn run(
         })
         .into_future(),
     );
-    tracing::info!(health = %addr, controller = CONTROLLER_NAME, policy = %config.mirror.policy, "answering Kueue admission checks");
+    tracing::info!(health = %addr, controller = CONTROLLER_NAME, policy = %config.mirror.policy, elect = config.lease.is_some(), "answering Kueue admission checks");
+    let leading = match &config.lease {
+        None => Leadership::always(),
+        Some(_) => Leadership::default(),
+    };
+    let election = config.lease.clone().map(|lease| {
+        let (client, flag) = (client.clone(), leading.clone());
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            leader::run(client, lease, flag, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+        })
+    });
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             () = wake.notified() => {}
+            () = leading.changed() => {}
             () = tokio::time::sleep(config.interval) => {}
         }
         // Changes come in bursts (a list, a job's pods): let them settle.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let r = pass(&client, &mirror, &gate, &objects).await;
+        let r = pass_leading(&client, &mirror, &gate, &objects, &leading).await;
         if r.conflicts > 0 {
             tracing::debug!(conflicts = r.conflicts, "stale workloads re-read");
         }
     }
     let _ = stop_tx.send(true);
+    if let Some(e) = election {
+        // The leader releases the Lease, so another replica takes over at once.
+        if let Ok(Err(err)) = e.await {
+            tracing::warn!(error = %err, "releasing the Lease");
+        }
+    }
     tasks.abort_all();
     match health.await {
         Ok(r) => r.map_err(KueueError::Health),

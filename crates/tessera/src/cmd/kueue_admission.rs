@@ -18,6 +18,13 @@ pub struct KueueAdmissionArgs {
     /// Seconds between passes when nothing changes (every change starts one too).
     #[arg(long)]
     pub interval: Option<u64>,
+    /// Elect one writer among replicas on the Lease `tessera-kueue-admission`
+    /// (this replica's identity: `$HOSTNAME`, the pod name).
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Namespace of that Lease.
+    #[arg(long, default_value = "tessera-system")]
+    pub lease_namespace: String,
     // Policy, keys, GPU-equivalents and kubeconfig, as `tessera estimator`'s.
     #[command(flatten)]
     pub mirror: MirrorArgs,
@@ -29,6 +36,10 @@ pub fn run(a: KueueAdmissionArgs) -> anyhow::Result<ExitCode> {
         health_listen: Some(a.health_listen),
         mirror,
         interval_s: a.interval,
+        leader_elect: a.leader_elect,
+        identity: std::env::var("HOSTNAME").ok(),
+        lease_namespace: Some(a.lease_namespace),
+        lease_timings: None,
     }
     .resolve();
     mirror_args::run(config, connect, controller::run)
