@@ -115,11 +115,14 @@ pub async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> 
     t.elapsed()
 }
 
-/// Waits until `pods` lists none, for at most `within`.
-pub async fn wait_pods_gone(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, within: Duration) {
-    let t = Instant::now();
+/// Waits until `api` lists none of `what` (named in the failure), for at most
+/// `within` after `since`.
+async fn wait_none<K>(api: &kube::Api<K>, what: &str, since: Instant, within: Duration)
+where
+    K: Clone + std::fmt::Debug + k8s_openapi::serde::de::DeserializeOwned,
+{
     loop {
-        let n = pods
+        let n = api
             .list(&kube::api::ListParams::default())
             .await
             .unwrap()
@@ -128,9 +131,25 @@ pub async fn wait_pods_gone(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, w
         if n == 0 {
             return;
         }
-        assert!(t.elapsed() < within, "{n} pods not gone");
+        assert!(since.elapsed() < within, "{n} {what} not gone");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Every pod `pods` lists deleted at once (grace 0: no kubelet finishes a
+/// graceful delete here), and gone within `within` of the delete.
+pub async fn delete_pods_now(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, within: Duration) {
+    use kube::api::{DeleteParams, ListParams};
+    pods.delete_collection(
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+        &ListParams::default(),
+    )
+    .await
+    .unwrap();
+    wait_none(pods, "pods", Instant::now(), within).await;
 }
 
 /// Every pod (grace 0) and claim in `default` deleted, and gone: the
@@ -143,31 +162,10 @@ pub async fn delete_pods_and_claims(admin: &kube::Client) {
     let claims: Api<DynamicObject> =
         Api::namespaced_with(admin.clone(), "default", &crate::fill::claims_resource());
     let t = Instant::now();
-    pods.delete_collection(
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..DeleteParams::default()
-        },
-        &ListParams::default(),
-    )
-    .await
-    .unwrap();
-    wait_pods_gone(&pods, Duration::from_secs(60)).await;
+    delete_pods_now(&pods, Duration::from_secs(60)).await;
     claims
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .unwrap();
-    loop {
-        let n = claims
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len();
-        if n == 0 {
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(90), "{n} claims not gone");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_none(&claims, "claims", t, Duration::from_secs(90)).await;
 }

@@ -106,10 +106,7 @@ pub async fn start_gpu_node(
             && n.status
                 .and_then(|s| s.allocatable)
                 .is_some_and(|a| registered.keys().all(|r| a.contains_key(r)));
-        let published = has
-            && plane
-                .kubectl(&["get", "gpunodes.tessera.io", name, "-o", "name"], None)
-                .is_ok();
+        let published = has && has_gpunode(plane, name);
         if published {
             println!(
                 "node {name}: agent registered {:?} after {:.1} s",
@@ -132,6 +129,13 @@ pub async fn start_gpu_node(
         kubelet,
         metrics,
     })
+}
+
+/// Whether the node `name` has a `GpuNode` (its agent published its GPUs).
+pub fn has_gpunode(plane: &ControlPlane, name: &str) -> bool {
+    plane
+        .kubectl(&["get", "gpunodes.tessera.io", name, "-o", "name"], None)
+        .is_ok()
 }
 
 /// Spawns `tessera node-agent --backend fake` for node `name` beside

@@ -31,16 +31,16 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 use tessera_e2e::SERIAL;
-use tessera_e2e::claims::{delete_pods_and_claims, wait_pods_gone};
+use tessera_e2e::claims::{delete_pods_and_claims, delete_pods_now};
 use tessera_e2e::cluster::{decision, gpu_pod, node_of, phase};
 use tessera_e2e::dra::{dra_plane, env_at_least, start_dra_beside};
 use tessera_e2e::fill::{GPU_MIB, TracePod, claim, claims_resource, next, pod};
 use tessera_e2e::plane::{ControlPlane, Identity};
 use tessera_e2e::tessera::{
-    a100s, fake_gpus_yaml, spawn_gpu_agent, start_gpu_node, start_scheduler,
+    a100s, fake_gpus_yaml, has_gpunode, spawn_gpu_agent, start_gpu_node, start_scheduler,
 };
 
 const NODE: &str = "hand-0";
@@ -235,7 +235,7 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
         "a Node event names the pods that hold the GPUs: {event:?}"
     );
     assert!(
-        !has_gpunode(&plane),
+        !has_gpunode(&plane, NODE),
         "the DRA driver retires the node's GpuNode at its start"
     );
 
@@ -255,7 +255,7 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
         assert!(
             t.elapsed() < Duration::from_secs(30),
             "the GpuNode an agent wrote during the drain was not deleted by the driver; GpuNode there: {}",
-            has_gpunode(&plane)
+            has_gpunode(&plane, NODE)
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -265,24 +265,15 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        !has_gpunode(&plane),
+        !has_gpunode(&plane, NODE),
         "the node keeps no GpuNode beside the driver"
     );
     let drained = Instant::now();
-    pods.delete_collection(
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..DeleteParams::default()
-        },
-        &ListParams::default(),
-    )
-    .await
-    .unwrap();
-    wait_pods_gone(&pods, Duration::from_secs(60)).await;
+    delete_pods_now(&pods, Duration::from_secs(60)).await;
     dra.wait_slices(&plane, drained, Duration::from_secs(60))
         .await
         .unwrap();
-    assert!(!has_gpunode(&plane), "a GpuNode beside the slices");
+    assert!(!has_gpunode(&plane, NODE), "a GpuNode beside the slices");
     println!(
         "drained: slices published {:.1} s after the delete; no GpuNode",
         drained.elapsed().as_secs_f64()
@@ -348,7 +339,7 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
     let mut event = String::new();
     while t.elapsed() < Duration::from_secs(12) {
         assert!(
-            !has_gpunode(&plane),
+            !has_gpunode(&plane, NODE),
             "an agent restarted after the handover published the GpuNode again"
         );
         if event.is_empty() {
@@ -369,13 +360,6 @@ async fn a_node_handed_to_dra_waits_for_the_drain_then_keeps_one_ledger() {
         "a Node event says why the agent does not serve the node: {event:?}"
     );
     drop(plane);
-}
-
-/// Whether the node has a `GpuNode`.
-fn has_gpunode(plane: &ControlPlane) -> bool {
-    plane
-        .kubectl(&["get", "gpunodes.tessera.io", NODE, "-o", "name"], None)
-        .is_ok()
 }
 
 /// The message of the first event on the node with `reason` ("" if none yet).

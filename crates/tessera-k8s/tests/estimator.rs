@@ -209,6 +209,43 @@ fn placed_one_by_one(reqs: &pb::ReplicaRequirements) -> i32 {
     }
 }
 
+/// A running estimator server (see [`serve_plain`]).
+struct Served {
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), tessera_k8s::estimator::EstimatorError>>,
+}
+
+impl Served {
+    /// Stops the server and checks it stopped cleanly.
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.server.await.unwrap().unwrap();
+    }
+}
+
+/// `capacity` served as cluster `member-1` over a real TCP gRPC connection
+/// (plaintext, a free loopback port), and a client generated from Karmada's
+/// proto connected to it.
+async fn serve_plain(
+    capacity: MirrorCapacity,
+) -> (EstimatorClient<tonic::transport::Channel>, Served) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        listener,
+        None,
+        Service::new("member-1", capacity),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let client = EstimatorClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    (client, Served { stop, server })
+}
+
 async fn ask(
     client: &mut EstimatorClient<tonic::transport::Channel>,
     cluster: &str,
@@ -228,20 +265,7 @@ async fn ask(
 async fn unavailable_before_sync_then_answers_equal_pods_placed_one_by_one() {
     let gate = SyncGate::new();
     let capacity = MirrorCapacity::new(listed(), gate.clone(), 10_000);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        None,
-        Service::new("member-1", capacity),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    let mut client = EstimatorClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let (mut client, served) = serve_plain(capacity).await;
     let one_gpu: &[(&str, &str)] = &[("cpu", "4"), ("memory", "16Gi"), ("nvidia.com/gpu", "1")];
 
     // Before the initial lists are in: UNAVAILABLE, naming what is missing, for every RPC.
@@ -376,8 +400,7 @@ async fn unavailable_before_sync_then_answers_equal_pods_placed_one_by_one() {
     .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
 
-    stop_tx.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop().await;
 }
 
 /// A namespace's queue caps the answer as admission would admit the replicas
@@ -394,20 +417,7 @@ async fn the_queue_quota_caps_the_answer() {
         g.replace_namespaces(vec![queue_namespace("team-ns", "team")]);
     }
     let capacity = MirrorCapacity::new(m, SyncGate::synced(), 10_000);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        None,
-        Service::new("member-1", capacity),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    let mut client = EstimatorClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let (mut client, served) = serve_plain(capacity).await;
     // GPUs only: the queue guarantees no CPU or memory.
     let one_gpu: &[(&str, &str)] = &[("nvidia.com/gpu", "1")];
     let free = ask(&mut client, "member-1", requirements(one_gpu, None))
@@ -418,8 +428,7 @@ async fn the_queue_quota_caps_the_answer() {
     let capped = ask(&mut client, "member-1", in_team).await.unwrap();
     assert!(free > 2, "{free}");
     assert_eq!(capped, 2, "the queue's 2 GPUs, no borrowing");
-    stop_tx.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop().await;
 }
 
 mod tls {
@@ -772,20 +781,7 @@ async fn unschedulable_replicas_are_the_new_replica_sets_pods_waiting_past_the_t
     let kube_client = kube::Client::new(mock, "default");
     let capacity =
         MirrorCapacity::new(listed(), SyncGate::synced(), 10_000).with_client(kube_client);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        None,
-        Service::new("member-1", capacity),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    let mut client = EstimatorClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let (mut client, served) = serve_plain(capacity).await;
     let ask = |kind: &str, name: &str, threshold_s: i64| pb::UnschedulableReplicasRequest {
         cluster: "member-1".into(),
         resource: Some(pb::ObjectReference {
@@ -831,8 +827,7 @@ async fn unschedulable_replicas_are_the_new_replica_sets_pods_waiting_past_the_t
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
-    let _ = stop_tx.send(());
-    server.await.unwrap().unwrap();
+    served.stop().await;
 }
 
 /// Replicas of `reqs` placed one by one (the scheduler's own path) after the
@@ -874,20 +869,7 @@ fn placed_after(
 #[tokio::test]
 async fn assumed_workloads_are_placed_before_the_count() {
     let capacity = MirrorCapacity::new(listed(), SyncGate::synced(), 10_000);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        None,
-        Service::new("member-1", capacity),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    let mut client = EstimatorClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let (mut client, served) = serve_plain(capacity).await;
     let whole = requirements(
         &[("cpu", "4"), ("memory", "16Gi"), ("nvidia.com/gpu", "1")],
         None,
@@ -948,6 +930,5 @@ async fn assumed_workloads_are_placed_before_the_count() {
         assert_eq!(got, want, "after {what} assumed");
         assert!(got < alone, "after {what} assumed: {got}, alone {alone}");
     }
-    let _ = stop_tx.send(());
-    server.await.unwrap().unwrap();
+    served.stop().await;
 }

@@ -567,7 +567,7 @@ pub async fn run(
 
 /// Why the agent does not serve this node yet, if the DRA driver does (or
 /// that cannot be told); `None` when it may.
-pub async fn dra_serves(inv: &Inventory) -> Option<String> {
+async fn dra_serves(inv: &Inventory) -> Option<String> {
     match inv.dra_slices().await {
         Ok(names) if names.is_empty() => None,
         Ok(names) => Some(format!(
